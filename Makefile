@@ -1,0 +1,32 @@
+# One command each: `make demo` runs the main job, `make test` runs the suite.
+# Both create their own virtual environment on first use (Python 3.11).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: test lint format demo bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+test: lint
+	$(PY) -m pytest -n 2 -q
+	KERAS_BACKEND=jax $(PY) -m pytest -n 2 -q tests/layers -m "not tf_only"
+
+bench: $(STAMP)
+	$(PY) bench/attention.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""Export of keras_attn models to SavedModel and ONNX (built in the export issue)."""

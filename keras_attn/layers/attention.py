@@ -1,0 +1,215 @@
+"""Single-head attention: scores, softmax, weighted sum of values.
+
+`attend` is the computation every attention layer here shares; `Attention` wraps it as a layer
+with optional W_q, W_k, W_v projections.
+"""
+
+import keras
+from keras import ops
+
+from keras_attn.layers.masks import masked_softmax, merge_masks
+from keras_attn.layers.scores import get_score, serialize_score
+
+
+def attend(query, key, value, score, mask=None, dropout=None, training=None):
+    """softmax(score(q, k)) · v over the last two axes, with masking and optional dropout.
+
+    Args:
+        query: `(..., T, d_q)`. key: `(..., S, d_k)`. value: `(..., S, d_v)`.
+        score: a `Score` layer.
+        mask: optional bool, broadcastable to `(..., T, S)`; `True` = may attend.
+        dropout: optional `keras.layers.Dropout` applied to the weights.
+    Returns:
+        `(output (..., T, d_v), weights (..., T, S))`. `weights` are before dropout.
+    """
+    scores = score(query, key)
+    weights = masked_softmax(scores, mask)
+    dropped = dropout(weights, training=training) if dropout is not None else weights
+    return ops.matmul(dropped, value), weights
+
+
+def resolve_input_masks(value, key, query_mask, value_mask, key_mask, mask):
+    """Padding masks of an attention call, from explicit arguments or Keras mask propagation.
+
+    Keras fills `mask` when a layer is called with a single tensor (self-attention) and
+    `<arg>_mask` when called with several, so both routes end here. In self-attention the keys
+    and values are the queries, and so are their masks.
+    """
+    if query_mask is None:
+        query_mask = mask
+    if value is None:
+        value_mask = query_mask if value_mask is None else value_mask
+    if key is None:
+        key_mask = None  # the keys are the values: `value_mask` covers them.
+    return query_mask, value_mask, key_mask
+
+
+def combined_mask(
+    query_mask, value_mask, key_mask, attention_mask, use_causal_mask, q_len, k_len, offset=0
+):
+    """Every mask source merged into one bool `(B|1, T|1, S)` tensor, or `None`."""
+    key_side = value_mask
+    if key_mask is not None:
+        key_side = key_mask if key_side is None else ops.logical_and(key_side, key_mask)
+    return merge_masks(
+        query_mask=query_mask,
+        key_mask=key_side,
+        attention_mask=attention_mask,
+        use_causal_mask=use_causal_mask,
+        query_length=q_len,
+        key_length=k_len,
+        causal_offset=offset,
+    )
+
+
+def check_rank3(name, shape):
+    if len(shape) != 3:
+        raise ValueError(
+            f"`{name}` must have shape (batch, seq_len, dim). Received: {name}.shape={tuple(shape)}"
+        )
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class Attention(keras.layers.Layer):
+    """One attention head: `softmax(score(q W_q, k W_k)) · (v W_v)`.
+
+    Without projections (the default) queries attend over keys and values as given, which is
+    the attention of RNN encoder-decoders (a decoder state attending over encoder states). With
+    `key_dim`, queries and keys are first projected by W_q, W_k to `key_dim`; with `value_dim`,
+    values are projected by W_v.
+
+    Args:
+        score: `"dot"`, `"scaled_dot"`, `"bilinear"`, `"additive"` or a `Score` instance.
+            Defaults to `"scaled_dot"`.
+        key_dim: optional int. Adds W_q and W_k projecting queries and keys to this size.
+        value_dim: optional int. Adds W_v projecting values to this size.
+        use_bias: bool. Biases in the projections. Defaults to `True`.
+        dropout: float. Dropout on the attention weights during training. Defaults to `0.0`.
+        kernel_initializer, bias_initializer: initializers of the projections.
+    Call arguments:
+        query: `(batch, T, d_q)`.
+        value: optional `(batch, S, d_v)`; defaults to `query` (self-attention).
+        key: optional `(batch, S, d_k)`; defaults to `value`.
+        query_mask, value_mask, key_mask: optional `(batch, T|S)` padding masks; filled in by
+            Keras mask propagation when not given.
+        attention_mask: optional bool `(batch, T, S)`; `True` = may attend.
+        use_causal_mask: bool. Query `i` attends only to keys `<= i`.
+        return_attention_scores: bool. Also return the weights `(batch, T, S)`.
+    Returns:
+        `(batch, T, d_v or value_dim)`, and the weights when asked for.
+    Example:
+        >>> enc = keras.random.normal((2, 7, 16)); state = keras.random.normal((2, 1, 16))
+        >>> Attention(score="additive")(state, enc).shape
+        (2, 1, 16)
+    """
+
+    def __init__(
+        self,
+        score="scaled_dot",
+        key_dim=None,
+        value_dim=None,
+        use_bias=True,
+        dropout=0.0,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        for arg, val in (("key_dim", key_dim), ("value_dim", value_dim)):
+            if val is not None and (not isinstance(val, int) or val <= 0):
+                raise ValueError(f"`{arg}` must be a positive integer. Received: {arg}={val}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"`dropout` must be in [0, 1). Received: dropout={dropout}")
+        self._score_arg = score
+        self.score = get_score(score, dtype=self.dtype_policy, name="score")
+        self.key_dim = key_dim
+        self.value_dim = value_dim
+        self.use_bias = use_bias
+        self.dropout = dropout
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.supports_masking = True
+
+    def _dense(self, units, name):
+        return keras.layers.Dense(
+            units,
+            use_bias=self.use_bias,
+            kernel_initializer=self.kernel_initializer,
+            bias_initializer=self.bias_initializer,
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def build(self, query_shape, value_shape=None, key_shape=None):
+        value_shape = query_shape if value_shape is None else value_shape
+        key_shape = value_shape if key_shape is None else key_shape
+        for name, shape in (("query", query_shape), ("value", value_shape), ("key", key_shape)):
+            check_rank3(name, shape)
+        self.query_dense = self.key_dense = self.value_dense = None
+        if self.key_dim is not None:
+            self.query_dense = self._dense(self.key_dim, "query")
+            self.query_dense.build(query_shape)
+            self.key_dense = self._dense(self.key_dim, "key")
+            self.key_dense.build(key_shape)
+            query_shape = key_shape = (*key_shape[:-1], self.key_dim)
+        if self.value_dim is not None:
+            self.value_dense = self._dense(self.value_dim, "value")
+            self.value_dense.build(value_shape)
+        self.score.build(query_shape, key_shape)
+        self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+
+    def call(
+        self,
+        query,
+        value=None,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        use_causal_mask=False,
+        return_attention_scores=False,
+        training=None,
+        mask=None,
+    ):
+        query_mask, value_mask, key_mask = resolve_input_masks(
+            value, key, query_mask, value_mask, key_mask, mask
+        )
+        value = query if value is None else value
+        key = value if key is None else key
+        merged = combined_mask(
+            query_mask,
+            value_mask,
+            key_mask,
+            attention_mask,
+            use_causal_mask,
+            ops.shape(query)[1],
+            ops.shape(key)[1],
+        )
+        q = self.query_dense(query) if self.query_dense is not None else query
+        k = self.key_dense(key) if self.key_dense is not None else key
+        v = self.value_dense(value) if self.value_dense is not None else value
+        output, weights = attend(
+            q,
+            k,
+            v,
+            self.score,
+            mask=merged,
+            dropout=self.dropout_layer if self.dropout > 0 else None,
+            training=training,
+        )
+        if return_attention_scores:
+            return output, weights
+        return output
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "score": serialize_score(self._score_arg, self.score),
+            "key_dim": self.key_dim,
+            "value_dim": self.value_dim,
+            "use_bias": self.use_bias,
+            "dropout": self.dropout,
+            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+        }

@@ -1,0 +1,231 @@
+"""Embeddings: tokens, segments, learned and sinusoidal positions, and their sum.
+
+Position layers return the position vectors (broadcast to the input's shape) rather than adding
+them, so they compose with any token embedding; `TokenAndPositionEmbedding` does the adding.
+"""
+
+import math
+
+import keras
+from keras import ops
+
+
+def _check_positive_int(name, value):
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+
+
+def _check_length(layer, name, length, limit):
+    if length is not None and length > limit:
+        raise ValueError(
+            f"`{layer.name}` handles sequences up to `sequence_length={limit}`. "
+            f"Received: {name} of length {length}"
+        )
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class TokenEmbedding(keras.layers.Layer):
+    """Token ids to vectors, and (tied) vectors back to vocabulary logits.
+
+    `call(ids)` looks up the embedding matrix `E (vocabulary_size, embedding_dim)`;
+    `call(hidden, reverse=True)` computes `hidden · Eᵀ`, the output projection of a language
+    model whose input and output embeddings are tied.
+
+    Args:
+        vocabulary_size: int. Number of token ids.
+        embedding_dim: int. Size of each vector.
+        mask_zero: bool. Id 0 is padding: the layer emits a padding mask (`True` = real token)
+            that Keras carries to every later layer. Defaults to `False`.
+        embeddings_initializer: initializer of `E`. Defaults to `"glorot_uniform"`.
+    Call arguments:
+        inputs: int ids `(batch, seq_len)`, or with `reverse=True` float `(..., embedding_dim)`.
+        reverse: bool. Project to logits with `Eᵀ` instead of looking up.
+    Returns:
+        `(batch, seq_len, embedding_dim)`, or logits `(..., vocabulary_size)` with `reverse`.
+    Example:
+        >>> emb = TokenEmbedding(100, 16, mask_zero=True)
+        >>> h = emb(ops.array([[5, 7, 0]])); emb(h, reverse=True).shape
+        (1, 3, 100)
+    """
+
+    def __init__(
+        self,
+        vocabulary_size,
+        embedding_dim,
+        mask_zero=False,
+        embeddings_initializer="glorot_uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        _check_positive_int("vocabulary_size", vocabulary_size)
+        _check_positive_int("embedding_dim", embedding_dim)
+        self.vocabulary_size = vocabulary_size
+        self.embedding_dim = embedding_dim
+        self.mask_zero = mask_zero
+        self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
+        self.supports_masking = mask_zero
+
+    def build(self, inputs_shape=None):
+        self.embeddings = self.add_weight(
+            name="embeddings",
+            shape=(self.vocabulary_size, self.embedding_dim),
+            initializer=self.embeddings_initializer,
+        )
+
+    def call(self, inputs, reverse=False):
+        if reverse:
+            if inputs.shape[-1] is not None and inputs.shape[-1] != self.embedding_dim:
+                raise ValueError(
+                    f"`reverse=True` needs inputs of depth embedding_dim={self.embedding_dim}. "
+                    f"Received: inputs.shape={tuple(inputs.shape)}"
+                )
+            kernel = ops.cast(self.embeddings, self.compute_dtype)
+            return ops.matmul(inputs, ops.transpose(kernel))
+        if "int" not in keras.backend.standardize_dtype(inputs.dtype):
+            inputs = ops.cast(inputs, "int32")
+        return ops.take(self.embeddings, inputs, axis=0)
+
+    def compute_mask(self, inputs, mask=None):
+        if not self.mask_zero:
+            return None
+        if "float" in keras.backend.standardize_dtype(inputs.dtype):
+            return mask  # reverse projection: the mask of the hidden states carries through.
+        return ops.not_equal(inputs, 0)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "vocabulary_size": self.vocabulary_size,
+            "embedding_dim": self.embedding_dim,
+            "mask_zero": self.mask_zero,
+            "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
+        }
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class SegmentEmbedding(TokenEmbedding):
+    """Segment ids (sentence A = 0, sentence B = 1, …) to vectors, as in BERT.
+
+    Args:
+        num_segments: int. Number of segment ids.
+        embedding_dim: int. Size of each vector.
+        embeddings_initializer: initializer. Defaults to `"glorot_uniform"`.
+    """
+
+    def __init__(
+        self, num_segments, embedding_dim, embeddings_initializer="glorot_uniform", **kwargs
+    ):
+        _check_positive_int("num_segments", num_segments)
+        super().__init__(num_segments, embedding_dim, False, embeddings_initializer, **kwargs)
+        self.num_segments = num_segments
+
+    def get_config(self):
+        config = super().get_config()
+        del config["vocabulary_size"], config["mask_zero"]
+        return {**config, "num_segments": self.num_segments}
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class PositionEmbedding(keras.layers.Layer):
+    """Learned absolute position embeddings, one vector per position up to `sequence_length`.
+
+    Args:
+        sequence_length: int. Longest sequence the layer handles.
+        initializer: initializer of the table. Defaults to `"glorot_uniform"`.
+    Call arguments:
+        inputs: `(batch, seq_len, dim)`: the embeddings the positions will be added to.
+        start_index: int or scalar tensor. Position of the first step (for cached decoding).
+    Returns:
+        `(batch, seq_len, dim)` position vectors, broadcast over the batch.
+    """
+
+    def __init__(self, sequence_length, initializer="glorot_uniform", **kwargs):
+        super().__init__(**kwargs)
+        _check_positive_int("sequence_length", sequence_length)
+        self.sequence_length = sequence_length
+        self.initializer = keras.initializers.get(initializer)
+        self.supports_masking = True
+
+    def build(self, inputs_shape):
+        if len(inputs_shape) < 2 or inputs_shape[-1] is None:
+            raise ValueError(
+                "`inputs` must have shape (batch, seq_len, dim) with a known dim. "
+                f"Received: inputs.shape={tuple(inputs_shape)}"
+            )
+        _check_length(self, "inputs", inputs_shape[-2], self.sequence_length)
+        self.position_embeddings = self.add_weight(
+            name="embeddings",
+            shape=(self.sequence_length, inputs_shape[-1]),
+            initializer=self.initializer,
+        )
+
+    def call(self, inputs, start_index=0):
+        shape = ops.shape(inputs)
+        length, dim = shape[-2], shape[-1]
+        table = ops.cast(self.position_embeddings, self.compute_dtype)
+        positions = ops.slice(table, (start_index, 0), (length, dim))
+        return ops.broadcast_to(positions, shape)
+
+    def compute_output_shape(self, inputs_shape):
+        return inputs_shape
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "sequence_length": self.sequence_length,
+            "initializer": keras.initializers.serialize(self.initializer),
+        }
+
+
+def sinusoidal_encoding(positions, dim, max_wavelength=10000.0, dtype="float32"):
+    """Vaswani's encoding for float positions `(T,)`: `(T, dim)` with
+    `PE[p, 2i] = sin(p / max_wavelength^(2i/dim))`, `PE[p, 2i+1] = cos(same angle)`."""
+    index = ops.arange(dim, dtype="float32")
+    pair = ops.floor(index / 2.0) * 2.0  # 2i for both members of a sin/cos pair
+    inv_freq = ops.exp(-math.log(max_wavelength) * pair / dim)  # (dim,)
+    angles = ops.expand_dims(ops.cast(positions, "float32"), -1) * inv_freq  # (T, dim)
+    is_even = ops.equal(ops.mod(ops.arange(dim), 2), 0)
+    return ops.cast(ops.where(is_even, ops.sin(angles), ops.cos(angles)), dtype)
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class SinusoidalPositionEncoding(keras.layers.Layer):
+    """Fixed sinusoidal position encoding (Vaswani et al.); no weights, any length, any width.
+
+    Args:
+        max_wavelength: float. Longest wavelength, `10000` in the paper.
+    Call arguments:
+        inputs: `(batch, seq_len, dim)`. start_index: position of the first step.
+    Returns:
+        `(batch, seq_len, dim)` encodings, broadcast over the batch.
+    """
+
+    def __init__(self, max_wavelength=10000, **kwargs):
+        super().__init__(**kwargs)
+        if not max_wavelength > 1:
+            raise ValueError(
+                f"`max_wavelength` must be greater than 1. Received: max_wavelength={max_wavelength}"
+            )
+        self.max_wavelength = max_wavelength
+        self.supports_masking = True
+
+    def build(self, inputs_shape):
+        if len(inputs_shape) < 2 or inputs_shape[-1] is None:
+            raise ValueError(
+                "`inputs` must have shape (batch, seq_len, dim) with a known dim. "
+                f"Received: inputs.shape={tuple(inputs_shape)}"
+            )
+
+    def call(self, inputs, start_index=0):
+        shape = ops.shape(inputs)
+        positions = ops.add(ops.arange(shape[-2], dtype="float32"), ops.cast(start_index, "float32"))
+        encoding = sinusoidal_encoding(
+            positions, inputs.shape[-1], self.max_wavelength, self.compute_dtype
+        )
+        return ops.broadcast_to(encoding, shape)
+
+    def compute_output_shape(self, inputs_shape):
+        return inputs_shape
+
+    def get_config(self):
+        return {**super().get_config(), "max_wavelength": self.max_wavelength}

@@ -1,0 +1,238 @@
+"""Multi-head attention: per-head W_q, W_k, W_v, attention per head, heads concatenated, W_O."""
+
+import keras
+from keras import ops
+
+from keras_attn.layers.attention import (
+    attend,
+    check_rank3,
+    combined_mask,
+    resolve_input_masks,
+)
+from keras_attn.layers.scores import get_score, serialize_score
+
+
+def _positive_int(name, value, allow_none=False):
+    if value is None and allow_none:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class MultiHeadAttention(keras.layers.Layer):
+    """Multi-head attention (Vaswani et al.), with grouped-query heads and pluggable scores.
+
+    Each head projects queries, keys and values with its own W_q, W_k, W_v, attends, and the
+    heads' outputs are concatenated and projected by W_O. All heads run in one batched einsum,
+    never a Python loop. With `num_key_value_heads < num_heads` (grouped-query attention) groups
+    of query heads share one key/value head.
+
+    The default `"scaled_dot"` score runs through `keras.ops.dot_product_attention` whenever
+    the weights are not needed (no `return_attention_scores`, and no dropout unless
+    `training`), so each backend's fused kernel applies; other scores use the explicit path.
+    Weights are laid out as in `keras.layers.MultiHeadAttention`, so they copy across one-to-one.
+
+    Args:
+        num_heads: int. Number of query heads.
+        key_dim: int. Size of each head for queries and keys.
+        value_dim: int. Size of each head for values. Defaults to `key_dim`.
+        num_key_value_heads: int. Number of key/value heads; must divide `num_heads`. Defaults
+            to `num_heads` (standard multi-head attention).
+        dropout: float. Dropout on the attention weights during training. Defaults to `0.0`.
+        use_bias: bool. Biases in the projections. Defaults to `True`.
+        output_dim: int. Size of the output. Defaults to the query's last dimension.
+        score: `"scaled_dot"` (default), `"dot"`, `"bilinear"`, `"additive"`, or a `Score`.
+        kernel_initializer, bias_initializer: initializers of the projections.
+    Call arguments:
+        query: `(batch, T, dim)`.
+        value: optional `(batch, S, dim_v)`; defaults to `query` (self-attention).
+        key: optional `(batch, S, dim_k)`; defaults to `value`.
+        query_mask, value_mask, key_mask: optional padding masks, filled in by Keras mask
+            propagation when not given (`mask` receives it in self-attention).
+        attention_mask: optional bool `(batch, T, S)`; `True` = may attend.
+        use_causal_mask: bool. Query `i` attends only to keys `<= i`.
+        return_attention_scores: bool. Also return the weights `(batch, num_heads, T, S)`.
+    Returns:
+        `(batch, T, output_dim)`, and the weights when asked for. Padded queries give zeros.
+    Example:
+        >>> x = keras.random.normal((2, 8, 64))
+        >>> MultiHeadAttention(num_heads=4, key_dim=16)(x).shape
+        (2, 8, 64)
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        key_dim,
+        value_dim=None,
+        num_key_value_heads=None,
+        dropout=0.0,
+        use_bias=True,
+        output_dim=None,
+        score="scaled_dot",
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        _positive_int("num_heads", num_heads)
+        _positive_int("key_dim", key_dim)
+        _positive_int("value_dim", value_dim, allow_none=True)
+        _positive_int("num_key_value_heads", num_key_value_heads, allow_none=True)
+        _positive_int("output_dim", output_dim, allow_none=True)
+        if num_key_value_heads is not None and num_heads % num_key_value_heads:
+            raise ValueError(
+                "`num_key_value_heads` must divide `num_heads`. Received: "
+                f"num_key_value_heads={num_key_value_heads}, num_heads={num_heads}"
+            )
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"`dropout` must be in [0, 1). Received: dropout={dropout}")
+        self.num_heads = num_heads
+        self.key_dim = key_dim
+        self.value_dim = value_dim
+        self.num_key_value_heads = num_key_value_heads
+        self.dropout = dropout
+        self.use_bias = use_bias
+        self.output_dim = output_dim
+        self._score_arg = score
+        self.score = get_score(score, dtype=self.dtype_policy, name="score")
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.supports_masking = True
+
+    @property
+    def _kv_heads(self):
+        return self.num_key_value_heads or self.num_heads
+
+    def _einsum_dense(self, equation, output_shape, bias_axes, name):
+        layer = keras.layers.EinsumDense(
+            equation,
+            output_shape=output_shape,
+            bias_axes=bias_axes if self.use_bias else None,
+            kernel_initializer=self.kernel_initializer,
+            bias_initializer=self.bias_initializer,
+            dtype=self.dtype_policy,
+            name=name,
+        )
+        # Projections act per position, so a padding mask passes through them unchanged.
+        layer.supports_masking = True
+        return layer
+
+    def build(self, query_shape, value_shape=None, key_shape=None):
+        value_shape = query_shape if value_shape is None else value_shape
+        key_shape = value_shape if key_shape is None else key_shape
+        for name, shape in (("query", query_shape), ("value", value_shape), ("key", key_shape)):
+            check_rank3(name, shape)
+        if None not in (key_shape[1], value_shape[1]) and key_shape[1] != value_shape[1]:
+            raise ValueError(
+                "`key` and `value` must have the same sequence length. Received: "
+                f"key.shape={tuple(key_shape)}, value.shape={tuple(value_shape)}"
+            )
+        value_dim = self.value_dim or self.key_dim
+        h, hkv = self.num_heads, self._kv_heads
+        self.query_dense = self._einsum_dense(
+            "btd,dhk->bthk", (None, h, self.key_dim), "hk", "query"
+        )
+        self.query_dense.build(query_shape)
+        self.key_dense = self._einsum_dense(
+            "bsd,dhk->bshk", (None, hkv, self.key_dim), "hk", "key"
+        )
+        self.key_dense.build(key_shape)
+        self.value_dense = self._einsum_dense(
+            "bsd,dhv->bshv", (None, hkv, value_dim), "hv", "value"
+        )
+        self.value_dense.build(value_shape)
+        self.output_dense = self._einsum_dense(
+            "bthv,hvd->btd", (None, self.output_dim or query_shape[-1]), "d", "attention_output"
+        )
+        self.output_dense.build((query_shape[0], query_shape[1], h, value_dim))
+        head_shape = (query_shape[0], h, None, self.key_dim)
+        self.score.build(head_shape, head_shape)
+        self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+
+    def call(
+        self,
+        query,
+        value=None,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        use_causal_mask=False,
+        return_attention_scores=False,
+        training=None,
+        mask=None,
+    ):
+        query_mask, value_mask, key_mask = resolve_input_masks(
+            value, key, query_mask, value_mask, key_mask, mask
+        )
+        value = query if value is None else value
+        key = value if key is None else key
+
+        q = self.query_dense(query)  # (B, T, H, dk)
+        k = self.key_dense(key)  # (B, S, Hkv, dk)
+        v = self.value_dense(value)  # (B, S, Hkv, dv)
+        if self._kv_heads != self.num_heads:
+            groups = self.num_heads // self._kv_heads
+            k = ops.repeat(k, groups, axis=2)
+            v = ops.repeat(v, groups, axis=2)
+
+        only_causal = use_causal_mask and all(
+            m is None for m in (query_mask, value_mask, key_mask, attention_mask)
+        )
+        merged = combined_mask(
+            query_mask,
+            value_mask,
+            key_mask,
+            attention_mask,
+            use_causal_mask,
+            ops.shape(q)[1],
+            ops.shape(k)[1],
+        )
+        use_dropout = self.dropout > 0 and bool(training)
+        if self.score.is_scaled_dot and not return_attention_scores and not use_dropout:
+            scale = self.score.scale_for(self.key_dim)
+            if only_causal:
+                out = ops.dot_product_attention(q, k, v, scale=scale, is_causal=True)
+            else:
+                head_mask = None if merged is None else ops.expand_dims(merged, 1)
+                out = ops.dot_product_attention(q, k, v, mask=head_mask, scale=scale)
+                if merged is not None:
+                    # Fused kernels average (or NaN) rows with no visible key; we promise zeros.
+                    visible = ops.any(merged, axis=-1)  # (B|1, T|1)
+                    visible = ops.expand_dims(ops.expand_dims(visible, -1), -1)
+                    out = ops.where(visible, out, ops.zeros_like(out))
+            weights = None
+        else:
+            head_mask = None if merged is None else ops.expand_dims(merged, 1)  # (B, 1, T, S)
+            out, weights = attend(
+                ops.transpose(q, (0, 2, 1, 3)),
+                ops.transpose(k, (0, 2, 1, 3)),
+                ops.transpose(v, (0, 2, 1, 3)),
+                self.score,
+                mask=head_mask,
+                dropout=self.dropout_layer if use_dropout else None,
+                training=training,
+            )
+            out = ops.transpose(out, (0, 2, 1, 3))  # (B, T, H, dv)
+        output = self.output_dense(out)
+        if return_attention_scores:
+            return output, weights
+        return output
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "num_heads": self.num_heads,
+            "key_dim": self.key_dim,
+            "value_dim": self.value_dim,
+            "num_key_value_heads": self.num_key_value_heads,
+            "dropout": self.dropout,
+            "use_bias": self.use_bias,
+            "output_dim": self.output_dim,
+            "score": serialize_score(self._score_arg, self.score),
+            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+        }

@@ -1,0 +1,136 @@
+"""What the encoder and decoder blocks share: arguments, sublayer factories, residual wiring."""
+
+import keras
+
+from keras_attn.layers.feed_forward import FeedForward, get_activation
+from keras_attn.layers.multi_head_attention import MultiHeadAttention
+from keras_attn.layers.scores import get_score, serialize_score
+
+
+class TransformerBlock(keras.layers.Layer):
+    """Base of `TransformerEncoder` and `TransformerDecoder` (not used on its own).
+
+    Every sublayer `f` is wrapped as `LayerNorm(x + Dropout(f(x)))` (post-norm, Vaswani et al.)
+    or `x + Dropout(f(LayerNorm(x)))` (pre-norm, `normalize_first=True`, GPT-2).
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        intermediate_dim,
+        dropout=0.0,
+        attention_dropout=None,
+        activation="relu",
+        normalize_first=False,
+        layer_norm_epsilon=1e-5,
+        key_dim=None,
+        num_key_value_heads=None,
+        score="scaled_dot",
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        for name, value in (("num_heads", num_heads), ("intermediate_dim", intermediate_dim)):
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+        for name, value in (("dropout", dropout), ("attention_dropout", attention_dropout)):
+            if value is not None and not 0.0 <= value < 1.0:
+                raise ValueError(f"`{name}` must be in [0, 1). Received: {name}={value}")
+        if not layer_norm_epsilon > 0:
+            raise ValueError(
+                f"`layer_norm_epsilon` must be positive. Received: layer_norm_epsilon="
+                f"{layer_norm_epsilon}"
+            )
+        get_activation(activation)  # validates the name
+        self.num_heads = num_heads
+        self.intermediate_dim = intermediate_dim
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.activation = activation
+        self.normalize_first = normalize_first
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.key_dim = key_dim
+        self.num_key_value_heads = num_key_value_heads
+        self._score_arg = score
+        self.score = get_score(score)  # validated here; each attention sublayer gets its own
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.supports_masking = True
+
+    def _head_dim(self, hidden_dim):
+        if self.key_dim is not None:
+            return self.key_dim
+        if hidden_dim is None or hidden_dim % self.num_heads:
+            raise ValueError(
+                "The model width must be divisible by `num_heads` (or pass `key_dim`). "
+                f"Received: width={hidden_dim}, num_heads={self.num_heads}"
+            )
+        return hidden_dim // self.num_heads
+
+    def _attention(self, hidden_dim, name):
+        score = self._score_arg
+        if not isinstance(score, str):  # a fresh copy per sublayer, so weights are not shared
+            score = serialize_score(score, self.score)
+        return MultiHeadAttention(
+            num_heads=self.num_heads,
+            key_dim=self._head_dim(hidden_dim),
+            num_key_value_heads=self.num_key_value_heads,
+            dropout=self.dropout if self.attention_dropout is None else self.attention_dropout,
+            score=score,
+            kernel_initializer=self.kernel_initializer,
+            bias_initializer=self.bias_initializer,
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def _feed_forward(self):
+        return FeedForward(
+            self.intermediate_dim,
+            activation=self.activation,
+            kernel_initializer=self.kernel_initializer,
+            bias_initializer=self.bias_initializer,
+            dtype=self.dtype_policy,
+            name="feed_forward",
+        )
+
+    def _layer_norm(self, name):
+        return keras.layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
+        )
+
+    def _dropout(self):
+        return keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+
+    @staticmethod
+    def _attend(layer, return_scores, *args, **kwargs):
+        """Calls an attention sublayer; returns `(output, weights or None)`."""
+        if return_scores:
+            return layer(*args, return_attention_scores=True, **kwargs)
+        return layer(*args, **kwargs), None
+
+    def _residual(self, x, norm, sublayer, dropout, training):
+        """Applies `sublayer` (returning `(output, extra)`) with residual, dropout and LayerNorm."""
+        h = norm(x) if self.normalize_first else x
+        h, extra = sublayer(h)
+        x = x + dropout(h, training=training)
+        if not self.normalize_first:
+            x = norm(x)
+        return x, extra
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "num_heads": self.num_heads,
+            "intermediate_dim": self.intermediate_dim,
+            "dropout": self.dropout,
+            "attention_dropout": self.attention_dropout,
+            "activation": self.activation,
+            "normalize_first": self.normalize_first,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
+            "key_dim": self.key_dim,
+            "num_key_value_heads": self.num_key_value_heads,
+            "score": serialize_score(self._score_arg, self.score),
+            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+        }

@@ -1,0 +1,150 @@
+"""Transformer decoder block: causal self-attention, optional cross-attention, feed-forward."""
+
+import keras
+
+from keras_attn.layers.transformer_block import TransformerBlock
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class TransformerDecoder(TransformerBlock):
+    """Transformer decoder block: causal self-attention, cross-attention, feed-forward network.
+
+    Cross-attention over `encoder_sequence` is created when the block is first called with one
+    (encoder-decoder models); called without, the block is a GPT-style decoder-only block. Each
+    sublayer has its residual connection, dropout and LayerNorm (post- or pre-norm).
+
+    Args:
+        Same as `TransformerEncoder`.
+    Call arguments:
+        decoder_sequence: float `(batch, T, hidden_dim)`.
+        encoder_sequence: optional float `(batch, S, encoder_dim)`.
+        decoder_padding_mask: optional bool `(batch, T)`; from mask propagation if not given.
+        decoder_attention_mask: optional bool `(batch, T, T)`, ANDed with the causal mask.
+        encoder_padding_mask: optional bool `(batch, S)`; from mask propagation if not given.
+        encoder_attention_mask: optional bool `(batch, T, S)`.
+        use_causal_mask: bool. Defaults to `True`.
+        return_attention_scores: bool. Also return the self-attention weights (and the
+            cross-attention weights when there is cross-attention).
+    Returns:
+        `(batch, T, hidden_dim)`; with `return_attention_scores`, `(outputs, self_weights)` or
+        `(outputs, self_weights, cross_weights)`.
+    Example:
+        >>> dec = TransformerDecoder(num_heads=4, intermediate_dim=128)
+        >>> dec(keras.random.normal((2, 5, 64)), keras.random.normal((2, 9, 64))).shape
+        (2, 5, 64)
+    """
+
+    def build(self, decoder_sequence_shape, encoder_sequence_shape=None):
+        if len(decoder_sequence_shape) != 3:
+            raise ValueError(
+                "`decoder_sequence` must have shape (batch, seq_len, hidden_dim). "
+                f"Received: decoder_sequence.shape={tuple(decoder_sequence_shape)}"
+            )
+        hidden_dim = decoder_sequence_shape[-1]
+        # Causal self-attention block.
+        self.self_attention = self._attention(hidden_dim, "self_attention")
+        self.self_attention.build(decoder_sequence_shape)
+        self.self_attention_layer_norm = self._layer_norm("self_attention_layer_norm")
+        self.self_attention_layer_norm.build(decoder_sequence_shape)
+        self.self_attention_dropout = self._dropout()
+        # Cross-attention block, only for encoder-decoder models.
+        self.cross_attention = None
+        if encoder_sequence_shape is not None:
+            if len(encoder_sequence_shape) != 3:
+                raise ValueError(
+                    "`encoder_sequence` must have shape (batch, seq_len, dim). "
+                    f"Received: encoder_sequence.shape={tuple(encoder_sequence_shape)}"
+                )
+            self.cross_attention = self._attention(hidden_dim, "cross_attention")
+            self.cross_attention.build(decoder_sequence_shape, encoder_sequence_shape)
+            self.cross_attention_layer_norm = self._layer_norm("cross_attention_layer_norm")
+            self.cross_attention_layer_norm.build(decoder_sequence_shape)
+            self.cross_attention_dropout = self._dropout()
+        # Feed-forward block.
+        self.feed_forward = self._feed_forward()
+        self.feed_forward.build(decoder_sequence_shape)
+        self.feed_forward_layer_norm = self._layer_norm("feed_forward_layer_norm")
+        self.feed_forward_layer_norm.build(decoder_sequence_shape)
+        self.feed_forward_dropout = self._dropout()
+
+    def call(
+        self,
+        decoder_sequence,
+        encoder_sequence=None,
+        decoder_padding_mask=None,
+        decoder_attention_mask=None,
+        encoder_padding_mask=None,
+        encoder_attention_mask=None,
+        use_causal_mask=True,
+        return_attention_scores=False,
+        training=None,
+        mask=None,
+        decoder_sequence_mask=None,
+        encoder_sequence_mask=None,
+    ):
+        # Keras delivers propagated masks as `mask` (one tensor passed) or `<arg>_mask`.
+        if decoder_padding_mask is None:
+            decoder_padding_mask = mask if mask is not None else decoder_sequence_mask
+        if encoder_padding_mask is None:
+            encoder_padding_mask = encoder_sequence_mask
+        if (encoder_sequence is None) != (self.cross_attention is None):
+            raise ValueError(
+                "`encoder_sequence` must be given exactly when the block has cross-attention "
+                "(it is created by the first call with an encoder sequence). Received: "
+                f"encoder_sequence={'None' if encoder_sequence is None else 'a tensor'}, "
+                f"has cross-attention: {self.cross_attention is not None}"
+            )
+
+        def self_attention(x):
+            return self._attend(
+                self.self_attention,
+                return_attention_scores,
+                x,
+                value_mask=decoder_padding_mask,
+                attention_mask=decoder_attention_mask,
+                use_causal_mask=use_causal_mask,
+                training=training,
+            )
+
+        def cross_attention(x):
+            return self._attend(
+                self.cross_attention,
+                return_attention_scores,
+                x,
+                encoder_sequence,
+                value_mask=encoder_padding_mask,
+                attention_mask=encoder_attention_mask,
+                training=training,
+            )
+
+        x, self_scores = self._residual(
+            decoder_sequence,
+            self.self_attention_layer_norm,
+            self_attention,
+            self.self_attention_dropout,
+            training,
+        )
+        cross_scores = None
+        if self.cross_attention is not None:
+            x, cross_scores = self._residual(
+                x,
+                self.cross_attention_layer_norm,
+                cross_attention,
+                self.cross_attention_dropout,
+                training,
+            )
+        x, _ = self._residual(
+            x,
+            self.feed_forward_layer_norm,
+            lambda h: (self.feed_forward(h, training=training), None),
+            self.feed_forward_dropout,
+            training,
+        )
+        if not return_attention_scores:
+            return x
+        if self.cross_attention is None:
+            return x, self_scores
+        return x, self_scores, cross_scores
+
+    def compute_mask(self, decoder_sequence, mask=None):
+        return mask

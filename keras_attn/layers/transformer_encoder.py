@@ -1,0 +1,109 @@
+"""Transformer encoder block: self-attention, then a position-wise feed-forward network."""
+
+import keras
+
+from keras_attn.layers.transformer_block import TransformerBlock
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class TransformerEncoder(TransformerBlock):
+    """Transformer encoder block: self-attention, then a position-wise feed-forward network.
+
+    Each sublayer is wrapped in a residual connection and LayerNorm, applied after the sublayer
+    (post-norm, as in Vaswani et al.) or before it (`normalize_first=True`, pre-norm).
+
+    Args:
+        num_heads: int. Number of attention heads.
+        intermediate_dim: int. Hidden size of the feed-forward network.
+        dropout: float. Dropout after each sublayer (and on attention weights unless
+            `attention_dropout` is given). Defaults to `0.0`.
+        attention_dropout: optional float. Dropout on the attention weights.
+        activation: feed-forward activation: `"relu"` (default), `"gelu"`, `"gelu_tanh"`,
+            `"swish"`.
+        normalize_first: bool. Pre-norm instead of post-norm. Defaults to `False`.
+        layer_norm_epsilon: float. Defaults to `1e-5`.
+        key_dim: optional int. Head size; defaults to `width // num_heads`.
+        num_key_value_heads: optional int. Grouped-query attention.
+        score: attention score (see `MultiHeadAttention`). Defaults to `"scaled_dot"`.
+        kernel_initializer, bias_initializer: initializers of every dense projection.
+    Call arguments:
+        inputs: float tensor `(batch, seq_len, hidden_dim)`.
+        padding_mask: optional bool tensor `(batch, seq_len)`; `True` = real token. Filled in
+            from Keras mask propagation (e.g. `mask_zero=True` embeddings) when not given.
+        attention_mask: optional bool `(batch, seq_len, seq_len)`; ANDed with the padding mask.
+        use_causal_mask: bool. Causal self-attention. Defaults to `False`.
+        return_attention_scores: bool. Also return the weights `(batch, heads, seq, seq)`.
+    Returns:
+        float tensor `(batch, seq_len, hidden_dim)` (and the weights when asked for).
+    Example:
+        >>> x = keras.random.normal((2, 8, 64))
+        >>> TransformerEncoder(num_heads=4, intermediate_dim=128)(x).shape
+        (2, 8, 64)
+    """
+
+    def build(self, inputs_shape):
+        if len(inputs_shape) != 3:
+            raise ValueError(
+                "`inputs` must have shape (batch, seq_len, hidden_dim). "
+                f"Received: inputs.shape={tuple(inputs_shape)}"
+            )
+        hidden_dim = inputs_shape[-1]
+        # Self-attention block.
+        self.self_attention = self._attention(hidden_dim, "self_attention")
+        self.self_attention.build(inputs_shape)
+        self.self_attention_layer_norm = self._layer_norm("self_attention_layer_norm")
+        self.self_attention_layer_norm.build(inputs_shape)
+        self.self_attention_dropout = self._dropout()
+        # Feed-forward block.
+        self.feed_forward = self._feed_forward()
+        self.feed_forward.build(inputs_shape)
+        self.feed_forward_layer_norm = self._layer_norm("feed_forward_layer_norm")
+        self.feed_forward_layer_norm.build(inputs_shape)
+        self.feed_forward_dropout = self._dropout()
+
+    def call(
+        self,
+        inputs,
+        padding_mask=None,
+        attention_mask=None,
+        use_causal_mask=False,
+        return_attention_scores=False,
+        training=None,
+        mask=None,
+        inputs_mask=None,
+    ):
+        # Keras delivers the propagated mask as `mask` (one tensor passed) or `inputs_mask`.
+        if padding_mask is None:
+            padding_mask = mask if mask is not None else inputs_mask
+
+        def self_attention(x):
+            return self._attend(
+                self.self_attention,
+                return_attention_scores,
+                x,
+                value_mask=padding_mask,
+                attention_mask=attention_mask,
+                use_causal_mask=use_causal_mask,
+                training=training,
+            )
+
+        x, scores = self._residual(
+            inputs,
+            self.self_attention_layer_norm,
+            self_attention,
+            self.self_attention_dropout,
+            training,
+        )
+        x, _ = self._residual(
+            x,
+            self.feed_forward_layer_norm,
+            lambda h: (self.feed_forward(h, training=training), None),
+            self.feed_forward_dropout,
+            training,
+        )
+        if return_attention_scores:
+            return x, scores
+        return x
+
+    def compute_mask(self, inputs, mask=None):
+        return mask

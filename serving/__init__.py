@@ -1,0 +1,1 @@
+"""onnxruntime inference for exported keras_attn models. Never imports tensorflow or keras."""
