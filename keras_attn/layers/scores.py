@@ -23,6 +23,9 @@ class Score(keras.layers.Layer):
     #: True when the score is `q·k/√d_k`, which attention may hand to a fused kernel.
     is_scaled_dot = False
 
+    def build(self, query_shape, key_shape):
+        pass  # scores without weights need no build
+
     def call(self, query, key):
         raise NotImplementedError(f"{type(self).__name__} must implement `call(query, key)`.")
 

@@ -1,0 +1,182 @@
+import keras
+import numpy as np
+import pytest
+
+import keras_attn as ka
+from tests.helpers import to_numpy
+
+RNG = np.random.default_rng(0)
+X = RNG.normal(size=(3, 6, 16)).astype("float32")
+CTX = RNG.normal(size=(3, 8, 12)).astype("float32")
+PAD = np.array([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0]], bool)
+CTX_PAD = np.array([[1] * 5 + [0] * 3, [1] * 8, [1] * 2 + [0] * 6], bool)
+
+
+def paired(value_dim=None, dropout=0.0, self_attention=True):
+    """Our layer and Keras's, built and holding the same weights."""
+    ours = ka.MultiHeadAttention(4, 8, value_dim=value_dim, dropout=dropout)
+    ref = keras.layers.MultiHeadAttention(4, 8, value_dim=value_dim, dropout=dropout)
+    value = X if self_attention else CTX
+    ours(X, value)
+    ref(X, value)
+    ours.set_weights(ref.get_weights())
+    return ours, ref, value
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+@pytest.mark.parametrize(
+    "masks",
+    ["none", "padding", "causal", "explicit", "padding+causal+explicit"],
+)
+def test_equals_keras_multi_head_attention_with_copied_weights(masks, dropout):
+    ours, ref, _ = paired(value_dim=5, dropout=dropout)
+    kwargs = {}
+    if "padding" in masks:
+        kwargs.update(query_mask=PAD, value_mask=PAD)
+    if "causal" in masks:
+        kwargs["use_causal_mask"] = True
+    if "explicit" in masks:
+        kwargs["attention_mask"] = RNG.random((3, 6, 6)) > 0.3
+    a = to_numpy(ours(X, X, **kwargs))
+    b = to_numpy(ref(X, X, **kwargs))
+    # Rows with no visible key: Keras's fused path averages all values there, ours gives zeros.
+    merged = ka.merge_masks(**_merge_args(kwargs))
+    visible = np.ones((3, 6), bool)
+    if merged is not None:
+        visible = np.broadcast_to(to_numpy(merged), (3, 6, 6)).any(-1)
+    np.testing.assert_allclose(a[visible], b[visible], atol=1e-5)
+    assert np.all(a[~visible] == 0.0)
+    # The weights too, on the rows of real queries: Keras ignores an explicitly passed
+    # `query_mask` (it reads only the tensor's propagated mask), so padded rows differ.
+    _, wa = ours(X, X, return_attention_scores=True, **kwargs)
+    _, wb = ref(X, X, return_attention_scores=True, **kwargs)
+    rows = visible & kwargs.get("query_mask", True)
+    wa, wb = to_numpy(wa).transpose(0, 2, 1, 3), to_numpy(wb).transpose(0, 2, 1, 3)
+    np.testing.assert_allclose(wa[rows], wb[rows], atol=1e-5)
+
+
+def _merge_args(kwargs):
+    return {
+        "query_mask": kwargs.get("query_mask"),
+        "key_mask": kwargs.get("value_mask"),
+        "attention_mask": kwargs.get("attention_mask"),
+        "use_causal_mask": kwargs.get("use_causal_mask", False),
+        "query_length": 6,
+        "key_length": 6,
+    }
+
+
+def test_cross_attention_equals_keras_with_padded_context():
+    ours, ref, ctx = paired(self_attention=False)
+    a = to_numpy(ours(X, ctx, value_mask=CTX_PAD))
+    b = to_numpy(ref(X, ctx, value_mask=CTX_PAD))
+    np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_grouped_query_attention_equals_keras_group_query_attention():
+    ours = ka.MultiHeadAttention(num_heads=4, key_dim=8, num_key_value_heads=2)
+    ref = keras.layers.GroupQueryAttention(head_dim=8, num_query_heads=4, num_key_value_heads=2)
+    ours(X)
+    ref(X, X)
+    assert [w.shape for w in ours.weights] == [w.shape for w in ref.weights]
+    ours.set_weights(ref.get_weights())
+    for kwargs in ({}, {"use_causal_mask": True}, {"value_mask": PAD}):
+        a, b = to_numpy(ours(X, **kwargs)), to_numpy(ref(X, X, **kwargs))
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_fused_path_equals_explicit_path():
+    layer = ka.MultiHeadAttention(4, 8, value_dim=6)
+    explicit = RNG.random((3, 6, 6)) > 0.5
+    for kwargs in (
+        {},
+        {"use_causal_mask": True},
+        {"query_mask": PAD, "value_mask": PAD},
+        {"attention_mask": explicit, "use_causal_mask": True},
+    ):
+        fused = to_numpy(layer(X, **kwargs))
+        manual, _ = layer(X, return_attention_scores=True, **kwargs)
+        np.testing.assert_allclose(fused, to_numpy(manual), atol=1e-5)
+
+
+@pytest.fixture
+def attention_spy(monkeypatch):
+    calls = []
+    real = keras.ops.dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(keras.ops, "dot_product_attention", spy)
+    return calls
+
+
+def test_dropout_at_inference_uses_the_fused_kernel(attention_spy):
+    layer = ka.MultiHeadAttention(4, 8, dropout=0.1)
+    layer(X, training=False)
+    assert len(attention_spy) == 1
+    layer(X, training=True)
+    layer(X, return_attention_scores=True)
+    assert len(attention_spy) == 1  # neither of those may use it: they need the weights
+
+
+def test_other_scores_use_the_explicit_path(attention_spy):
+    ka.MultiHeadAttention(2, 4, score="dot")(X)
+    assert attention_spy == []
+
+
+def test_causal_multi_head_attention_ignores_the_future():
+    layer = ka.MultiHeadAttention(4, 8)
+    y = X.copy()
+    y[:, 3:] = RNG.normal(size=(3, 3, 16))
+    a, b = to_numpy(layer(X, use_causal_mask=True)), to_numpy(layer(y, use_causal_mask=True))
+    np.testing.assert_allclose(a[:, :3], b[:, :3], atol=1e-6)
+    assert not np.allclose(a[:, 3:], b[:, 3:])
+
+
+def test_fully_masked_rows_give_zeros_in_float16():
+    layer = ka.MultiHeadAttention(2, 4, dtype="mixed_float16")
+    mask = np.ones((3, 6, 6), bool)
+    mask[0, 2] = False  # query 2 of the first row sees nothing
+    out = to_numpy(keras.ops.cast(layer(X, attention_mask=mask), "float32"))
+    assert np.isfinite(out).all()
+    np.testing.assert_array_equal(out[0, 2], np.zeros(16))
+    assert np.abs(out[0, 1]).sum() > 0
+    out, w = layer(X, attention_mask=mask, return_attention_scores=True)
+    assert np.isfinite(to_numpy(keras.ops.cast(w, "float32"))).all()
+
+
+def test_propagated_mask_equals_explicit_attention_mask():
+    keras.utils.set_random_seed(3)
+    ids = keras.Input((None,), dtype="int32")
+    emb = ka.TokenEmbedding(30, 16, mask_zero=True)
+    mha = ka.MultiHeadAttention(4, 4)
+    auto = keras.Model(ids, mha(emb(ids)))
+    tokens = np.array([[5, 6, 7, 0, 0], [1, 2, 3, 4, 9]])
+    pad = tokens != 0
+    explicit = to_numpy(mha(to_numpy(emb(tokens)), attention_mask=pad[:, :, None] & pad[:, None]))
+    np.testing.assert_allclose(auto.predict(tokens, verbose=0), explicit, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "arg"),
+    [
+        ({"num_heads": 0, "key_dim": 4}, "num_heads"),
+        ({"num_heads": 2, "key_dim": 0}, "key_dim"),
+        ({"num_heads": 2, "key_dim": 4, "value_dim": 1.5}, "value_dim"),
+        ({"num_heads": 4, "key_dim": 4, "num_key_value_heads": 3}, "num_key_value_heads"),
+        ({"num_heads": 2, "key_dim": 4, "dropout": -0.1}, "dropout"),
+        ({"num_heads": 2, "key_dim": 4, "output_dim": 0}, "output_dim"),
+    ],
+)
+def test_bad_arguments(kwargs, arg):
+    with pytest.raises(ValueError, match=arg):
+        ka.MultiHeadAttention(**kwargs)
+
+
+def test_bad_shapes():
+    with pytest.raises(ValueError, match="query"):
+        ka.MultiHeadAttention(2, 4)(np.ones((2, 3, 4, 5), "float32"))
+    with pytest.raises(ValueError, match="same sequence length"):
+        ka.MultiHeadAttention(2, 4)(X, CTX[:, :5], CTX)
