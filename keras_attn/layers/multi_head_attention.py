@@ -30,7 +30,8 @@ class MultiHeadAttention(keras.layers.Layer):
 
     The default `"scaled_dot"` score runs through `keras.ops.dot_product_attention` whenever
     the weights are not needed (no `return_attention_scores`, and no dropout unless
-    `training`), so each backend's fused kernel applies; other scores use the explicit path.
+    `training`) and `value_dim == key_dim`, so each backend's fused kernel applies; other
+    scores use the explicit path.
     Weights are laid out as in `keras.layers.MultiHeadAttention`, so they copy across one-to-one.
 
     Args:
@@ -192,7 +193,14 @@ class MultiHeadAttention(keras.layers.Layer):
             ops.shape(k)[1],
         )
         use_dropout = self.dropout > 0 and bool(training)
-        if self.score.is_scaled_dot and not return_attention_scores and not use_dropout:
+        # jax.nn.dot_product_attention needs value heads as wide as key heads.
+        same_width = (self.value_dim or self.key_dim) == self.key_dim
+        if (
+            self.score.is_scaled_dot
+            and same_width
+            and not return_attention_scores
+            and not use_dropout
+        ):
             scale = self.score.scale_for(self.key_dim)
             if only_causal:
                 out = ops.dot_product_attention(q, k, v, scale=scale, is_causal=True)

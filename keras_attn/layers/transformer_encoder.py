@@ -34,7 +34,8 @@ class TransformerEncoder(TransformerBlock):
         use_causal_mask: bool. Causal self-attention. Defaults to `False`.
         return_attention_scores: bool. Also return the weights `(batch, heads, seq, seq)`.
     Returns:
-        float tensor `(batch, seq_len, hidden_dim)` (and the weights when asked for).
+        float tensor `(batch, seq_len, hidden_dim)` (and the weights when asked for). At padded
+        positions attention contributes zeros; only real positions carry meaning.
     Example:
         >>> x = keras.random.normal((2, 8, 64))
         >>> TransformerEncoder(num_heads=4, intermediate_dim=128)(x).shape
@@ -81,6 +82,7 @@ class TransformerEncoder(TransformerBlock):
                 self.self_attention,
                 return_attention_scores,
                 x,
+                query_mask=padding_mask,
                 value_mask=padding_mask,
                 attention_mask=attention_mask,
                 use_causal_mask=use_causal_mask,
