@@ -25,6 +25,9 @@ test: lint
 	$(PY) -m pytest -n 2 -q
 	KERAS_BACKEND=jax $(PY) -m pytest -n 2 -q tests/layers -m "not tf_only"
 
+demo: $(STAMP)
+	$(PY) examples/quickstart.py
+
 bench: $(STAMP)
 	$(PY) bench/attention.py
 

@@ -47,9 +47,7 @@ class Case:
 CASES = [
     Case(ka.DotScore, {}, [floats(2, 3, 4), floats(2, 5, 4)]),
     Case(ka.ScaledDotScore, {"scale": 0.3}, [floats(2, 3, 4), floats(2, 5, 4)]),
-    Case(
-        ka.BilinearScore, {"kernel_initializer": "he_normal"}, [floats(2, 3, 4), floats(2, 5, 6)]
-    ),
+    Case(ka.BilinearScore, {"kernel_initializer": "he_normal"}, [floats(2, 3, 4), floats(2, 5, 6)]),
     Case(
         ka.AdditiveScore,
         {"units": 6, "use_bias": False, "kernel_initializer": "he_normal"},
@@ -100,7 +98,9 @@ CASES = [
         {"num_segments": 3, "embedding_dim": 8, "embeddings_initializer": "he_normal"},
         [ids(2, 5, high=3)],
     ),
-    Case(ka.PositionEmbedding, {"sequence_length": 16, "initializer": "he_normal"}, [floats(2, 5, 8)]),
+    Case(
+        ka.PositionEmbedding, {"sequence_length": 16, "initializer": "he_normal"}, [floats(2, 5, 8)]
+    ),
     Case(ka.SinusoidalPositionEncoding, {"max_wavelength": 500}, [floats(2, 5, 7)]),
     Case(
         ka.RotaryEmbedding,

@@ -204,7 +204,8 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
         super().__init__(**kwargs)
         if not max_wavelength > 1:
             raise ValueError(
-                f"`max_wavelength` must be greater than 1. Received: max_wavelength={max_wavelength}"
+                "`max_wavelength` must be greater than 1. "
+                f"Received: max_wavelength={max_wavelength}"
             )
         self.max_wavelength = max_wavelength
         self.supports_masking = True
@@ -218,7 +219,9 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
 
     def call(self, inputs, start_index=0):
         shape = ops.shape(inputs)
-        positions = ops.add(ops.arange(shape[-2], dtype="float32"), ops.cast(start_index, "float32"))
+        positions = ops.add(
+            ops.arange(shape[-2], dtype="float32"), ops.cast(start_index, "float32")
+        )
         encoding = sinusoidal_encoding(
             positions, inputs.shape[-1], self.max_wavelength, self.compute_dtype
         )

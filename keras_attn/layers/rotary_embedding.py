@@ -31,7 +31,8 @@ class RotaryEmbedding(keras.layers.Layer):
         super().__init__(**kwargs)
         if not max_wavelength > 1:
             raise ValueError(
-                f"`max_wavelength` must be greater than 1. Received: max_wavelength={max_wavelength}"
+                "`max_wavelength` must be greater than 1. "
+                f"Received: max_wavelength={max_wavelength}"
             )
         if not scaling_factor > 0:
             raise ValueError(

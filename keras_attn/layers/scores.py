@@ -30,7 +30,7 @@ class Score(keras.layers.Layer):
         raise NotImplementedError(f"{type(self).__name__} must implement `call(query, key)`.")
 
     def compute_output_shape(self, query_shape, key_shape):
-        return tuple(query_shape[:-1]) + (key_shape[-2],)
+        return (*query_shape[:-1], key_shape[-2])
 
 
 def _check_same_depth(layer, query_shape, key_shape):

@@ -83,7 +83,10 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         )
         if position_encoding == "learned":
             self.position_embedding = PositionEmbedding(
-                sequence_length, self.embeddings_initializer, dtype=policy, name="position_embedding"
+                sequence_length,
+                self.embeddings_initializer,
+                dtype=policy,
+                name="position_embedding",
             )
         else:
             if not isinstance(sequence_length, int) or sequence_length <= 0:

@@ -34,7 +34,10 @@ def test_ab_example_sharp_query_selects_b():
 
 def test_projections_match_numpy():
     rng = np.random.default_rng(0)
-    q, v = rng.normal(size=(2, 3, 5)).astype("float32"), rng.normal(size=(2, 4, 6)).astype("float32")
+    q, v = (
+        rng.normal(size=(2, 3, 5)).astype("float32"),
+        rng.normal(size=(2, 4, 6)).astype("float32"),
+    )
     layer = ka.Attention(key_dim=8, value_dim=7)
     out = to_numpy(layer(q, v))
     wq, bq = to_numpy(layer.query_dense.kernel), to_numpy(layer.query_dense.bias)

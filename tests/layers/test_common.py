@@ -71,7 +71,10 @@ def test_one_fit_step_updates_weights(case):
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
     history = model.fit(case.inputs, target, batch_size=2, epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"][0])
-    changed = [not np.allclose(b, to_numpy(w)) for b, w in zip(before, model.trainable_weights)]
+    changed = [
+        not np.allclose(b, to_numpy(w))
+        for b, w in zip(before, model.trainable_weights, strict=True)
+    ]
     assert any(changed)
 
 
@@ -115,7 +118,9 @@ def test_keras_save_and_load_in_a_fresh_process(tmp_path):
         out = model.predict(case.inputs, verbose=0)
         model.save(tmp_path / f"{case.name}.keras")
         np.savez(
-            tmp_path / f"{case.name}.npz", out=out, **{f"in{i}": x for i, x in enumerate(case.inputs)}
+            tmp_path / f"{case.name}.npz",
+            out=out,
+            **{f"in{i}": x for i, x in enumerate(case.inputs)},
         )
     proc = subprocess.run(
         [sys.executable, "-c", _LOAD_AND_RUN, json.dumps(CASE_IDS), str(tmp_path)],

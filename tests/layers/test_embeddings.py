@@ -1,6 +1,5 @@
 import math
 
-import keras
 import numpy as np
 import pytest
 
@@ -130,8 +129,11 @@ def test_token_and_position_embedding_errors():
         (ka.PositionEmbedding, {"sequence_length": -1}, "sequence_length"),
         (ka.SinusoidalPositionEncoding, {"max_wavelength": 1}, "max_wavelength"),
         (ka.RotaryEmbedding, {"scaling_factor": 0}, "scaling_factor"),
-        (ka.TokenAndPositionEmbedding, {"vocabulary_size": 5, "sequence_length": 4,
-                                         "embedding_dim": 4, "dropout": 2}, "dropout"),
+        (
+            ka.TokenAndPositionEmbedding,
+            {"vocabulary_size": 5, "sequence_length": 4, "embedding_dim": 4, "dropout": 2},
+            "dropout",
+        ),
     ],
 )
 def test_bad_arguments(cls, kwargs, arg):

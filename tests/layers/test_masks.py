@@ -39,7 +39,9 @@ def test_merge_masks_ands_every_source():
     k_pad = np.array([[True, False, True]])
     explicit = np.array([[[True, True, True], [False, True, True], [True, True, True]]])
     merged = to_numpy(
-        masks.merge_masks(q_pad, k_pad, explicit, use_causal_mask=True, query_length=3, key_length=3)
+        masks.merge_masks(
+            q_pad, k_pad, explicit, use_causal_mask=True, query_length=3, key_length=3
+        )
     )
     expected = q_pad[:, :, None] & k_pad[:, None, :] & explicit & np.tril(np.ones((3, 3), bool))
     np.testing.assert_array_equal(merged, expected)

@@ -29,9 +29,7 @@ def test_lecture_example_scaled_dot_weights():
     np.testing.assert_allclose(weights, [0.8808, 0.1192, 5.41e-6, 1.99e-6], rtol=1e-3)
     np.testing.assert_allclose(weights, [0.87, 0.12, 0.01, 0.00], atol=0.011)  # the lecture's
     # The attention layer gives the same weights.
-    _, w = ka.Attention(score="scaled_dot")(
-        query[None], keys[None], return_attention_scores=True
-    )
+    _, w = ka.Attention(score="scaled_dot")(query[None], keys[None], return_attention_scores=True)
     np.testing.assert_allclose(to_numpy(w)[0, 0], exact, rtol=1e-6)
 
 
@@ -46,7 +44,10 @@ def test_dot_score_is_unscaled_and_scaled_dot_accepts_a_scale():
 
 def test_bilinear_score_matches_numpy():
     rng = np.random.default_rng(3)
-    q, k = rng.normal(size=(2, 3, 4)).astype("float32"), rng.normal(size=(2, 5, 6)).astype("float32")
+    q, k = (
+        rng.normal(size=(2, 3, 4)).astype("float32"),
+        rng.normal(size=(2, 5, 6)).astype("float32"),
+    )
     score = ka.BilinearScore()
     out = to_numpy(score(q, k))
     (w,) = [to_numpy(v) for v in score.weights]
@@ -56,7 +57,10 @@ def test_bilinear_score_matches_numpy():
 @pytest.mark.parametrize("use_bias", [True, False])
 def test_additive_score_matches_numpy(use_bias):
     rng = np.random.default_rng(4)
-    q, k = rng.normal(size=(2, 3, 4)).astype("float32"), rng.normal(size=(2, 5, 6)).astype("float32")
+    q, k = (
+        rng.normal(size=(2, 3, 4)).astype("float32"),
+        rng.normal(size=(2, 5, 6)).astype("float32"),
+    )
     score = ka.AdditiveScore(units=7, use_bias=use_bias, kernel_initializer="he_normal")
     score(q, k)
     if use_bias:
