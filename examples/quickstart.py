@@ -13,7 +13,7 @@ import argparse
 import keras
 import numpy as np
 
-import keras_attn as ka
+from keras_attn.models import build_causal_lm, lm_loss
 
 
 def make_data(n, length, vocab, seed=0):
@@ -25,15 +25,8 @@ def make_data(n, length, vocab, seed=0):
     return seq[:, :-1].astype("int32"), seq[:, 1:].astype("int32")
 
 
-def build_model(vocab, length, dim=32, heads=4, blocks=2):
-    tokens = keras.Input((None,), dtype="int32", name="token_ids")
-    embedding = ka.TokenAndPositionEmbedding(vocab, length, dim, mask_zero=True, name="embed")
-    x = embedding(tokens)
-    for i in range(blocks):
-        x = ka.TransformerDecoder(heads, 4 * dim, normalize_first=True, name=f"block_{i}")(x)
-    x = keras.layers.LayerNormalization(name="final_norm")(x)
-    logits = embedding.token_embedding(x, reverse=True)  # output tied to the input embedding
-    return keras.Model(tokens, logits, name="tiny_gpt")
+def build_model(vocab, length):
+    return build_causal_lm(vocab, length, hidden_dim=32, num_layers=2, num_heads=4)
 
 
 def main(argv=None):
@@ -49,8 +42,7 @@ def main(argv=None):
     model = build_model(args.vocab, args.length)
     model.compile(
         optimizer=keras.optimizers.Adam(3e-3),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        weighted_metrics=["accuracy"],  # weighted: padding positions do not count
+        loss=lm_loss(),  # padding targets (id 0) do not count
     )
     model.fit(x, y, batch_size=64, epochs=args.epochs, verbose=2)
     x_val, y_val = make_data(500, args.length, args.vocab, seed=1)

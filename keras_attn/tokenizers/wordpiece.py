@@ -1,0 +1,250 @@
+"""WordPiece tokenization on tensorflow-text, with BERT normalization and vocabulary training.
+
+Runs in the TensorFlow graph (`tf.data`, SavedModel). Ids of the special tokens are fixed by
+their order in the vocabulary: `[PAD]` is always 0, the padding id the models mask.
+"""
+
+import os
+
+import keras
+import numpy as np
+import tensorflow as tf
+import tensorflow_text as tf_text
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[BOS]", "[EOS]")
+VOCABULARY_FILE = "vocabulary.txt"
+
+
+def _as_dataset(data):
+    if isinstance(data, tf.data.Dataset):
+        return data
+    if isinstance(data, str):
+        raise ValueError(
+            "`data` must be an iterable of strings or a tf.data.Dataset, not one string. "
+            f"Received: data={data[:40]!r}…"
+        )
+    return tf.data.Dataset.from_tensor_slices(tf.constant(list(data), tf.string))
+
+
+def train_wordpiece_vocabulary(
+    data, vocabulary_size, lowercase=True, special_tokens=SPECIAL_TOKENS, batch_size=1024
+):
+    """Learns a WordPiece vocabulary with tensorflow-text's BERT vocabulary learner.
+
+    Args:
+        data: an iterable of strings, or a `tf.data.Dataset` of string scalars or batches.
+        vocabulary_size: int. Upper bound on the vocabulary size, special tokens included.
+        lowercase: bool. Lower-case and strip accents first (BERT uncased).
+        special_tokens: tokens placed first, in order (`[PAD]` must be first).
+        batch_size: strings per batch fed to the learner.
+    Returns:
+        list of str: the vocabulary, special tokens first.
+    """
+    from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset as bert_vocab
+
+    if not isinstance(vocabulary_size, int) or vocabulary_size <= len(special_tokens):
+        raise ValueError(
+            f"`vocabulary_size` must be an integer above the {len(special_tokens)} special "
+            f"tokens. Received: vocabulary_size={vocabulary_size!r}"
+        )
+    dataset = _as_dataset(data)
+    if dataset.element_spec.shape.rank == 0:
+        dataset = dataset.batch(batch_size)
+    return bert_vocab.bert_vocab_from_dataset(
+        dataset.prefetch(2),
+        vocab_size=vocabulary_size,
+        reserved_tokens=list(special_tokens),
+        bert_tokenizer_params={"lower_case": lowercase},
+        learn_params={},
+    )
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class WordPieceTokenizer(keras.layers.Layer):
+    """Strings to WordPiece ids (and back) with BERT's normalization, in the TensorFlow graph.
+
+    Text is normalized as BERT does (lower-casing, NFD and accent stripping when `lowercase`),
+    split on whitespace and punctuation, and each word is split greedily into the longest
+    vocabulary pieces (`##` marks a word-internal piece); tensorflow-text's
+    `FastBertTokenizer` does all of it in one linear-time op.
+
+    Args:
+        vocabulary: list of tokens, or the path of a `vocab.txt` (one token per line). Can be
+            set later with `set_vocabulary`. The first special token must be `[PAD]`.
+        lowercase: bool. BERT uncased normalization. `False` keeps case and accents (cased).
+        sequence_length: optional int. When set, outputs are dense `(batch, sequence_length)`,
+            truncated and padded with 0; otherwise a `tf.RaggedTensor`.
+        special_tokens: the special tokens, which must head the vocabulary in this order.
+        max_bytes_per_word: int. Longer words become `[UNK]`.
+    Call arguments:
+        inputs: string scalar or `(batch,)` string tensor.
+    Returns:
+        int32 ids: ragged `(batch, None)`, or dense `(batch, sequence_length)`.
+    Example:
+        >>> tok = WordPieceTokenizer(list(SPECIAL_TOKENS) + ["hello", "world", "!"])
+        >>> tok.tokenize(["Hello world!"])  # [[7, 8, 9]]
+    """
+
+    def __init__(
+        self,
+        vocabulary=None,
+        lowercase=True,
+        sequence_length=None,
+        special_tokens=SPECIAL_TOKENS,
+        max_bytes_per_word=100,
+        **kwargs,
+    ):
+        kwargs.setdefault("dtype", "int32")
+        super().__init__(**kwargs)
+        if sequence_length is not None and (
+            not isinstance(sequence_length, int) or sequence_length <= 0
+        ):
+            raise ValueError(
+                "`sequence_length` must be a positive integer or None. "
+                f"Received: sequence_length={sequence_length!r}"
+            )
+        if not special_tokens or special_tokens[0] != "[PAD]":
+            raise ValueError(
+                "`special_tokens` must start with '[PAD]' (id 0 is padding). "
+                f"Received: special_tokens={special_tokens!r}"
+            )
+        self.lowercase = lowercase
+        self.sequence_length = sequence_length
+        self.special_tokens = tuple(special_tokens)
+        self.max_bytes_per_word = max_bytes_per_word
+        self._vocabulary = None
+        if vocabulary is not None:
+            self.set_vocabulary(vocabulary)
+
+    # Vocabulary --------------------------------------------------------------------------
+    def set_vocabulary(self, vocabulary):
+        """Sets the vocabulary from a list of tokens or a `vocab.txt` path."""
+        if isinstance(vocabulary, str):
+            if not os.path.exists(vocabulary):
+                raise ValueError(
+                    f"`vocabulary` path does not exist. Received: vocabulary={vocabulary!r}"
+                )
+            with open(vocabulary, encoding="utf-8") as f:
+                vocabulary = [line.rstrip("\n") for line in f]
+        vocabulary = [str(t) for t in vocabulary]
+        head = tuple(vocabulary[: len(self.special_tokens)])
+        if head != self.special_tokens:
+            raise ValueError(
+                f"`vocabulary` must start with the special tokens {self.special_tokens}. "
+                f"Received: first tokens {head}"
+            )
+        if len(set(vocabulary)) != len(vocabulary):
+            raise ValueError("`vocabulary` has duplicate tokens.")
+        self._vocabulary = vocabulary
+        self._token_to_id = {t: i for i, t in enumerate(vocabulary)}
+        self._fast = tf_text.FastBertTokenizer(
+            vocab=vocabulary,
+            token_out_type=tf.int32,
+            unknown_token="[UNK]",
+            max_bytes_per_word=self.max_bytes_per_word,
+            support_detokenization=True,
+            lower_case_nfd_strip_accents=self.lowercase,
+        )
+
+    def _check_vocabulary(self):
+        if self._vocabulary is None:
+            raise ValueError(
+                "The tokenizer has no vocabulary. Pass `vocabulary=` or call `set_vocabulary`."
+            )
+
+    def get_vocabulary(self):
+        self._check_vocabulary()
+        return list(self._vocabulary)
+
+    def vocabulary_size(self):
+        self._check_vocabulary()
+        return len(self._vocabulary)
+
+    def id_to_token(self, token_id):
+        self._check_vocabulary()
+        if not 0 <= int(token_id) < len(self._vocabulary):
+            raise ValueError(
+                f"`token_id` must be in [0, {len(self._vocabulary)}). Received: {token_id}"
+            )
+        return self._vocabulary[int(token_id)]
+
+    def token_to_id(self, token):
+        self._check_vocabulary()
+        if token not in self._token_to_id:
+            raise ValueError(f"`token` is not in the vocabulary. Received: token={token!r}")
+        return self._token_to_id[token]
+
+    def special_token_id(self, token):
+        """Id of a special token, e.g. `special_token_id("[EOS]")`."""
+        return self.token_to_id(token)
+
+    # Tokenization ------------------------------------------------------------------------
+    def call(self, inputs):
+        self._check_vocabulary()
+        inputs = tf.convert_to_tensor(inputs)
+        if inputs.dtype != tf.string:
+            raise ValueError(f"`inputs` must be strings. Received: dtype={inputs.dtype.name}")
+        scalar = inputs.shape.rank == 0
+        ids = self._fast.tokenize(tf.reshape(inputs, [-1]) if scalar else inputs)
+        if self.sequence_length is not None:
+            ids = ids[:, : self.sequence_length].to_tensor(
+                default_value=0, shape=(None, self.sequence_length)
+            )
+        return ids[0] if scalar else ids
+
+    def tokenize(self, inputs):
+        """Strings (Python `str`, list, NumPy or tensor) to ids; see the class docstring."""
+        if not tf.is_tensor(inputs):
+            inputs = tf.convert_to_tensor(inputs, tf.string)
+        return self(inputs)
+
+    def detokenize(self, ids):
+        """Ids `(batch, len)` (dense, padded with 0, or ragged) to strings `(batch,)`.
+
+        Special tokens are dropped; words are joined by single spaces (punctuation becomes its
+        own word, as tokenization split it).
+        """
+        self._check_vocabulary()
+        ids = ids if isinstance(ids, tf.RaggedTensor) else tf.convert_to_tensor(ids, tf.int32)
+        flat = ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids
+        flat = np.asarray(flat)
+        if flat.size and (flat.min() < 0 or flat.max() >= len(self._vocabulary)):
+            raise ValueError(
+                f"`ids` must be in [0, {len(self._vocabulary)}). "
+                f"Received ids in [{flat.min()}, {flat.max()}]"
+            )
+        scalar = ids.shape.rank == 1
+        if scalar:
+            ids = ids[tf.newaxis]
+        if not isinstance(ids, tf.RaggedTensor):
+            ids = tf.RaggedTensor.from_tensor(ids)
+        keep = ids >= len(self.special_tokens)
+        ids = tf.ragged.boolean_mask(ids, keep)
+        words = self._fast.detokenize(ids)
+        out = (
+            tf.strings.reduce_join(words, axis=-1, separator=" ") if words.shape.rank > 1 else words
+        )
+        return out[0] if scalar else out
+
+    def compute_output_spec(self, inputs):
+        shape = (inputs.shape[0], self.sequence_length) if len(inputs.shape) else (None,)
+        return keras.KerasTensor(shape, dtype="int32", ragged=self.sequence_length is None)
+
+    # Saving ------------------------------------------------------------------------------
+    def save_assets(self, dir_path):
+        with open(os.path.join(dir_path, VOCABULARY_FILE), "w", encoding="utf-8") as f:
+            f.write("\n".join(self.get_vocabulary()) + "\n")
+
+    def load_assets(self, dir_path):
+        self.set_vocabulary(os.path.join(dir_path, VOCABULARY_FILE))
+
+    def get_config(self):
+        # The vocabulary travels as an asset file in `.keras` archives, not in the config.
+        return {
+            **super().get_config(),
+            "vocabulary": None,
+            "lowercase": self.lowercase,
+            "sequence_length": self.sequence_length,
+            "special_tokens": list(self.special_tokens),
+            "max_bytes_per_word": self.max_bytes_per_word,
+        }

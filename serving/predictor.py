@@ -1,0 +1,91 @@
+"""`Predictor`: an exported artifact folder run in onnxruntime, with text in and out.
+
+Imports neither TensorFlow nor Keras (a test checks), so a serving host needs only
+onnxruntime, NumPy and `tokenizers`.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from serving.generation import greedy
+from serving.manifest import read_manifest, verify_files
+from serving.tokenizer import WordPieceTextTokenizer
+
+
+class Predictor:
+    """Runs an exported model (`model.onnx` + `manifest.json` [+ `tokenizer/`]).
+
+    Args:
+        folder: the artifact folder `export.export_model` wrote.
+        verify: check every file's sha256 against the manifest first. Defaults to `True`.
+        num_threads: onnxruntime intra-op threads; defaults to onnxruntime's choice.
+    Example:
+        >>> p = Predictor("artifacts/shakespeare_lm")
+        >>> p.generate(["to be or not to be"], max_new_tokens=10)
+    """
+
+    def __init__(self, folder, verify=True, num_threads=None):
+        self.folder = Path(folder)
+        self.manifest = read_manifest(self.folder)
+        if verify:
+            verify_files(self.folder, self.manifest)
+        options = ort.SessionOptions()
+        if num_threads:
+            options.intra_op_num_threads = num_threads
+        self.session = ort.InferenceSession(
+            str(self.folder / self.manifest["onnx"]["file"]),
+            options,
+            providers=["CPUExecutionProvider"],
+        )
+        self.inputs = {spec["name"]: spec for spec in self.manifest["inputs"]}
+        self.output_names = [spec["name"] for spec in self.manifest["outputs"]]
+        self.max_sequence_length = self.manifest.get("max_sequence_length")
+        self.tokenizer = None
+        if self.manifest.get("tokenizer"):
+            self.tokenizer = WordPieceTextTokenizer.from_folder(
+                self.folder / self.manifest["tokenizer"]
+            )
+
+    def run(self, feeds):
+        """Runs the model on `{input_name: array}`; returns `{output_name: array}`."""
+        if set(feeds) != set(self.inputs):
+            raise ValueError(f"inputs must be {sorted(self.inputs)}. Received: {sorted(feeds)}")
+        arrays = {}
+        for name, value in feeds.items():
+            spec = self.inputs[name]
+            array = np.asarray(value)
+            if array.ndim != len(spec["shape"]):
+                raise ValueError(
+                    f"`{name}` must have rank {len(spec['shape'])} {spec['shape']}. "
+                    f"Received: shape {array.shape}"
+                )
+            arrays[name] = array.astype(spec["dtype"], copy=False)
+        outputs = self.session.run(self.output_names, arrays)
+        return dict(zip(self.output_names, outputs, strict=True))
+
+    def logits(self, token_ids):
+        """Logits of a single-input language model for int ids `(batch, length)`."""
+        (name,) = self.inputs
+        return self.run({name: token_ids})[self.output_names[0]]
+
+    def generate_ids(self, prompts, max_new_tokens=20, stop_token_ids=()):
+        """Greedy continuation of id prompts; returns the new ids of each."""
+        return greedy(
+            self.logits,
+            [list(p) for p in prompts],
+            max_new_tokens,
+            stop_token_ids=stop_token_ids,
+            max_length=self.max_sequence_length,
+        )
+
+    def generate(self, prompts, max_new_tokens=20):
+        """Greedy continuation of text prompts; returns prompt + continuation as text."""
+        if self.tokenizer is None:
+            raise ValueError("this artifact has no tokenizer/: use generate_ids()")
+        if isinstance(prompts, str):
+            return self.generate([prompts], max_new_tokens)[0]
+        prompt_ids = self.tokenizer.encode(prompts)
+        new = self.generate_ids(prompt_ids, max_new_tokens)
+        return [self.tokenizer.decode(p + n) for p, n in zip(prompt_ids, new, strict=True)]

@@ -1,0 +1,75 @@
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from serving import ArtifactError, Predictor
+from serving.generation import greedy
+
+_NO_TF = """
+import json, sys
+from serving import Predictor
+p = Predictor(sys.argv[1])
+out = p.generate_ids([[5, 6, 7]], max_new_tokens=4)
+text = p.generate("to be", max_new_tokens=2)
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "keras", "tf2onnx"))
+print("RESULT " + json.dumps({"heavy": heavy, "ids": out, "text": text}))
+"""
+
+
+def test_predictor_imports_neither_tensorflow_nor_keras(toy_artifact):
+    folder, _ = toy_artifact
+    proc = subprocess.run(
+        [sys.executable, "-c", _NO_TF, str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ},
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(li for li in proc.stdout.splitlines() if li.startswith("RESULT "))
+    result = json.loads(line[len("RESULT ") :])
+    assert result["heavy"] == []
+    assert len(result["ids"][0]) == 4 and result["text"].startswith("to be")
+
+
+def test_tampered_file_is_refused(toy_artifact, tmp_path):
+    folder, _ = toy_artifact
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    with open(copy / "tokenizer/vocab.txt", "a", encoding="utf-8") as f:
+        f.write("extra\n")
+    with pytest.raises(ArtifactError, match=r"vocab\.txt"):
+        Predictor(copy)
+    with pytest.raises(ArtifactError, match="manifest"):
+        Predictor(tmp_path)
+
+
+def test_run_checks_input_names_and_ranks(toy_artifact):
+    predictor = Predictor(toy_artifact[0])
+    with pytest.raises(ValueError, match="token_ids"):
+        predictor.run({"ids": np.zeros((1, 3), "int32")})
+    with pytest.raises(ValueError, match="rank"):
+        predictor.run({"token_ids": np.zeros((3,), "int32")})
+    out = predictor.run({"token_ids": np.array([[5, 6, 0]], "int64")})  # cast to int32
+    assert out["logits"].shape == (1, 3, predictor.tokenizer.vocabulary_size)
+
+
+def test_greedy_batches_prompts_of_different_lengths():
+    # A fake model whose next token is (last token + 1) % 5 + 1, row by row.
+    def logits_fn(ids):
+        out = np.zeros((*ids.shape, 7))
+        out[np.arange(ids.shape[0])[:, None], np.arange(ids.shape[1]), (ids % 5) + 1] = 1.0
+        return out
+
+    assert greedy(logits_fn, [[1], [3, 4, 2]], 3) == [[2, 3, 4], [3, 4, 5]]
+    assert greedy(logits_fn, [[1], [3]], 5, stop_token_ids=[4]) == [[2, 3, 4], [4]]
+    with pytest.raises(ValueError, match="maximum sequence length"):
+        greedy(logits_fn, [[1, 2]], 5, max_length=4)
+    with pytest.raises(ValueError, match="prompts"):
+        greedy(logits_fn, [[]], 1)
