@@ -83,6 +83,7 @@ def main(argv=None):
         optimizer=keras.optimizers.AdamW(learning_rate=2e-3, weight_decay=0.01, clipnorm=1.0),
         loss=lm_loss(),
         metrics=[Perplexity()],
+        jit_compile=True,  # Keras's "auto" skips XLA on CPU; here it is ~30% faster per step
     )
     budget = TimeBudget(args.minutes * 60)
     steps = max(1, len(train) // args.batch_size)

@@ -79,3 +79,10 @@ def test_bad_export_arguments(toy_lm, tmp_path):
     (tmp_path / "c").mkdir()
     with pytest.raises(ValueError, match="out_dir"):
         export_model(toy_lm, tmp_path / "c", overwrite=False)
+
+
+@pytest.mark.parametrize("opset", [13, 18])
+def test_opset_range_converts_and_matches(toy_lm, tmp_path, opset):
+    manifest = export_model(toy_lm, tmp_path / "lm", opset=opset, verbose=False)
+    assert manifest["onnx"]["opset"] == opset
+    assert manifest["parity"]["max_abs_diff"] <= 1e-4

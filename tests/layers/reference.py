@@ -57,6 +57,24 @@ def residual(x, norm, fn, pre_norm):
     return layer_norm(norm, x + fn(x))
 
 
+def self_attention_sublayer(block, x, mask):
+    return residual(
+        x,
+        block.self_attention_layer_norm,
+        lambda h: multi_head_attention(block.self_attention, h, h, mask),
+        block.normalize_first,
+    )
+
+
+def feed_forward_sublayer(block, x):
+    return residual(
+        x,
+        block.feed_forward_layer_norm,
+        lambda h: feed_forward(block.feed_forward, h, block.activation),
+        block.normalize_first,
+    )
+
+
 def encoder(block, x, key_padding=None, causal=False):
     t = x.shape[1]
     mask = np.ones((x.shape[0], t, t), bool)
@@ -64,19 +82,7 @@ def encoder(block, x, key_padding=None, causal=False):
         mask &= key_padding[:, None, :] & key_padding[:, :, None]
     if causal:
         mask &= np.tril(np.ones((t, t), bool))
-    pre = block.normalize_first
-    x = residual(
-        x,
-        block.self_attention_layer_norm,
-        lambda h: multi_head_attention(block.self_attention, h, h, mask),
-        pre,
-    )
-    return residual(
-        x,
-        block.feed_forward_layer_norm,
-        lambda h: feed_forward(block.feed_forward, h, block.activation),
-        pre,
-    )
+    return feed_forward_sublayer(block, self_attention_sublayer(block, x, mask))
 
 
 def decoder(block, x, enc=None, dec_padding=None, enc_padding=None):
@@ -84,13 +90,7 @@ def decoder(block, x, enc=None, dec_padding=None, enc_padding=None):
     mask = np.tril(np.ones((t, t), bool))[None].repeat(b, 0)
     if dec_padding is not None:
         mask &= dec_padding[:, None, :] & dec_padding[:, :, None]
-    pre = block.normalize_first
-    x = residual(
-        x,
-        block.self_attention_layer_norm,
-        lambda h: multi_head_attention(block.self_attention, h, h, mask),
-        pre,
-    )
+    x = self_attention_sublayer(block, x, mask)
     if enc is not None:
         cross = np.ones((b, t, enc.shape[1]), bool)
         if enc_padding is not None:
@@ -101,11 +101,6 @@ def decoder(block, x, enc=None, dec_padding=None, enc_padding=None):
             x,
             block.cross_attention_layer_norm,
             lambda h: multi_head_attention(block.cross_attention, h, enc, cross),
-            pre,
+            block.normalize_first,
         )
-    return residual(
-        x,
-        block.feed_forward_layer_norm,
-        lambda h: feed_forward(block.feed_forward, h, block.activation),
-        pre,
-    )
+    return feed_forward_sublayer(block, x)
