@@ -7,11 +7,11 @@ their order in the vocabulary: `[PAD]` is always 0, the padding id the models ma
 import os
 
 import keras
-import numpy as np
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[BOS]", "[EOS]")
+from keras_attn.tokenizers.base import SPECIAL_TOKENS, Tokenizer
+
 VOCABULARY_FILE = "vocabulary.txt"
 
 
@@ -60,7 +60,7 @@ def train_wordpiece_vocabulary(
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class WordPieceTokenizer(keras.layers.Layer):
+class WordPieceTokenizer(Tokenizer):
     """Strings to WordPiece ids (and back) with BERT's normalization, in the TensorFlow graph.
 
     Text is normalized as BERT does (lower-casing, NFD and accent stripping when `lowercase`),
@@ -94,23 +94,8 @@ class WordPieceTokenizer(keras.layers.Layer):
         max_bytes_per_word=100,
         **kwargs,
     ):
-        kwargs.setdefault("dtype", "int32")
-        super().__init__(**kwargs)
-        if sequence_length is not None and (
-            not isinstance(sequence_length, int) or sequence_length <= 0
-        ):
-            raise ValueError(
-                "`sequence_length` must be a positive integer or None. "
-                f"Received: sequence_length={sequence_length!r}"
-            )
-        if not special_tokens or special_tokens[0] != "[PAD]":
-            raise ValueError(
-                "`special_tokens` must start with '[PAD]' (id 0 is padding). "
-                f"Received: special_tokens={special_tokens!r}"
-            )
+        super().__init__(sequence_length=sequence_length, special_tokens=special_tokens, **kwargs)
         self.lowercase = lowercase
-        self.sequence_length = sequence_length
-        self.special_tokens = tuple(special_tokens)
         self.max_bytes_per_word = max_bytes_per_word
         self._vocabulary = None
         if vocabulary is not None:
@@ -161,12 +146,7 @@ class WordPieceTokenizer(keras.layers.Layer):
         return len(self._vocabulary)
 
     def id_to_token(self, token_id):
-        self._check_vocabulary()
-        if not 0 <= int(token_id) < len(self._vocabulary):
-            raise ValueError(
-                f"`token_id` must be in [0, {len(self._vocabulary)}). Received: {token_id}"
-            )
-        return self._vocabulary[int(token_id)]
+        return self._vocabulary[self._check_id(token_id)]
 
     def token_to_id(self, token):
         self._check_vocabulary()
@@ -174,61 +154,16 @@ class WordPieceTokenizer(keras.layers.Layer):
             raise ValueError(f"`token` is not in the vocabulary. Received: token={token!r}")
         return self._token_to_id[token]
 
-    def special_token_id(self, token):
-        """Id of a special token, e.g. `special_token_id("[EOS]")`."""
-        return self.token_to_id(token)
-
     # Tokenization ------------------------------------------------------------------------
-    def call(self, inputs):
+    def _tokenize(self, strings):
         self._check_vocabulary()
-        inputs = tf.convert_to_tensor(inputs)
-        if inputs.dtype != tf.string:
-            raise ValueError(f"`inputs` must be strings. Received: dtype={inputs.dtype.name}")
-        scalar = inputs.shape.rank == 0
-        ids = self._fast.tokenize(tf.reshape(inputs, [-1]) if scalar else inputs)
-        if self.sequence_length is not None:
-            ids = ids[:, : self.sequence_length].to_tensor(
-                default_value=0, shape=(None, self.sequence_length)
-            )
-        return ids[0] if scalar else ids
+        return self._fast.tokenize(strings)
 
-    def tokenize(self, inputs):
-        """Strings (Python `str`, list, NumPy or tensor) to ids; see the class docstring."""
-        if not tf.is_tensor(inputs):
-            inputs = tf.convert_to_tensor(inputs, tf.string)
-        return self(inputs)
-
-    def detokenize(self, ids):
-        """Ids `(batch, len)` (dense, padded with 0, or ragged) to strings `(batch,)`.
-
-        Special tokens are dropped; words are joined by single spaces (punctuation becomes its
-        own word, as tokenization split it).
-        """
-        self._check_vocabulary()
-        ids = ids if isinstance(ids, tf.RaggedTensor) else tf.convert_to_tensor(ids, tf.int32)
-        flat = ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids
-        flat = np.asarray(flat)
-        if flat.size and (flat.min() < 0 or flat.max() >= len(self._vocabulary)):
-            raise ValueError(
-                f"`ids` must be in [0, {len(self._vocabulary)}). "
-                f"Received ids in [{flat.min()}, {flat.max()}]"
-            )
-        scalar = ids.shape.rank == 1
-        if scalar:
-            ids = ids[tf.newaxis]
-        if not isinstance(ids, tf.RaggedTensor):
-            ids = tf.RaggedTensor.from_tensor(ids)
-        keep = ids >= len(self.special_tokens)
-        ids = tf.ragged.boolean_mask(ids, keep)
+    def _detokenize(self, ids):
         words = self._fast.detokenize(ids)
-        out = (
-            tf.strings.reduce_join(words, axis=-1, separator=" ") if words.shape.rank > 1 else words
-        )
-        return out[0] if scalar else out
-
-    def compute_output_spec(self, inputs):
-        shape = (inputs.shape[0], self.sequence_length) if len(inputs.shape) else (None,)
-        return keras.KerasTensor(shape, dtype="int32", ragged=self.sequence_length is None)
+        if isinstance(words, tf.RaggedTensor) or words.shape.rank > 1:
+            return tf.strings.reduce_join(words, axis=-1, separator=" ")
+        return words
 
     # Saving ------------------------------------------------------------------------------
     def save_assets(self, dir_path):
@@ -244,7 +179,5 @@ class WordPieceTokenizer(keras.layers.Layer):
             **super().get_config(),
             "vocabulary": None,
             "lowercase": self.lowercase,
-            "sequence_length": self.sequence_length,
-            "special_tokens": list(self.special_tokens),
             "max_bytes_per_word": self.max_bytes_per_word,
         }

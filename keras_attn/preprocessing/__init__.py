@@ -1,0 +1,6 @@
+"""Preprocessing layers: packing ids into model inputs, masked-LM corruption."""
+
+from keras_attn.preprocessing.masked_lm import MaskedLMMaskGenerator
+from keras_attn.preprocessing.packers import SegmentPacker, StartEndPacker
+
+__all__ = ["MaskedLMMaskGenerator", "SegmentPacker", "StartEndPacker"]

@@ -1,0 +1,39 @@
+"""Base of the TensorFlow-op preprocessing layers (tokenizers, packers, masking)."""
+
+import keras
+import tensorflow as tf
+
+
+class PreprocessingLayer(keras.layers.Layer):
+    """A layer whose `call` runs TensorFlow ops on int or string tensors.
+
+    On a symbolic Keras input it is an ordinary layer (functional models, TF backend); on
+    anything else (`tf.data` tensors, NumPy, lists) it runs its TensorFlow ops directly, so
+    `dataset.map(layer)` works under every Keras backend.
+    """
+
+    def __call__(self, inputs, *args, **kwargs):
+        if any(isinstance(x, keras.KerasTensor) for x in tf.nest.flatten(inputs)):
+            return super().__call__(inputs, *args, **kwargs)
+        return self.call(inputs, *args, **kwargs)
+
+
+def to_ragged(ids, name="inputs"):
+    """Int ids (list, NumPy, dense or ragged; rank 1 or 2) -> `(ragged (batch, None), was_1d)`."""
+    if not isinstance(ids, tf.RaggedTensor):
+        ids = tf.ragged.constant(ids) if isinstance(ids, list) else tf.convert_to_tensor(ids)
+    if ids.dtype not in (tf.int32, tf.int64):
+        raise ValueError(f"`{name}` must hold integer ids. Received: dtype={ids.dtype.name}")
+    if ids.shape.rank == 1:
+        ids = tf.RaggedTensor.from_tensor(ids[tf.newaxis])
+        return tf.cast(ids, tf.int32), True
+    if ids.shape.rank != 2:
+        raise ValueError(f"`{name}` must have rank 1 or 2. Received: shape={ids.shape}")
+    if not isinstance(ids, tf.RaggedTensor):
+        ids = tf.RaggedTensor.from_tensor(ids)
+    return tf.cast(ids, tf.int32), False
+
+
+def check_positive_int(name, value):
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")

@@ -1,0 +1,126 @@
+"""What every tokenizer here shares: string inputs, dense or ragged ids, special tokens.
+
+Tokenizers run TensorFlow ops (tensorflow-text), like keras-hub's: in `tf.data` pipelines and
+SavedModel graphs. Called on anything but a symbolic Keras input they run those ops directly,
+so `dataset.map(tokenizer)` works under every Keras backend; inside a functional model (TF
+backend) they are ordinary layers.
+"""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[BOS]", "[EOS]")
+
+
+def check_special_tokens(special_tokens):
+    if not special_tokens or special_tokens[0] != "[PAD]":
+        raise ValueError(
+            "`special_tokens` must start with '[PAD]' (id 0 is padding). "
+            f"Received: special_tokens={special_tokens!r}"
+        )
+    if len(set(special_tokens)) != len(special_tokens):
+        raise ValueError(f"`special_tokens` has duplicates. Received: {special_tokens!r}")
+    return tuple(special_tokens)
+
+
+class Tokenizer(keras.layers.Layer):
+    """Base class: subclasses implement `_tokenize(strings (batch,)) -> ragged int32` and
+    `_detokenize(ragged ids without special tokens) -> strings (batch,)`, and the vocabulary
+    methods `vocabulary_size`, `id_to_token`, `token_to_id`.
+
+    Args:
+        sequence_length: optional int. Dense `(batch, sequence_length)` output, truncated and
+            padded with 0; otherwise ragged.
+        special_tokens: tokens with the lowest ids, in order; the first must be `[PAD]`.
+    """
+
+    def __init__(self, sequence_length=None, special_tokens=SPECIAL_TOKENS, **kwargs):
+        kwargs.setdefault("dtype", "int32")
+        super().__init__(**kwargs)
+        if sequence_length is not None and (
+            not isinstance(sequence_length, int) or sequence_length <= 0
+        ):
+            raise ValueError(
+                "`sequence_length` must be a positive integer or None. "
+                f"Received: sequence_length={sequence_length!r}"
+            )
+        self.sequence_length = sequence_length
+        self.special_tokens = check_special_tokens(special_tokens)
+
+    # Calling -----------------------------------------------------------------------------
+    def __call__(self, inputs, *args, **kwargs):
+        if isinstance(inputs, keras.KerasTensor):
+            return super().__call__(inputs, *args, **kwargs)
+        return self.call(inputs, *args, **kwargs)
+
+    def tokenize(self, inputs):
+        """Strings (`str`, list, NumPy or tensor; scalar or `(batch,)`) to int32 ids."""
+        return self(inputs)
+
+    def call(self, inputs):
+        inputs = tf.convert_to_tensor(inputs) if not tf.is_tensor(inputs) else inputs
+        if inputs.dtype != tf.string:
+            raise ValueError(f"`inputs` must be strings. Received: dtype={inputs.dtype.name}")
+        if inputs.shape.rank not in (0, 1, None):
+            raise ValueError(
+                f"`inputs` must be a string or a (batch,) string tensor. "
+                f"Received: shape={inputs.shape}"
+            )
+        scalar = inputs.shape.rank == 0
+        ids = self._tokenize(tf.reshape(inputs, [-1]) if scalar else inputs)
+        if self.sequence_length is not None:
+            ids = ids[:, : self.sequence_length].to_tensor(
+                default_value=0, shape=(None, self.sequence_length)
+            )
+        return ids[0] if scalar else ids
+
+    def compute_output_spec(self, inputs):
+        shape = (inputs.shape[0], self.sequence_length) if len(inputs.shape) else (None,)
+        return keras.KerasTensor(shape, dtype="int32", ragged=self.sequence_length is None)
+
+    # Detokenizing ------------------------------------------------------------------------
+    def detokenize(self, ids):
+        """Ids `(len,)` or `(batch, len)` (dense padded with 0, or ragged) to text.
+
+        Special tokens (padding included) are dropped. Ids outside the vocabulary raise a
+        `ValueError` naming the range.
+        """
+        ids = ids if isinstance(ids, tf.RaggedTensor) else tf.convert_to_tensor(ids, tf.int32)
+        flat = np.asarray(ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids)
+        size = self.vocabulary_size()
+        if flat.size and (flat.min() < 0 or flat.max() >= size):
+            raise ValueError(
+                f"`ids` must be in [0, {size}). Received ids in [{flat.min()}, {flat.max()}]"
+            )
+        scalar = ids.shape.rank == 1
+        if scalar:
+            ids = ids[tf.newaxis]
+        if not isinstance(ids, tf.RaggedTensor):
+            ids = tf.RaggedTensor.from_tensor(ids)
+        ids = tf.ragged.boolean_mask(ids, ids >= len(self.special_tokens))
+        text = self._detokenize(tf.cast(ids, tf.int32))
+        return text[0] if scalar else text
+
+    # Vocabulary --------------------------------------------------------------------------
+    def special_token_id(self, token):
+        """Id of a special token, e.g. `special_token_id("[EOS]")`."""
+        if token not in self.special_tokens:
+            raise ValueError(
+                f"`token` is not a special token {self.special_tokens}. Received: {token!r}"
+            )
+        return self.special_tokens.index(token)
+
+    def _check_id(self, token_id):
+        if not 0 <= int(token_id) < self.vocabulary_size():
+            raise ValueError(
+                f"`token_id` must be in [0, {self.vocabulary_size()}). Received: {token_id}"
+            )
+        return int(token_id)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "sequence_length": self.sequence_length,
+            "special_tokens": list(self.special_tokens),
+        }
