@@ -25,6 +25,7 @@ class WordPieceTextTokenizer:
     ):
         self.vocabulary = list(vocabulary)
         self.special_tokens = tuple(special_tokens)
+        self._special_ids = {i for i, t in enumerate(self.vocabulary) if t in set(special_tokens)}
         self.lowercase = lowercase
         self._tokenizer = Tokenizer(
             models.WordPiece(
@@ -74,5 +75,5 @@ class WordPieceTextTokenizer:
         bad = [i for i in ids if not 0 <= i < len(self.vocabulary)]
         if bad:
             raise ValueError(f"`ids` must be in [0, {len(self.vocabulary)}). Received: {bad[:5]}")
-        ids = [i for i in ids if i >= len(self.special_tokens)]
+        ids = [i for i in ids if i not in self._special_ids]
         return self._tokenizer.decode(ids, skip_special_tokens=False)

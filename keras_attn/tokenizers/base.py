@@ -29,6 +29,11 @@ class Tokenizer(keras.layers.Layer):
     `_detokenize(ragged ids without special tokens) -> strings (batch,)`, and the vocabulary
     methods `vocabulary_size`, `id_to_token`, `token_to_id`.
 
+    Awkward input, for every tokenizer: empty strings give no ids; strings of any length (1 MB
+    and more) are fine; invalid UTF-8 bytes become `[UNK]` (WordPiece: the word holding them;
+    `ByteTokenizer` keeps the bytes, `UnicodeCharTokenizer` maps them to U+FFFD); ids out of
+    range in `detokenize` raise a `ValueError`.
+
     Args:
         sequence_length: optional int. Dense `(batch, sequence_length)` output, truncated and
             padded with 0; otherwise ragged.
@@ -98,7 +103,8 @@ class Tokenizer(keras.layers.Layer):
             ids = ids[tf.newaxis]
         if not isinstance(ids, tf.RaggedTensor):
             ids = tf.RaggedTensor.from_tensor(ids)
-        ids = tf.ragged.boolean_mask(ids, ids >= len(self.special_tokens))
+        is_special = tf.constant(self._special_id_mask())
+        ids = tf.ragged.boolean_mask(ids, ~tf.gather(is_special, ids))
         text = self._detokenize(tf.cast(ids, tf.int32))
         return text[0] if scalar else text
 
@@ -109,7 +115,14 @@ class Tokenizer(keras.layers.Layer):
             raise ValueError(
                 f"`token` is not a special token {self.special_tokens}. Received: {token!r}"
             )
-        return self.special_tokens.index(token)
+        return self.token_to_id(token)
+
+    def _special_id_mask(self):
+        """bool list over the vocabulary: True at the ids of special tokens."""
+        mask = [False] * self.vocabulary_size()
+        for token in self.special_tokens:
+            mask[self.token_to_id(token)] = True
+        return mask
 
     def _check_id(self, token_id):
         if not 0 <= int(token_id) < self.vocabulary_size():

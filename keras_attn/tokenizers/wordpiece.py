@@ -15,6 +15,30 @@ from keras_attn.tokenizers.base import SPECIAL_TOKENS, Tokenizer
 VOCABULARY_FILE = "vocabulary.txt"
 
 
+def bert_normalize(strings, lowercase=True):
+    """BERT's text normalization, in the reference implementation's order, as graph ops.
+
+    1. Clean: whitespace characters become a space; control and format characters, U+0000
+       and U+FFFD are removed.
+    2. When `lowercase` (BERT uncased): NFD, drop combining marks (accents), then lower-case.
+
+    tensorflow-text's built-in option (`lower_case_nfd_strip_accents`) case-folds with NFKC
+    instead, which changes `…`, `ß`, `½`, ligatures and drops `´`; doing the steps here keeps
+    our ids equal to BERT's reference tokenizers.
+    """
+    # \t \n \r are whitespace; every other control/format/private-use character (and
+    # U+0000, U+FFFD) is removed before the remaining whitespace becomes a space.
+    # (RE2 has no \p{Cn}: unassigned code points are kept, where the reference drops them.)
+    strings = tf.strings.regex_replace(strings, r"[\t\n\r]", " ")
+    strings = tf.strings.regex_replace(strings, r"[\p{Cc}\p{Cf}\p{Co}\x{FFFD}]", "")
+    strings = tf.strings.regex_replace(strings, r"[\p{Zs}\x{2028}\x{2029}]", " ")
+    if lowercase:
+        strings = tf_text.normalize_utf8(strings, "NFD")
+        strings = tf.strings.regex_replace(strings, r"\p{Mn}", "")
+        strings = tf.strings.lower(strings, encoding="utf-8")
+    return strings
+
+
 def _as_dataset(data):
     if isinstance(data, tf.data.Dataset):
         return data
@@ -50,11 +74,13 @@ def train_wordpiece_vocabulary(
     dataset = _as_dataset(data)
     if dataset.element_spec.shape.rank == 0:
         dataset = dataset.batch(batch_size)
+    # Normalize as the tokenizer will; the learner then only splits words.
+    dataset = dataset.map(lambda s: bert_normalize(s, lowercase))
     return bert_vocab.bert_vocab_from_dataset(
         dataset.prefetch(2),
         vocab_size=vocabulary_size,
         reserved_tokens=list(special_tokens),
-        bert_tokenizer_params={"lower_case": lowercase},
+        bert_tokenizer_params={"lower_case": False},
         learn_params={},
     )
 
@@ -63,18 +89,20 @@ def train_wordpiece_vocabulary(
 class WordPieceTokenizer(Tokenizer):
     """Strings to WordPiece ids (and back) with BERT's normalization, in the TensorFlow graph.
 
-    Text is normalized as BERT does (lower-casing, NFD and accent stripping when `lowercase`),
-    split on whitespace and punctuation, and each word is split greedily into the longest
-    vocabulary pieces (`##` marks a word-internal piece); tensorflow-text's
-    `FastBertTokenizer` does all of it in one linear-time op.
+    Text is normalized as BERT does (`bert_normalize`: cleaning; NFD, accent stripping and
+    lower-casing when `lowercase`), split on whitespace and punctuation, and each word is split
+    greedily into the longest vocabulary pieces (`##` marks a word-internal piece) by
+    tensorflow-text's linear-time `FastBertTokenizer`.
 
     Args:
-        vocabulary: list of tokens, or the path of a `vocab.txt` (one token per line). Can be
-            set later with `set_vocabulary`. The first special token must be `[PAD]`.
+        vocabulary: list of tokens, or the path of a `vocab.txt` (one token per line), e.g. a
+            BERT vocabulary. `[PAD]` must be id 0 and `[UNK]` present. Can be set later with
+            `set_vocabulary`.
         lowercase: bool. BERT uncased normalization. `False` keeps case and accents (cased).
         sequence_length: optional int. When set, outputs are dense `(batch, sequence_length)`,
             truncated and padded with 0; otherwise a `tf.RaggedTensor`.
-        special_tokens: the special tokens, which must head the vocabulary in this order.
+        special_tokens: tokens dropped by `detokenize`; defaults to those of
+            `SPECIAL_TOKENS` that the vocabulary holds, wherever they are.
         max_bytes_per_word: int. Longer words become `[UNK]`.
     Call arguments:
         inputs: string scalar or `(batch,)` string tensor.
@@ -90,11 +118,17 @@ class WordPieceTokenizer(Tokenizer):
         vocabulary=None,
         lowercase=True,
         sequence_length=None,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=None,
         max_bytes_per_word=100,
         **kwargs,
     ):
-        super().__init__(sequence_length=sequence_length, special_tokens=special_tokens, **kwargs)
+        # `None`: the tokens of SPECIAL_TOKENS that the vocabulary holds (known at set time).
+        self._auto_special = special_tokens is None
+        super().__init__(
+            sequence_length=sequence_length,
+            special_tokens=SPECIAL_TOKENS if special_tokens is None else special_tokens,
+            **kwargs,
+        )
         self.lowercase = lowercase
         self.max_bytes_per_word = max_bytes_per_word
         self._vocabulary = None
@@ -112,14 +146,19 @@ class WordPieceTokenizer(Tokenizer):
             with open(vocabulary, encoding="utf-8") as f:
                 vocabulary = [line.rstrip("\n") for line in f]
         vocabulary = [str(t) for t in vocabulary]
-        head = tuple(vocabulary[: len(self.special_tokens)])
-        if head != self.special_tokens:
-            raise ValueError(
-                f"`vocabulary` must start with the special tokens {self.special_tokens}. "
-                f"Received: first tokens {head}"
-            )
         if len(set(vocabulary)) != len(vocabulary):
             raise ValueError("`vocabulary` has duplicate tokens.")
+        if not vocabulary or vocabulary[0] != "[PAD]" or "[UNK]" not in vocabulary:
+            raise ValueError(
+                "`vocabulary` must have '[PAD]' at id 0 and contain '[UNK]'. "
+                f"Received: first tokens {vocabulary[:3]}"
+            )
+        if self._auto_special:
+            present = set(vocabulary)
+            self.special_tokens = tuple(t for t in SPECIAL_TOKENS if t in present)
+        missing = [t for t in self.special_tokens if t not in set(vocabulary)]
+        if missing:
+            raise ValueError(f"special tokens {missing} are not in the `vocabulary`.")
         self._vocabulary = vocabulary
         self._token_to_id = {t: i for i, t in enumerate(vocabulary)}
         self._fast = tf_text.FastBertTokenizer(
@@ -128,7 +167,7 @@ class WordPieceTokenizer(Tokenizer):
             unknown_token="[UNK]",
             max_bytes_per_word=self.max_bytes_per_word,
             support_detokenization=True,
-            lower_case_nfd_strip_accents=self.lowercase,
+            lower_case_nfd_strip_accents=False,  # bert_normalize does it, as BERT does
         )
 
     def _check_vocabulary(self):
@@ -157,7 +196,7 @@ class WordPieceTokenizer(Tokenizer):
     # Tokenization ------------------------------------------------------------------------
     def _tokenize(self, strings):
         self._check_vocabulary()
-        return self._fast.tokenize(strings)
+        return self._fast.tokenize(bert_normalize(strings, self.lowercase))
 
     def _detokenize(self, ids):
         words = self._fast.detokenize(ids)
@@ -178,6 +217,7 @@ class WordPieceTokenizer(Tokenizer):
         return {
             **super().get_config(),
             "vocabulary": None,
+            "special_tokens": None if self._auto_special else list(self.special_tokens),
             "lowercase": self.lowercase,
             "max_bytes_per_word": self.max_bytes_per_word,
         }

@@ -71,11 +71,13 @@ def test_train_vocabulary_from_strings_and_dataset():
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"vocabulary": ["a", "b"]}, "special tokens"),
+        ({"vocabulary": ["a", "b"]}, "PAD"),
+        ({"vocabulary": ["[PAD]", "[UNK]"], "special_tokens": ("[PAD]", "[CLS]")}, "CLS"),
         ({"vocabulary": [*SPECIAL_TOKENS, "a", "a"]}, "duplicate"),
         ({"vocabulary": "/nonexistent/vocab.txt"}, "vocabulary"),
         ({"sequence_length": 0}, "sequence_length"),
         ({"special_tokens": ("[UNK]", "[PAD]")}, "special_tokens"),
+        ({"special_tokens": ("[PAD]", "[PAD]")}, "duplicates"),
     ],
 )
 def test_bad_arguments(kwargs, match):
