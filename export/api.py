@@ -13,16 +13,20 @@ from export.onnx import check_opset, run_onnx, write_onnx
 from export.parity import (
     DEFAULT_BATCH_SIZES,
     DEFAULT_SEQUENCE_LENGTHS,
+    ParityError,
     check,
     format_table,
     max_abs_diff,
     sample_inputs,
 )
 from export.saved_model import (
+    SIGNATURE,
+    TEXT_SIGNATURE,
     input_specs,
     load_signature,
     output_names,
     output_specs,
+    pack_text,
     write_saved_model,
 )
 
@@ -80,6 +84,27 @@ def _write_tokenizer(tokenizer, folder: Path) -> list[Path]:
     return [vocab]
 
 
+TEXT_SAMPLES = [
+    "To be, or not to be: that is the question.",
+    "Café naïve résumé 日本語 🙂 it´s",
+    "a",
+]
+
+
+def text_parity(folder: Path, tokenizer, packer=None, max_length=None) -> float:
+    """Max |serve_text(strings) - serving_default(ids of those strings)|; 0 when they agree."""
+    import tensorflow as tf
+
+    serve_text = load_signature(folder, TEXT_SIGNATURE)
+    serve_ids = load_signature(folder, SIGNATURE)
+    text = tf.constant(TEXT_SAMPLES)
+    ids = pack_text(tokenizer, packer, max_length, text)
+    from_text = serve_text(text=text)
+    (name,) = [spec.name for spec in serve_ids.structured_input_signature[1].values()]
+    from_ids = serve_ids(**{name: ids})
+    return max(max_abs_diff(from_text[k].numpy(), from_ids[k].numpy()) for k in from_ids)
+
+
 def parity_rows(model, saved, session, batch_sizes, sequence_lengths):
     """Max-abs differences vs Keras for each output, batch size and sequence length."""
     import tensorflow as tf
@@ -114,6 +139,7 @@ def export_model(
     model: keras.Model,
     out_dir,
     tokenizer=None,
+    packer=None,
     opset: int = 17,
     tolerance: float = 1e-4,
     batch_sizes=DEFAULT_BATCH_SIZES,
@@ -131,7 +157,10 @@ def export_model(
     Args:
         model: a functional Keras model (e.g. `keras_attn.models.build_causal_lm`).
         out_dir: destination folder.
-        tokenizer: optional `WordPieceTokenizer`; its vocabulary is exported with the model.
+        tokenizer: optional `WordPieceTokenizer`; its vocabulary is exported with the model,
+            and the SavedModel gets a `serve_text` signature taking raw strings.
+        packer: optional packer (e.g. `StartEndPacker`) between tokenizer and model in
+            `serve_text`; without one, rows are padded with 0 to the longest.
         opset: ONNX opset, 13 to 18.
         tolerance: largest max-abs difference allowed between Keras and each artifact.
         batch_sizes, sequence_lengths: the parity sweep; integer inputs get padded rows.
@@ -154,13 +183,24 @@ def export_model(
     tmp.chmod(0o755)  # mkdtemp makes it private; the artifact is meant to be read by servers
     try:
         assets = _write_tokenizer(tokenizer, tmp / "tokenizer") if tokenizer is not None else []
-        write_saved_model(model, tmp / "saved_model", assets)
+        max_length = _max_sequence_length(model)
+        signatures = write_saved_model(
+            model, tmp / "saved_model", assets, tokenizer, packer, max_length
+        )
         write_onnx(model, tmp / "model.onnx", opset)
         session = ort.InferenceSession(str(tmp / "model.onnx"), providers=["CPUExecutionProvider"])
         rows = parity_rows(
             model, load_signature(tmp / "saved_model"), session, batch_sizes, sequence_lengths
         )
         worst = check(rows, tolerance)
+        strings_vs_ids = None
+        if tokenizer is not None:
+            strings_vs_ids = text_parity(tmp / "saved_model", tokenizer, packer, max_length)
+            if strings_vs_ids != 0.0:
+                raise ParityError(
+                    f"`serve_text` differs from `serving_default` on the same text by "
+                    f"{strings_vs_ids:.3e}; they must agree exactly"
+                )
         manifest = write_manifest(
             tmp,
             {
@@ -169,11 +209,16 @@ def export_model(
                 "inputs": input_specs(model),
                 "outputs": output_specs(model),
                 "onnx": {"file": "model.onnx", "opset": opset},
-                "saved_model": {"folder": "saved_model", "signature": "serving_default"},
+                "saved_model": {"folder": "saved_model", "signatures": signatures},
                 "tokenizer": "tokenizer" if tokenizer is not None else None,
                 "max_sequence_length": _max_sequence_length(model),
                 "versions": _versions(),
-                "parity": {"tolerance": tolerance, "max_abs_diff": worst, "rows": rows},
+                "parity": {
+                    "tolerance": tolerance,
+                    "max_abs_diff": worst,
+                    "rows": rows,
+                    "serve_text_vs_serving_default": strings_vs_ids,
+                },
             },
         )
         if out_dir.exists():

@@ -7,6 +7,7 @@ import keras
 import tensorflow as tf
 
 SIGNATURE = "serving_default"
+TEXT_SIGNATURE = "serve_text"
 
 
 def input_specs(model: keras.Model) -> list[dict]:
@@ -59,23 +60,72 @@ def serving_function(model: keras.Model):
     return serve, signature
 
 
-def write_saved_model(model: keras.Model, path: Path, assets: list[Path] = ()) -> None:
-    """Writes `model` as a SavedModel with one signature, `serving_default`.
+def text_serving_function(model: keras.Model, tokenizer, packer=None, max_length=None):
+    """A `tf.function` of raw strings `(batch,)` to the model's named outputs.
 
-    Files in `assets` (e.g. the tokenizer's vocabulary) are copied into `saved_model/assets/`,
-    where TF Serving and `tf.saved_model.load` users find them next to the graph.
+    Strings go through `tokenizer`, then `packer` when given (e.g. `StartEndPacker`), else are
+    padded with 0 to the longest row (cut at `max_length`); the ids then take exactly the
+    path of the ids-in signature.
+    """
+    if len(model.inputs) != 1:
+        raise ValueError(
+            "`serve_text` needs a model with one ids input. "
+            f"Received a model with {len(model.inputs)} inputs"
+        )
+    serve, _ = serving_function(model)
+    spec = [tf.TensorSpec([None], tf.string, name="text")]
+    dtype = model.inputs[0].dtype
+
+    @tf.function(input_signature=spec)
+    def serve_text(text):
+        return serve(tf.cast(pack_text(tokenizer, packer, max_length, text), dtype))
+
+    return serve_text, spec
+
+
+def pack_text(tokenizer, packer, max_length, text):
+    """Strings `(batch,)` to the dense int ids `serve_text` feeds the model."""
+    ids = tokenizer.tokenize(text)
+    if packer is not None:
+        return packer(ids)
+    if isinstance(ids, tf.RaggedTensor):
+        if max_length is not None:
+            ids = ids[:, :max_length]
+        ids = ids.to_tensor(default_value=0)
+    return ids
+
+
+def write_saved_model(
+    model: keras.Model, path: Path, assets=(), tokenizer=None, packer=None, max_length=None
+) -> list[str]:
+    """Writes `model` as a SavedModel; returns the signature names.
+
+    `serving_default` takes the model's inputs (ids). With a `tokenizer`, `serve_text` takes
+    raw strings and runs tokenizer (and `packer`) in the graph; loading it needs
+    `import tensorflow_text` first (its ops are tensorflow-text's). Files in `assets` (the
+    tokenizer's vocabulary) are copied into `saved_model/assets/`.
     """
     serve, signature = serving_function(model)
     archive = keras.export.ExportArchive()
     archive.track(model)
     archive.add_endpoint(name=SIGNATURE, fn=serve, input_signature=signature)
+    names = [SIGNATURE]
+    if tokenizer is not None:
+        archive.track(tokenizer)
+        if packer is not None:
+            archive.track(packer)
+        serve_text, spec = text_serving_function(model, tokenizer, packer, max_length)
+        archive.add_endpoint(name=TEXT_SIGNATURE, fn=serve_text, input_signature=spec)
+        names.append(TEXT_SIGNATURE)
     archive.write_out(str(path), verbose=False)
-    # ExportArchive keeps only resources its endpoints use, and the ids-in signature uses no
-    # vocabulary, so the files are copied rather than tracked.
+    # The graph embeds the tokenizer's model; the files are copied for readers of the folder.
     (path / "assets").mkdir(exist_ok=True)
     for asset in assets:
         shutil.copy2(asset, path / "assets" / Path(asset).name)
+    return names
 
 
-def load_signature(path: Path):
-    return tf.saved_model.load(str(path)).signatures[SIGNATURE]
+def load_signature(path: Path, name: str = SIGNATURE):
+    import tensorflow_text  # noqa: F401  registers the ops a `serve_text` graph uses
+
+    return tf.saved_model.load(str(path)).signatures[name]

@@ -12,6 +12,11 @@ class PreprocessingLayer(keras.layers.Layer):
     `dataset.map(layer)` works under every Keras backend.
     """
 
+    def __init__(self, **kwargs):
+        kwargs.setdefault("dtype", "int32")
+        super().__init__(**kwargs)
+        self.built = True  # no weights: nothing to build, and export can track it as is
+
     def __call__(self, inputs, *args, **kwargs):
         if any(isinstance(x, keras.KerasTensor) for x in tf.nest.flatten(inputs)):
             return super().__call__(inputs, *args, **kwargs)

@@ -45,7 +45,6 @@ class MaskedLMMaskGenerator(PreprocessingLayer):
         unselectable_token_ids=(0,),
         **kwargs,
     ):
-        kwargs.setdefault("dtype", "int32")
         super().__init__(**kwargs)
         check_positive_int("vocabulary_size", vocabulary_size)
         check_positive_int("mask_selection_length", mask_selection_length)

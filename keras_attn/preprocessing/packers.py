@@ -37,7 +37,6 @@ class StartEndPacker(PreprocessingLayer):
         return_padding_mask=False,
         **kwargs,
     ):
-        kwargs.setdefault("dtype", "int32")
         super().__init__(**kwargs)
         check_positive_int("sequence_length", sequence_length)
         extra = (start_value is not None) + (end_value is not None)
@@ -113,7 +112,6 @@ class SegmentPacker(PreprocessingLayer):
 
     def __init__(self, sequence_length, start_value, end_value, pad_value=0,
                  truncate="round_robin", **kwargs):  # fmt: skip
-        kwargs.setdefault("dtype", "int32")
         super().__init__(**kwargs)
         check_positive_int("sequence_length", sequence_length)
         if truncate not in TRUNCATE:

@@ -10,6 +10,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_attn.preprocessing.base import PreprocessingLayer
+
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[BOS]", "[EOS]")
 
 
@@ -24,7 +26,7 @@ def check_special_tokens(special_tokens):
     return tuple(special_tokens)
 
 
-class Tokenizer(keras.layers.Layer):
+class Tokenizer(PreprocessingLayer):
     """Base class: subclasses implement `_tokenize(strings (batch,)) -> ragged int32` and
     `_detokenize(ragged ids without special tokens) -> strings (batch,)`, and the vocabulary
     methods `vocabulary_size`, `id_to_token`, `token_to_id`.
@@ -41,7 +43,6 @@ class Tokenizer(keras.layers.Layer):
     """
 
     def __init__(self, sequence_length=None, special_tokens=SPECIAL_TOKENS, **kwargs):
-        kwargs.setdefault("dtype", "int32")
         super().__init__(**kwargs)
         if sequence_length is not None and (
             not isinstance(sequence_length, int) or sequence_length <= 0
@@ -54,11 +55,6 @@ class Tokenizer(keras.layers.Layer):
         self.special_tokens = check_special_tokens(special_tokens)
 
     # Calling -----------------------------------------------------------------------------
-    def __call__(self, inputs, *args, **kwargs):
-        if isinstance(inputs, keras.KerasTensor):
-            return super().__call__(inputs, *args, **kwargs)
-        return self.call(inputs, *args, **kwargs)
-
     def tokenize(self, inputs):
         """Strings (`str`, list, NumPy or tensor; scalar or `(batch,)`) to int32 ids."""
         return self(inputs)
@@ -73,12 +69,30 @@ class Tokenizer(keras.layers.Layer):
                 f"Received: shape={inputs.shape}"
             )
         scalar = inputs.shape.rank == 0
-        ids = self._tokenize(tf.reshape(inputs, [-1]) if scalar else inputs)
+        strings = tf.reshape(inputs, [-1]) if scalar else inputs
+        # Eagerly, a dozen small ops per call cost more in dispatch than in work: run them
+        # as one compiled graph instead (about 2x faster on batches of 1,024 lines).
+        ids = (
+            self._compiled_tokenize(strings) if tf.executing_eagerly() else self._tokenize(strings)
+        )
         if self.sequence_length is not None:
             ids = ids[:, : self.sequence_length].to_tensor(
                 default_value=0, shape=(None, self.sequence_length)
             )
         return ids[0] if scalar else ids
+
+    def _compiled_tokenize(self, strings):
+        compiled = self.__dict__.get("_compiled")
+        if compiled is None:
+            compiled = tf.function(
+                self._tokenize, input_signature=[tf.TensorSpec([None], tf.string)]
+            )
+            self._reset_compiled(compiled)
+        return compiled(strings)
+
+    def _reset_compiled(self, compiled=None):
+        # Kept out of Keras's and TensorFlow's attribute tracking: it is a cache, not state.
+        object.__setattr__(self, "_compiled", compiled)
 
     def compute_output_spec(self, inputs):
         shape = (inputs.shape[0], self.sequence_length) if len(inputs.shape) else (None,)

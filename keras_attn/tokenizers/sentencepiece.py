@@ -116,6 +116,8 @@ class SentencePieceTokenizer(Tokenizer):
                 f"Received: {tuple(head)}"
             )
         self._proto = proto
+        self._reset_compiled()
+        self.__dict__.pop("_piece_ids", None)
 
     @property
     def proto(self):
@@ -136,13 +138,14 @@ class SentencePieceTokenizer(Tokenizer):
 
     def token_to_id(self, token):
         self._check_proto()
-        if not hasattr(self, "_piece_ids"):
-            size = self.vocabulary_size()
-            pieces = self._tf.id_to_string(tf.range(size)).numpy()
-            self._piece_ids = {p.decode("utf-8"): i for i, p in enumerate(pieces)}
-        if token not in self._piece_ids:
+        piece_ids = self.__dict__.get("_piece_ids")
+        if piece_ids is None:
+            pieces = self._tf.id_to_string(tf.range(self.vocabulary_size())).numpy()
+            piece_ids = {p.decode("utf-8"): i for i, p in enumerate(pieces)}
+            object.__setattr__(self, "_piece_ids", piece_ids)
+        if token not in piece_ids:
             raise ValueError(f"`token` is not in the vocabulary. Received: token={token!r}")
-        return self._piece_ids[token]
+        return piece_ids[token]
 
     def _tokenize(self, strings):
         self._check_proto()

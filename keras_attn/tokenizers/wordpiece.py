@@ -26,12 +26,14 @@ def bert_normalize(strings, lowercase=True):
     instead, which changes `…`, `ß`, `½`, ligatures and drops `´`; doing the steps here keeps
     our ids equal to BERT's reference tokenizers.
     """
-    # \t \n \r are whitespace; every other control/format/private-use character (and
-    # U+0000, U+FFFD) is removed before the remaining whitespace becomes a space.
-    # (RE2 has no \p{Cn}: unassigned code points are kept, where the reference drops them.)
-    strings = tf.strings.regex_replace(strings, r"[\t\n\r]", " ")
-    strings = tf.strings.regex_replace(strings, r"[\p{Cc}\p{Cf}\p{Co}\x{FFFD}]", "")
-    strings = tf.strings.regex_replace(strings, r"[\p{Zs}\x{2028}\x{2029}]", " ")
+    # Control characters (Cc, written as ranges to keep \t \n \r: RE2 has no class
+    # subtraction), format and private-use characters, U+0000 and U+FFFD are removed; then
+    # every whitespace character becomes a space. (RE2 has no \p{Cn}: unassigned code points
+    # are kept, where the reference drops them.)
+    strings = tf.strings.regex_replace(
+        strings, r"[\x00-\x08\x0B\x0C\x0E-\x1F\x7F-\x9F\p{Cf}\p{Co}\x{FFFD}]", ""
+    )
+    strings = tf.strings.regex_replace(strings, r"[\t\n\r\p{Zs}\x{2028}\x{2029}]", " ")
     if lowercase:
         strings = tf_text.normalize_utf8(strings, "NFD")
         strings = tf.strings.regex_replace(strings, r"\p{Mn}", "")
@@ -159,15 +161,21 @@ class WordPieceTokenizer(Tokenizer):
         missing = [t for t in self.special_tokens if t not in set(vocabulary)]
         if missing:
             raise ValueError(f"special tokens {missing} are not in the `vocabulary`.")
+        self._reset_compiled()
         self._vocabulary = vocabulary
         self._token_to_id = {t: i for i, t in enumerate(vocabulary)}
-        self._fast = tf_text.FastBertTokenizer(
-            vocab=vocabulary,
-            token_out_type=tf.int32,
-            unknown_token="[UNK]",
-            max_bytes_per_word=self.max_bytes_per_word,
-            support_detokenization=True,
-            lower_case_nfd_strip_accents=False,  # bert_normalize does it, as BERT does
+        options = {
+            "vocab": vocabulary,
+            "token_out_type": tf.int32,
+            "unknown_token": "[UNK]",
+            "max_bytes_per_word": self.max_bytes_per_word,
+            "support_detokenization": True,
+        }
+        # bert_normalize normalizes as BERT does; the op's own normalization (NFKC case
+        # folding) agrees with it only on plain ASCII, where it is the fast path.
+        self._fast = tf_text.FastBertTokenizer(**options, lower_case_nfd_strip_accents=False)
+        self._fast_ascii = tf_text.FastBertTokenizer(
+            **options, lower_case_nfd_strip_accents=self.lowercase
         )
 
     def _check_vocabulary(self):
@@ -196,7 +204,17 @@ class WordPieceTokenizer(Tokenizer):
     # Tokenization ------------------------------------------------------------------------
     def _tokenize(self, strings):
         self._check_vocabulary()
-        return self._fast.tokenize(bert_normalize(strings, self.lowercase))
+        # Rows of printable ASCII (and \t \n \r) need no cleaning, and there lower-casing is
+        # all BERT's normalization does: the op's built-in path handles them. The other rows
+        # are normalized explicitly; results are stitched back in the original order.
+        plain = tf.strings.regex_full_match(strings, r"[\t\n\r\x20-\x7E]*")
+        plain_rows = tf.reshape(tf.where(plain), [-1])
+        other_rows = tf.reshape(tf.where(~plain), [-1])
+        fast = self._fast_ascii.tokenize(tf.gather(strings, plain_rows))
+        slow = self._fast.tokenize(bert_normalize(tf.gather(strings, other_rows), self.lowercase))
+        order = tf.concat([plain_rows, other_rows], axis=0)
+        merged = tf.concat([tf.cast(fast, tf.int32), tf.cast(slow, tf.int32)], axis=0)
+        return tf.gather(merged, tf.math.invert_permutation(order))
 
     def _detokenize(self, ids):
         words = self._fast.detokenize(ids)

@@ -86,3 +86,38 @@ def test_opset_range_converts_and_matches(toy_lm, tmp_path, opset):
     manifest = export_model(toy_lm, tmp_path / "lm", opset=opset, verbose=False)
     assert manifest["onnx"]["opset"] == opset
     assert manifest["parity"]["max_abs_diff"] <= 1e-4
+
+
+def test_serve_text_signature_takes_strings_and_matches_the_ids_signature(toy_artifact, toy_lm):
+    import tensorflow_text  # noqa: F401  the strings graph uses tensorflow-text ops
+
+    folder, manifest = toy_artifact
+    assert manifest["saved_model"]["signatures"] == ["serving_default", "serve_text"]
+    assert manifest["parity"]["serve_text_vs_serving_default"] == 0.0
+    loaded = tf.saved_model.load(str(folder / "saved_model"))
+    text = tf.constant(["to be or not", "the slings and arrows"])
+    from_text = loaded.signatures["serve_text"](text=text)["logits"].numpy()
+    predictor = Predictor(folder)  # tokenizes with the `tokenizers` library, no TensorFlow
+    ids = predictor.tokenizer.encode([t.decode() for t in text.numpy()])
+    width = max(map(len, ids))
+    padded = np.array([row + [0] * (width - len(row)) for row in ids], "int32")
+    from_ids = loaded.signatures["serving_default"](token_ids=tf.constant(padded))["logits"]
+    np.testing.assert_array_equal(from_text, from_ids.numpy())
+    np.testing.assert_allclose(from_text, toy_lm.predict(padded, verbose=0), atol=1e-4)
+    # Text longer than the position table is cut to it rather than failing.
+    long = loaded.signatures["serve_text"](text=tf.constant(["to be or not " * 20]))["logits"]
+    assert long.shape[1] == manifest["max_sequence_length"]
+
+
+def test_serve_text_with_a_packer(toy_lm, toy_tokenizer, tmp_path):
+    import tensorflow_text  # noqa: F401
+
+    from keras_attn.preprocessing import StartEndPacker
+
+    packer = StartEndPacker(12, start_value=toy_tokenizer.token_to_id("[BOS]"))
+    manifest = export_model(toy_lm, tmp_path / "lm", tokenizer=toy_tokenizer, packer=packer,
+                            verbose=False)  # fmt: skip
+    assert manifest["parity"]["serve_text_vs_serving_default"] == 0.0
+    loaded = tf.saved_model.load(str(tmp_path / "lm" / "saved_model"))
+    out = loaded.signatures["serve_text"](text=tf.constant(["to be"]))["logits"]
+    assert out.shape == (1, 12, toy_tokenizer.vocabulary_size())
