@@ -97,9 +97,10 @@ def main(argv=None):
         verbose=2 if args.minutes < 0.1 else 1,
     )
     held_out = model.evaluate(x[val], y[val], batch_size=64, verbose=0, return_dict=True)
+    trained_steps = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
     print(
-        f"trained {budget.elapsed:.0f} s; held-out perplexity {held_out['perplexity']:.1f} "
-        f"(uniform guess: {len(vocabulary)})"
+        f"trained {budget.elapsed:.0f} s ({trained_steps} steps of {args.batch_size}); "
+        f"held-out perplexity {held_out['perplexity']:.1f} (uniform guess: {len(vocabulary)})"
     )
 
     out = Path(args.out)
@@ -114,6 +115,7 @@ def main(argv=None):
     summary = {
         "corpus": corpus.name,
         "train_seconds": round(budget.elapsed, 1),
+        "train_steps": trained_steps,
         "held_out_perplexity": held_out["perplexity"],
         "parity_max_abs_diff": manifest["parity"]["max_abs_diff"],
         "sample": sample,
