@@ -172,7 +172,14 @@ def export_model(
     """
     import onnxruntime as ort
 
+    from keras_attn.tokenizers import WordPieceTokenizer
+
     check_opset(opset)
+    if tokenizer is not None and not isinstance(tokenizer, WordPieceTokenizer):
+        raise ValueError(
+            "`tokenizer` must be a WordPieceTokenizer: the server-side tokenizer files "
+            f"exist for WordPiece only so far. Received: {type(tokenizer).__name__}"
+        )
     if not isinstance(model, keras.Model) or not hasattr(model, "inputs") or not model.inputs:
         raise ValueError(f"`model` must be a built functional keras.Model. Received: {model!r}")
     out_dir = Path(out_dir)

@@ -76,6 +76,10 @@ def test_bad_export_arguments(toy_lm, tmp_path):
         export_model(toy_lm, tmp_path / "a", opset=19)
     with pytest.raises(ValueError, match="model"):
         export_model(object(), tmp_path / "b")
+    from keras_attn.tokenizers import ByteTokenizer
+
+    with pytest.raises(ValueError, match="tokenizer"):
+        export_model(toy_lm, tmp_path / "d", tokenizer=ByteTokenizer())
     (tmp_path / "c").mkdir()
     with pytest.raises(ValueError, match="out_dir"):
         export_model(toy_lm, tmp_path / "c", overwrite=False)
