@@ -54,8 +54,12 @@ class MultiHeadAttention(keras.layers.Layer):
         attention_mask: optional bool `(batch, T, S)`; `True` = may attend.
         use_causal_mask: bool. Query `i` attends only to keys `<= i`.
         return_attention_scores: bool. Also return the weights `(batch, num_heads, T, S)`.
+        cache: optional `(batch, 2, max_length, num_key_value_heads, key_dim)` keys and values
+            of earlier tokens, for incremental (cached) causal self-attention.
+        cache_update_index: int or scalar tensor: position of the first new token in `cache`.
     Returns:
         `(batch, T, output_dim)`, and the weights when asked for. Padded queries give zeros.
+        With a cache, the updated cache comes last.
     Example:
         >>> x = keras.random.normal((2, 8, 64))
         >>> MultiHeadAttention(num_heads=4, key_dim=16)(x).shape
@@ -173,7 +177,14 @@ class MultiHeadAttention(keras.layers.Layer):
         return_attention_scores=False,
         training=None,
         mask=None,
+        cache=None,
+        cache_update_index=None,
     ):
+        if cache is not None:
+            return self._call_cached(
+                query, query_mask if query_mask is not None else mask, value_mask,
+                attention_mask, cache, cache_update_index, return_attention_scores, training,
+            )  # fmt: skip
         query_mask, value_mask, key_mask = resolve_input_masks(
             value, key, query_mask, value_mask, key_mask, mask
         )
@@ -201,8 +212,22 @@ class MultiHeadAttention(keras.layers.Layer):
             k = ops.repeat(k, groups, axis=head_axis)
             v = ops.repeat(v, groups, axis=head_axis)
 
-        only_causal = use_causal_mask and all(
-            m is None for m in (query_mask, value_mask, key_mask, attention_mask)
+        return self._attend_projected(
+            q, k, v, query_mask, value_mask, key_mask, attention_mask, use_causal_mask,
+            fused, use_dropout, return_attention_scores, training,
+        )  # fmt: skip
+
+    def _attend_projected(
+        self, q, k, v, query_mask, value_mask, key_mask, attention_mask, use_causal_mask,
+        fused, use_dropout, return_attention_scores, training, causal_offset=0,
+    ):  # fmt: skip
+        """Masks, attention and W_O on projected heads, laid out as `fused` needs."""
+        seq_axis = 1 if fused else 2
+        no_offset = isinstance(causal_offset, int) and causal_offset == 0
+        only_causal = (
+            no_offset
+            and use_causal_mask
+            and all(m is None for m in (query_mask, value_mask, key_mask, attention_mask))
         )
         merged = combined_mask(
             query_mask,
@@ -210,8 +235,9 @@ class MultiHeadAttention(keras.layers.Layer):
             key_mask,
             attention_mask,
             use_causal_mask,
-            ops.shape(query)[1],
-            ops.shape(key)[1],
+            ops.shape(q)[seq_axis],
+            ops.shape(k)[seq_axis],
+            offset=causal_offset,
         )
         if fused:
             # Scale the (T, d) queries, not the (T, S) scores: on backends without a fused
@@ -248,6 +274,56 @@ class MultiHeadAttention(keras.layers.Layer):
         if return_attention_scores:
             return output, weights
         return output
+
+    def _call_cached(
+        self, query, query_mask, key_padding_mask, attention_mask, cache, cache_update_index,
+        return_attention_scores, training,
+    ):  # fmt: skip
+        """Causal self-attention of new tokens over a key/value cache (incremental decoding).
+
+        `cache` is `(batch, 2, max_length, num_key_value_heads, key_dim)`: keys, then values.
+        The new tokens' keys and values are written at `cache_update_index`, and the queries
+        attend causally over the whole cache (positions after them are masked).
+        """
+        if cache_update_index is None:
+            raise ValueError("`cache_update_index` is required with `cache`.")
+        if (self.value_dim or self.key_dim) != self.key_dim:
+            raise ValueError(
+                "A cache stores keys and values together: it needs value_dim == key_dim. "
+                f"Received: key_dim={self.key_dim}, value_dim={self.value_dim}"
+            )
+        expected = (self._kv_heads, self.key_dim)
+        if len(cache.shape) != 5 or cache.shape[1] != 2 or tuple(cache.shape[3:]) != expected:
+            raise ValueError(
+                "`cache` must have shape (batch, 2, max_length, num_key_value_heads, key_dim) "
+                f"= (batch, 2, max_length, {expected[0]}, {expected[1]}). "
+                f"Received: cache.shape={tuple(cache.shape)}"
+            )
+        start = [0, cache_update_index, 0, 0]
+        keys = ops.slice_update(cache[:, 0], start, ops.cast(self.key_dense(query), cache.dtype))
+        values = ops.slice_update(
+            cache[:, 1], start, ops.cast(self.value_dense(query), cache.dtype)
+        )
+        cache = ops.stack([keys, values], axis=1)
+        fused = self.score.is_scaled_dot and not return_attention_scores
+        q, k, v = (
+            self.query_dense(query),
+            ops.cast(keys, query.dtype),
+            ops.cast(values, query.dtype),
+        )
+        if not fused:
+            q, k, v = (ops.transpose(t, (0, 2, 1, 3)) for t in (q, k, v))
+        if self._kv_heads != self.num_heads:
+            groups = self.num_heads // self._kv_heads
+            k = ops.repeat(k, groups, axis=2 if fused else 1)
+            v = ops.repeat(v, groups, axis=2 if fused else 1)
+        outputs = self._attend_projected(
+            q, k, v, query_mask, key_padding_mask, None, attention_mask, True,
+            fused, False, return_attention_scores, training, causal_offset=cache_update_index,
+        )  # fmt: skip
+        if return_attention_scores:
+            return (*outputs, cache)
+        return outputs, cache
 
     def get_config(self):
         return {

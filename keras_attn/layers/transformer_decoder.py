@@ -25,9 +25,13 @@ class TransformerDecoder(TransformerBlock):
         use_causal_mask: bool. Defaults to `True`.
         return_attention_scores: bool. Also return the self-attention weights (and the
             cross-attention weights when there is cross-attention).
+        self_attention_cache: optional `(batch, 2, max_length, kv_heads, key_dim)` key/value
+            cache for incremental decoding (see `MultiHeadAttention`); `decoder_padding_mask`
+            then covers the whole cache.
+        self_attention_cache_update_index: int or scalar tensor: where the new tokens go.
     Returns:
         `(batch, T, hidden_dim)`; with `return_attention_scores`, `(outputs, self_weights)` or
-        `(outputs, self_weights, cross_weights)`.
+        `(outputs, self_weights, cross_weights)`; with a cache, the updated cache comes last.
     Example:
         >>> dec = TransformerDecoder(num_heads=4, intermediate_dim=128)
         >>> dec(keras.random.normal((2, 5, 64)), keras.random.normal((2, 9, 64))).shape
@@ -81,6 +85,8 @@ class TransformerDecoder(TransformerBlock):
         mask=None,
         decoder_sequence_mask=None,
         encoder_sequence_mask=None,
+        self_attention_cache=None,
+        self_attention_cache_update_index=None,
     ):
         # Keras delivers propagated masks as `mask` (one tensor passed) or `<arg>_mask`.
         if decoder_padding_mask is None:
@@ -95,17 +101,31 @@ class TransformerDecoder(TransformerBlock):
                 f"has cross-attention: {self.cross_attention is not None}"
             )
 
+        new_cache = []
+
         def self_attention(x):
-            return self._attend(
-                self.self_attention,
-                return_attention_scores,
+            if self_attention_cache is None:
+                return self._attend(
+                    self.self_attention,
+                    return_attention_scores,
+                    x,
+                    query_mask=decoder_padding_mask,
+                    value_mask=decoder_padding_mask,
+                    attention_mask=decoder_attention_mask,
+                    use_causal_mask=use_causal_mask,
+                    training=training,
+                )
+            # Incremental decoding: the padding mask, if any, covers the whole cache.
+            *outputs, cache = self.self_attention(
                 x,
-                query_mask=decoder_padding_mask,
                 value_mask=decoder_padding_mask,
-                attention_mask=decoder_attention_mask,
-                use_causal_mask=use_causal_mask,
+                cache=self_attention_cache,
+                cache_update_index=self_attention_cache_update_index,
+                return_attention_scores=return_attention_scores,
                 training=training,
             )
+            new_cache.append(cache)
+            return outputs[0], (outputs[1] if return_attention_scores else None)
 
         def cross_attention(x):
             return self._attend(
@@ -142,11 +162,14 @@ class TransformerDecoder(TransformerBlock):
             self.feed_forward_dropout,
             training,
         )
-        if not return_attention_scores:
-            return x
-        if self.cross_attention is None:
-            return x, self_scores
-        return x, self_scores, cross_scores
+        outputs = (x,)
+        if return_attention_scores:
+            outputs += (
+                (self_scores,) if self.cross_attention is None else (self_scores, cross_scores)
+            )
+        if self_attention_cache is not None:
+            outputs += (new_cache[0],)
+        return outputs[0] if len(outputs) == 1 else outputs
 
     def compute_mask(self, decoder_sequence, mask=None):
         return mask
