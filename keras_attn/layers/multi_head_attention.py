@@ -124,6 +124,13 @@ class MultiHeadAttention(keras.layers.Layer):
         layer.supports_masking = True
         return layer
 
+    def _share_kv_heads(self, k, v, head_axis):
+        """Grouped-query attention: each key/value head serves `num_heads // kv_heads` queries."""
+        if self._kv_heads == self.num_heads:
+            return k, v
+        groups = self.num_heads // self._kv_heads
+        return ops.repeat(k, groups, axis=head_axis), ops.repeat(v, groups, axis=head_axis)
+
     @staticmethod
     def _project(dense, x, layout):
         """`dense(x)` laid out as `(B, T, H, d)` ("bthk") or `(B, H, T, d)` ("bhtk")."""
@@ -206,11 +213,7 @@ class MultiHeadAttention(keras.layers.Layer):
         q = self._project(self.query_dense, query, layout)
         k = self._project(self.key_dense, key, layout)
         v = self._project(self.value_dense, value, layout)
-        if self._kv_heads != self.num_heads:
-            groups = self.num_heads // self._kv_heads
-            head_axis = 2 if fused else 1
-            k = ops.repeat(k, groups, axis=head_axis)
-            v = ops.repeat(v, groups, axis=head_axis)
+        k, v = self._share_kv_heads(k, v, head_axis=2 if fused else 1)
 
         return self._attend_projected(
             q, k, v, query_mask, value_mask, key_mask, attention_mask, use_causal_mask,
@@ -313,10 +316,7 @@ class MultiHeadAttention(keras.layers.Layer):
         )
         if not fused:
             q, k, v = (ops.transpose(t, (0, 2, 1, 3)) for t in (q, k, v))
-        if self._kv_heads != self.num_heads:
-            groups = self.num_heads // self._kv_heads
-            k = ops.repeat(k, groups, axis=2 if fused else 1)
-            v = ops.repeat(v, groups, axis=2 if fused else 1)
+        k, v = self._share_kv_heads(k, v, head_axis=2 if fused else 1)
         outputs = self._attend_projected(
             q, k, v, query_mask, key_padding_mask, None, attention_mask, True,
             fused, False, return_attention_scores, training, causal_offset=cache_update_index,

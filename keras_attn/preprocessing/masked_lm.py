@@ -77,7 +77,7 @@ class MaskedLMMaskGenerator(PreprocessingLayer):
         dense = not isinstance(inputs, tf.RaggedTensor)
         ids, single = to_ragged(inputs)
         if dense:  # padding (0) is not a token: drop it, restore the dense shape at the end
-            width = tf.shape(ids.to_tensor())[1]
+            width = tf.shape(tf.convert_to_tensor(inputs))[-1]
             ids = tf.ragged.boolean_mask(ids, ids != 0)
         selector = tf_text.RandomItemSelector(
             max_selections_per_batch=self.mask_selection_length,

@@ -7,8 +7,29 @@ import tensorflow_text as tf_text
 from keras_attn.preprocessing.base import PreprocessingLayer, check_positive_int, to_ragged
 
 
+class Packer(PreprocessingLayer):
+    """Base of the packers: the length, special ids and padding id they all take."""
+
+    def __init__(self, sequence_length, start_value, end_value, pad_value, **kwargs):
+        super().__init__(**kwargs)
+        check_positive_int("sequence_length", sequence_length)
+        self.sequence_length = sequence_length
+        self.start_value = start_value
+        self.end_value = end_value
+        self.pad_value = pad_value
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "sequence_length": self.sequence_length,
+            "start_value": self.start_value,
+            "end_value": self.end_value,
+            "pad_value": self.pad_value,
+        }
+
+
 @keras.saving.register_keras_serializable(package="keras_attn")
-class StartEndPacker(PreprocessingLayer):
+class StartEndPacker(Packer):
     """Adds optional start and end ids, truncates to fit, pads to `sequence_length`.
 
     Truncation keeps the first tokens and always keeps the end id (GPT `[BOS] … [EOS]`).
@@ -37,18 +58,13 @@ class StartEndPacker(PreprocessingLayer):
         return_padding_mask=False,
         **kwargs,
     ):
-        super().__init__(**kwargs)
-        check_positive_int("sequence_length", sequence_length)
+        super().__init__(sequence_length, start_value, end_value, pad_value, **kwargs)
         extra = (start_value is not None) + (end_value is not None)
         if sequence_length <= extra:
             raise ValueError(
                 f"`sequence_length` must leave room for a token besides the start/end values. "
                 f"Received: sequence_length={sequence_length}"
             )
-        self.sequence_length = sequence_length
-        self.start_value = start_value
-        self.end_value = end_value
-        self.pad_value = pad_value
         self.return_padding_mask = return_padding_mask
 
     def call(self, inputs):
@@ -74,14 +90,7 @@ class StartEndPacker(PreprocessingLayer):
         return (ids, keras.KerasTensor(shape, dtype="bool")) if self.return_padding_mask else ids
 
     def get_config(self):
-        return {
-            **super().get_config(),
-            "sequence_length": self.sequence_length,
-            "start_value": self.start_value,
-            "end_value": self.end_value,
-            "pad_value": self.pad_value,
-            "return_padding_mask": self.return_padding_mask,
-        }
+        return {**super().get_config(), "return_padding_mask": self.return_padding_mask}
 
 
 TRUNCATE = {
@@ -92,7 +101,7 @@ TRUNCATE = {
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class SegmentPacker(PreprocessingLayer):
+class SegmentPacker(Packer):
     """Packs segments as BERT does: `[CLS] a [SEP] b [SEP]`, with segment ids and padding.
 
     Args:
@@ -112,16 +121,11 @@ class SegmentPacker(PreprocessingLayer):
 
     def __init__(self, sequence_length, start_value, end_value, pad_value=0,
                  truncate="round_robin", **kwargs):  # fmt: skip
-        super().__init__(**kwargs)
-        check_positive_int("sequence_length", sequence_length)
+        super().__init__(sequence_length, start_value, end_value, pad_value, **kwargs)
         if truncate not in TRUNCATE:
             raise ValueError(
                 f"`truncate` must be one of {sorted(TRUNCATE)}. Received: truncate={truncate!r}"
             )
-        self.sequence_length = sequence_length
-        self.start_value = start_value
-        self.end_value = end_value
-        self.pad_value = pad_value
         self.truncate = truncate
 
     def call(self, inputs):
@@ -156,11 +160,4 @@ class SegmentPacker(PreprocessingLayer):
         }
 
     def get_config(self):
-        return {
-            **super().get_config(),
-            "sequence_length": self.sequence_length,
-            "start_value": self.start_value,
-            "end_value": self.end_value,
-            "pad_value": self.pad_value,
-            "truncate": self.truncate,
-        }
+        return {**super().get_config(), "truncate": self.truncate}
