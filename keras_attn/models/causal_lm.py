@@ -2,28 +2,28 @@
 
 import keras
 
+from keras_attn.checks import check_choice, check_positive_ints, check_rate
 from keras_attn.layers.embeddings import (
     PositionEmbedding,
     SinusoidalPositionEncoding,
     TokenEmbedding,
 )
 from keras_attn.layers.transformer_decoder import TransformerDecoder
+from keras_attn.losses import SparseCrossEntropy
+from keras_attn.models.task import Task, float32_logits
+
+POSITION_ENCODINGS = ("learned", "sinusoidal")
 
 
-def build_causal_lm(
-    vocabulary_size,
-    sequence_length,
-    hidden_dim=128,
-    num_layers=2,
-    num_heads=4,
-    intermediate_dim=None,
-    dropout=0.0,
-    normalize_first=True,
-    activation="gelu",
-    position_encoding="learned",
-    name="causal_lm",
-):
-    """Builds a causal LM: `token_ids (batch, seq) int32 -> logits (batch, seq, vocab)`.
+def position_layer(position_encoding, sequence_length, name):
+    if position_encoding == "learned":
+        return PositionEmbedding(sequence_length, name=name)
+    return SinusoidalPositionEncoding(name=name)
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class CausalLM(Task):
+    """GPT-style causal LM: `token_ids (batch, seq) int32 -> logits (batch, seq, vocab)`.
 
     Token id 0 is padding: `mask_zero=True` creates the padding mask, which reaches every
     block by Keras mask propagation and masks padded positions out of the loss. The output
@@ -33,47 +33,100 @@ def build_causal_lm(
     Args:
         vocabulary_size: int. Number of token ids.
         sequence_length: int. Longest input (size of the learned position table).
-        hidden_dim: int. Model width. num_layers: int. Decoder blocks. num_heads: int.
+        hidden_dim: int. Model width. Defaults to `128`.
+        num_layers: int. Decoder blocks. Defaults to `2`.
+        num_heads: int. Attention heads per block. Defaults to `4`.
         intermediate_dim: int. Feed-forward width; defaults to `4 * hidden_dim`.
-        dropout: float. Dropout in embeddings and blocks.
+        dropout: float. Dropout in embeddings and blocks. Defaults to `0.0`.
         normalize_first: bool. Pre-norm blocks plus a final LayerNorm (GPT-2), or post-norm.
-        activation: feed-forward activation.
+        activation: feed-forward activation. Defaults to `"gelu"`.
         position_encoding: `"learned"` or `"sinusoidal"`.
-    Returns:
-        a functional `keras.Model` with input `token_ids` and output `logits`.
+    Example:
+        >>> lm = CausalLM(vocabulary_size=100, sequence_length=32, hidden_dim=16)
+        >>> lm.generate([[5, 6, 7]], max_new_tokens=4)  # four new ids
     """
-    if position_encoding not in ("learned", "sinusoidal"):
-        raise ValueError(
-            "`position_encoding` must be 'learned' or 'sinusoidal'. "
-            f"Received: position_encoding={position_encoding!r}"
-        )
-    token_ids = keras.Input((None,), dtype="int32", name="token_ids")
-    token_embedding = TokenEmbedding(
-        vocabulary_size, hidden_dim, mask_zero=True, name="token_embedding"
-    )
-    x = token_embedding(token_ids)
-    if position_encoding == "learned":
-        positions = PositionEmbedding(sequence_length, name="position_embedding")(x)
-    else:
-        positions = SinusoidalPositionEncoding(name="position_embedding")(x)
-    x = keras.layers.Add(name="embeddings_add")([x, positions])
-    x = keras.layers.Dropout(dropout, name="embeddings_dropout")(x)
-    for i in range(num_layers):
-        x = TransformerDecoder(
+
+    config_args = (
+        "vocabulary_size", "sequence_length", "hidden_dim", "num_layers", "num_heads",
+        "intermediate_dim", "dropout", "normalize_first", "activation", "position_encoding",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        vocabulary_size,
+        sequence_length,
+        hidden_dim=128,
+        num_layers=2,
+        num_heads=4,
+        intermediate_dim=None,
+        dropout=0.0,
+        normalize_first=True,
+        activation="gelu",
+        position_encoding="learned",
+        name="causal_lm",
+        **kwargs,
+    ):
+        check_positive_ints(
+            vocabulary_size=vocabulary_size,
+            sequence_length=sequence_length,
+            hidden_dim=hidden_dim,
+            num_layers=num_layers,
             num_heads=num_heads,
-            intermediate_dim=intermediate_dim or 4 * hidden_dim,
-            dropout=dropout,
-            activation=activation,
-            normalize_first=normalize_first,
-            name=f"decoder_block_{i}",
-        )(x)
-    if normalize_first:
-        x = keras.layers.LayerNormalization(epsilon=1e-5, name="final_layer_norm")(x)
-    logits = token_embedding(x, reverse=True)
-    logits = keras.layers.Activation("linear", dtype="float32", name="logits")(logits)
-    return keras.Model(token_ids, logits, name=name)
+        )
+        check_rate("dropout", dropout)
+        check_choice("position_encoding", position_encoding, POSITION_ENCODINGS)
+        token_ids = keras.Input((None,), dtype="int32", name="token_ids")
+        token_embedding = TokenEmbedding(
+            vocabulary_size, hidden_dim, mask_zero=True, name="token_embedding"
+        )
+        x = token_embedding(token_ids)
+        positions = position_layer(position_encoding, sequence_length, "position_embedding")(x)
+        x = keras.layers.Add(name="embeddings_add")([x, positions])
+        x = keras.layers.Dropout(dropout, name="embeddings_dropout")(x)
+        for i in range(num_layers):
+            x = TransformerDecoder(
+                num_heads=num_heads,
+                intermediate_dim=intermediate_dim or 4 * hidden_dim,
+                dropout=dropout,
+                activation=activation,
+                normalize_first=normalize_first,
+                name=f"decoder_block_{i}",
+            )(x)
+        if normalize_first:
+            x = keras.layers.LayerNormalization(epsilon=1e-5, name="final_layer_norm")(x)
+        logits = float32_logits(token_embedding(x, reverse=True), "logits")
+        super().__init__(token_ids, logits, name=name, **kwargs)
+        self.vocabulary_size = vocabulary_size
+        self.sequence_length = sequence_length
+        self.hidden_dim = hidden_dim
+        self.num_layers = num_layers
+        self.num_heads = num_heads
+        self.intermediate_dim = intermediate_dim
+        self.dropout = dropout
+        self.normalize_first = normalize_first
+        self.activation = activation
+        self.position_encoding = position_encoding
+
+    def default_loss(self):
+        return lm_loss()
+
+    def generate(self, prompts, max_new_tokens, **kwargs):
+        """Continues id prompts of any lengths; see `keras_attn.decoding.generate`.
+
+        Keyword arguments: `sampler` ("greedy", "sample" or "beam"), `temperature`, `top_k`,
+        `top_p`, `num_beams`, `length_penalty`, `stop_token_ids`, `seed`, `use_cache`.
+        Returns a list with the new ids of each prompt.
+        """
+        from keras_attn.decoding import CausalLMRunner, generate
+
+        return generate(CausalLMRunner(self), prompts, max_new_tokens, **kwargs)
 
 
-def lm_loss(pad_id=0):
+def build_causal_lm(vocabulary_size, sequence_length, **kwargs):
+    """`CausalLM(vocabulary_size, sequence_length, **kwargs)`: kept for the functional style."""
+    return CausalLM(vocabulary_size, sequence_length, **kwargs)
+
+
+def lm_loss(pad_id=0, label_smoothing=0.0):
     """Next-token cross-entropy over logits, ignoring targets equal to `pad_id`."""
-    return keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=pad_id)
+    return SparseCrossEntropy(ignore_class=pad_id, label_smoothing=label_smoothing)

@@ -37,8 +37,3 @@ def to_ragged(ids, name="inputs"):
     if not isinstance(ids, tf.RaggedTensor):
         ids = tf.RaggedTensor.from_tensor(ids)
     return tf.cast(ids, tf.int32), False
-
-
-def check_positive_int(name, value):
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")

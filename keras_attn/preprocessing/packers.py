@@ -4,7 +4,8 @@ import keras
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-from keras_attn.preprocessing.base import PreprocessingLayer, check_positive_int, to_ragged
+from keras_attn.checks import check_positive_int
+from keras_attn.preprocessing.base import PreprocessingLayer, to_ragged
 
 
 class Packer(PreprocessingLayer):

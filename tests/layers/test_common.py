@@ -2,15 +2,12 @@
 
 import inspect
 import json
-import os
-import subprocess
-import sys
 
 import keras
 import numpy as np
 import pytest
 
-from tests.helpers import CASE_IDS, CASES, public_layer_classes, to_numpy
+from tests.helpers import CASE_IDS, CASES, public_layer_classes, run_in_fresh_process, to_numpy
 
 
 def test_every_public_layer_has_a_case():
@@ -122,16 +119,6 @@ def test_keras_save_and_load_in_a_fresh_process(tmp_path):
             out=out,
             **{f"in{i}": x for i, x in enumerate(case.inputs)},
         )
-    proc = subprocess.run(
-        [sys.executable, "-c", _LOAD_AND_RUN, json.dumps(CASE_IDS), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "KERAS_BACKEND": keras.backend.backend()},
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(li for li in proc.stdout.splitlines() if li.startswith("RESULT "))
-    diffs = json.loads(line[len("RESULT ") :])
+    diffs = run_in_fresh_process(_LOAD_AND_RUN, json.dumps(CASE_IDS), tmp_path)
     assert set(diffs) == set(CASE_IDS)
     assert max(diffs.values()) <= 1e-6, diffs

@@ -1,0 +1,21 @@
+"""Argument checks shared across the package: each raises a `ValueError` naming the argument."""
+
+
+def check_positive_int(name, value):
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+
+
+def check_positive_ints(**values):
+    for name, value in values.items():
+        check_positive_int(name, value)
+
+
+def check_rate(name, value):
+    if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ValueError(f"`{name}` must be in [0, 1). Received: {name}={value!r}")
+
+
+def check_choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"`{name}` must be one of {tuple(choices)}. Received: {name}={value!r}")

@@ -1,0 +1,154 @@
+"""Step functions over key/value caches, one per model family, for the decoding loops.
+
+A runner holds a model and answers three questions: the empty decoding state for some rows,
+`step(ids, state, index)` (logits of `ids` placed at `index`, and the new state: only the new
+tokens go through the blocks, attending over the cached keys and values), and `full(ids,
+state)` (the same logits recomputed from scratch: the uncached reference).
+"""
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_attn.layers.transformer_decoder import TransformerDecoder
+
+
+def compile_step(fn):
+    """`fn` traced once per input shape pattern on TensorFlow (eager dispatch dominates small
+    decoding steps); unchanged on other backends."""
+    if keras.backend.backend() != "tensorflow":
+        return fn
+    import tensorflow as tf
+
+    return tf.function(fn, reduce_retracing=True)
+
+
+def position(index):
+    """Step index as a tensor on TensorFlow, so compiled steps do not retrace per position."""
+    if keras.backend.backend() != "tensorflow":
+        return index
+    import tensorflow as tf
+
+    return tf.constant(index, tf.int32)
+
+
+def select_rows(state, rows):
+    """The state of `rows` (beam reordering): every tensor gathered along the batch axis."""
+    rows = np.asarray(rows, dtype="int32")
+    return keras.tree.map_structure(lambda t: ops.take(t, rows, axis=0), state)
+
+
+class _Runner:
+    def __init__(self, model, token_embedding, positions, block_prefix, final_norm):
+        self.model = model
+        self.token_embedding = model.get_layer(token_embedding)
+        self.positions = model.get_layer(positions)
+        self.blocks = [
+            layer
+            for layer in model.layers
+            if isinstance(layer, TransformerDecoder) and layer.name.startswith(block_prefix)
+        ]
+        if not self.blocks:
+            raise ValueError(f"`model` {model.name!r} has no TransformerDecoder blocks.")
+        names = [layer.name for layer in model.layers]
+        self.final_norm = model.get_layer(final_norm) if final_norm in names else None
+        self.compiled_step = compile_step(self.step)
+        self.compiled_full = compile_step(self.full)
+
+    def empty_caches(self, rows, max_length):
+        caches = []
+        for block in self.blocks:
+            attention = block.self_attention
+            heads = attention.num_key_value_heads or attention.num_heads
+            shape = (rows, 2, max_length, heads, attention.key_dim)
+            caches.append(ops.zeros(shape, dtype=block.compute_dtype))
+        return caches
+
+    def _decode(self, token_ids, caches, index, **block_kwargs):
+        x = self.token_embedding(token_ids)
+        x = x + self.positions(x, start_index=index)
+        new_caches = []
+        for block, cache in zip(self.blocks, caches, strict=True):
+            x, cache = block(
+                x, self_attention_cache=cache, self_attention_cache_update_index=index,
+                **block_kwargs,
+            )  # fmt: skip
+            new_caches.append(cache)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return ops.cast(self.token_embedding(x, reverse=True), "float32"), new_caches
+
+
+class CausalLMRunner(_Runner):
+    """Cached decoding for a `CausalLM`. State: `{"caches": [one per block]}`."""
+
+    def __init__(self, model):
+        super().__init__(
+            model, "token_embedding", "position_embedding", "decoder_block", "final_layer_norm"
+        )
+
+    def initial_state(self, rows, max_length):
+        return {"caches": self.empty_caches(len(rows), max_length)}
+
+    def step(self, token_ids, state, index):
+        logits, caches = self._decode(token_ids, state["caches"], index)
+        return logits, {"caches": caches}
+
+    def full(self, token_ids, state):
+        return self.model(token_ids, training=False)
+
+
+class Seq2SeqRunner(_Runner):
+    """Cached decoding for a `Seq2Seq`: the sources are encoded once, at construction.
+
+    State: `{"caches", "encoded", "source_mask", "source_ids"}`; cross-attention reads the
+    encoded sources of each row.
+    """
+
+    def __init__(self, model, source_ids):
+        embedding = (
+            "encoder_token_embedding"
+            if model.target_vocabulary_size is None
+            else "decoder_token_embedding"
+        )
+        super().__init__(
+            model, embedding, "decoder_positions", "decoder_block", "decoder_final_norm"
+        )
+        if not source_ids or any(len(s) == 0 for s in source_ids):
+            raise ValueError("`source_ids` must be a non-empty list of non-empty id lists.")
+        width = max(len(s) for s in source_ids)
+        self.source_ids = np.zeros((len(source_ids), width), dtype="int32")
+        for row, ids in enumerate(source_ids):
+            self.source_ids[row, : len(ids)] = ids
+        names = [layer.name for layer in model.layers]
+        last = "encoder_final_norm" if "encoder_final_norm" in names else None
+        if last is None:
+            last = max(
+                (n for n in names if n.startswith("encoder_block_")),
+                key=lambda n: int(n.rsplit("_", 1)[1]),
+            )
+        encoder = keras.Model(model.input["encoder_token_ids"], model.get_layer(last).output)
+        self.encoded = encoder(self.source_ids, training=False)
+
+    def initial_state(self, rows, max_length):
+        rows = np.asarray(rows, dtype="int32")
+        return {
+            "caches": self.empty_caches(len(rows), max_length),
+            "encoded": ops.take(self.encoded, rows, axis=0),
+            "source_mask": ops.convert_to_tensor(self.source_ids[rows] != 0),
+            "source_ids": ops.convert_to_tensor(self.source_ids[rows]),
+        }
+
+    def step(self, token_ids, state, index):
+        logits, caches = self._decode(
+            token_ids,
+            state["caches"],
+            index,
+            encoder_sequence=state["encoded"],
+            encoder_padding_mask=state["source_mask"],
+        )
+        return logits, {**state, "caches": caches}
+
+    def full(self, token_ids, state):
+        inputs = {"encoder_token_ids": state["source_ids"], "decoder_token_ids": token_ids}
+        return self.model(inputs, training=False)

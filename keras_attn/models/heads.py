@@ -1,0 +1,207 @@
+"""Task heads on any `Encoder`: sequence and token classification, span QA, multiple choice."""
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_attn.checks import check_choice, check_positive_ints, check_rate
+from keras_attn.layers.masks import mask_value
+from keras_attn.losses import SparseCrossEntropy
+from keras_attn.models.encoder import encoder_inputs
+from keras_attn.models.task import Task, float32_logits
+
+
+class Head(Task):
+    """A task model made of an encoder and a few layers on top (not used on its own)."""
+
+    nested_models = ("encoder",)
+
+    def default_loss(self):
+        return SparseCrossEntropy()
+
+
+def _padding(token_ids):
+    return ops.not_equal(token_ids, 0)
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class SequenceClassifier(Head):
+    """One label per sequence: pooled encoder output → dropout → Dense → logits.
+
+    Args:
+        encoder: an `Encoder`.
+        num_classes: int.
+        pooling: `"cls"` (BERT's pooler on the first token) or `"mean"` (mean over the real
+            tokens; padding excluded).
+        dropout: float. Defaults to `0.1`.
+    Returns:
+        logits `(batch, num_classes)`, float32.
+    """
+
+    config_args = ("encoder", "num_classes", "pooling", "dropout")
+
+    def __init__(self, encoder, num_classes, pooling="cls", dropout=0.1, name=None, **kwargs):
+        check_positive_ints(num_classes=num_classes)
+        check_choice("pooling", pooling, ("cls", "mean"))
+        check_rate("dropout", dropout)
+        inputs = encoder_inputs(encoder)
+        outputs = encoder(inputs)
+        if pooling == "cls":
+            x = outputs["pooled_output"]
+        else:
+            x = keras.layers.GlobalAveragePooling1D(name="mean_pooling")(
+                outputs["sequence_output"], mask=_padding(inputs["token_ids"])
+            )
+        x = keras.layers.Dropout(dropout, name="head_dropout")(x)
+        x = keras.layers.Dense(num_classes, name="classifier")(x)
+        logits = float32_logits(x, "logits")
+        super().__init__(inputs, logits, name=name or "sequence_classifier", **kwargs)
+        self.encoder = encoder
+        self.num_classes = num_classes
+        self.pooling = pooling
+        self.dropout = dropout
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class TokenClassifier(Head):
+    """One label per token (tagging, NER): sequence output → dropout → Dense → logits.
+
+    Train with `SparseCrossEntropy(ignore_class=...)` to skip padding and the non-first
+    sub-tokens of a word (the default loss ignores label `-100`, as Hugging Face does).
+
+    Args:
+        encoder: an `Encoder`.
+        num_classes: int.
+        dropout: float. Defaults to `0.1`.
+        ignore_label: int. Label of positions without a target. Defaults to `-100`.
+    Returns:
+        logits `(batch, seq, num_classes)`, float32.
+    """
+
+    config_args = ("encoder", "num_classes", "dropout", "ignore_label")
+
+    def __init__(self, encoder, num_classes, dropout=0.1, ignore_label=-100, name=None, **kwargs):
+        check_positive_ints(num_classes=num_classes)
+        check_rate("dropout", dropout)
+        inputs = encoder_inputs(encoder)
+        x = encoder(inputs)["sequence_output"]
+        x = keras.layers.Dropout(dropout, name="head_dropout")(x)
+        x = keras.layers.Dense(num_classes, name="classifier")(x)
+        logits = float32_logits(x, "logits")
+        super().__init__(inputs, logits, name=name or "token_classifier", **kwargs)
+        self.encoder = encoder
+        self.num_classes = num_classes
+        self.dropout = dropout
+        self.ignore_label = ignore_label
+
+    def default_loss(self):
+        return SparseCrossEntropy(ignore_class=self.ignore_label)
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class SpanQA(Head):
+    """Extractive question answering: a start and an end logit per token.
+
+    Padded positions get a very negative logit, so the softmax over positions (the loss)
+    never picks them. Decode answers with `best_spans`.
+
+    Args:
+        encoder: an `Encoder`.
+    Returns:
+        dict of float32 `start_logits` and `end_logits`, each `(batch, seq)`.
+    """
+
+    config_args = ("encoder",)
+
+    def __init__(self, encoder, name=None, **kwargs):
+        inputs = encoder_inputs(encoder)
+        x = encoder(inputs)["sequence_output"]
+        x = keras.layers.Dense(2, name="span_logits")(x)
+        x = ops.where(ops.expand_dims(_padding(inputs["token_ids"]), -1), x, mask_value(x.dtype))
+        outputs = {
+            "start_logits": float32_logits(x[..., 0], "start_logits"),
+            "end_logits": float32_logits(x[..., 1], "end_logits"),
+        }
+        super().__init__(inputs, outputs, name=name or "span_qa", **kwargs)
+        self.encoder = encoder
+
+    def default_loss(self):
+        return {"start_logits": SparseCrossEntropy(), "end_logits": SparseCrossEntropy()}
+
+
+def best_spans(start_logits, end_logits, max_answer_length, allowed=None):
+    """The best answer span of each row: `argmax_{i ≤ j < i + max_answer_length} s_i + e_j`.
+
+    Args:
+        start_logits, end_logits: arrays `(batch, seq)`.
+        max_answer_length: int. Longest answer in tokens.
+        allowed: optional bool `(batch, seq)`; spans must start and end at allowed positions
+            (the context, not the question or padding).
+    Returns:
+        `(starts, ends, scores)`, arrays `(batch,)`; `ends` is inclusive.
+    """
+    check_positive_ints(max_answer_length=max_answer_length)
+    start = np.asarray(start_logits, dtype="float64")
+    end = np.asarray(end_logits, dtype="float64")
+    if start.shape != end.shape or start.ndim != 2:
+        raise ValueError(
+            "`start_logits` and `end_logits` must both be (batch, seq). Received: "
+            f"start_logits.shape={start.shape}, end_logits.shape={end.shape}"
+        )
+    if allowed is not None:
+        allowed = np.asarray(allowed, dtype=bool)
+        start = np.where(allowed, start, -np.inf)
+        end = np.where(allowed, end, -np.inf)
+    length = start.shape[1]
+    i, j = np.arange(length)[:, None], np.arange(length)[None, :]
+    valid = (j >= i) & (j - i < max_answer_length)  # (seq, seq)
+    scores = np.where(valid, start[:, :, None] + end[:, None, :], -np.inf)
+    flat = scores.reshape(len(scores), -1).argmax(-1)
+    starts, ends = np.divmod(flat, length)
+    return starts, ends, scores.reshape(len(scores), -1)[np.arange(len(scores)), flat]
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class MergeChoices(keras.layers.Layer):
+    """`(batch, num_choices, seq)` → `(batch · num_choices, seq)`; the length stays dynamic."""
+
+    def call(self, inputs):
+        return ops.reshape(inputs, (-1, ops.shape(inputs)[-1]))
+
+    def compute_output_shape(self, input_shape):
+        batch = None if input_shape[0] is None else input_shape[0] * input_shape[1]
+        return (batch, input_shape[-1])
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class MultipleChoice(Head):
+    """One logit per choice; the softmax runs over the choices.
+
+    Inputs are the encoder's, with a choice axis: `token_ids (batch, num_choices, seq)` (each
+    choice packed with its context, e.g. `[CLS] context [SEP] choice [SEP]`). The encoder
+    runs over all `batch · num_choices` sequences at once; each pooled output gives one logit.
+
+    Args:
+        encoder: an `Encoder`.
+        num_choices: int.
+        dropout: float. Defaults to `0.1`.
+    Returns:
+        logits `(batch, num_choices)`, float32.
+    """
+
+    config_args = ("encoder", "num_choices", "dropout")
+
+    def __init__(self, encoder, num_choices, dropout=0.1, name=None, **kwargs):
+        check_positive_ints(num_choices=num_choices)
+        check_rate("dropout", dropout)
+        inputs = encoder_inputs(encoder, leading_shape=(num_choices,))
+        merge = MergeChoices(name="merge_choices")
+        flat = {key: merge(value) for key, value in inputs.items()}
+        x = encoder(flat)["pooled_output"]
+        x = keras.layers.Dropout(dropout, name="head_dropout")(x)
+        x = keras.layers.Dense(1, name="choice_logit")(x)
+        logits = float32_logits(ops.reshape(x, (-1, num_choices)), "logits")
+        super().__init__(inputs, logits, name=name or "multiple_choice", **kwargs)
+        self.encoder = encoder
+        self.num_choices = num_choices
+        self.dropout = dropout

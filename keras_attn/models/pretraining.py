@@ -1,0 +1,114 @@
+"""BERT pretraining: a masked-LM head tied to the token embedding, and next-sentence prediction."""
+
+import keras
+from keras import ops
+
+from keras_attn.layers.feed_forward import get_activation
+from keras_attn.losses import SparseCrossEntropy
+from keras_attn.models.encoder import encoder_inputs
+from keras_attn.models.heads import Head
+from keras_attn.models.task import float32_logits
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class MaskedLMHead(keras.layers.Layer):
+    """The transform BERT applies before predicting masked tokens.
+
+    Gathers the hidden states at `mask_positions`, then Dense → activation → LayerNorm. The
+    caller projects the result to vocabulary logits with the token embedding transposed
+    (`TokenEmbedding(..., reverse=True)`), so input and output embeddings stay tied.
+
+    Args:
+        activation: Defaults to `"gelu"`.
+        layer_norm_epsilon: float. Defaults to `1e-12`.
+    Call arguments:
+        sequence: float `(batch, seq, hidden_dim)`.
+        mask_positions: int `(batch, num_predictions)`.
+    Returns:
+        `(batch, num_predictions, hidden_dim)`.
+    """
+
+    def __init__(self, activation="gelu", layer_norm_epsilon=1e-12, **kwargs):
+        super().__init__(**kwargs)
+        get_activation(activation)  # validates the name
+        self.activation = activation
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.supports_masking = True  # the padding mask ends here: outputs are per prediction
+
+    def build(self, sequence_shape, mask_positions_shape):
+        if len(sequence_shape) != 3 or len(mask_positions_shape) != 2:
+            raise ValueError(
+                "`sequence` must be (batch, seq, hidden_dim) and `mask_positions` "
+                f"(batch, num_predictions). Received: sequence.shape={tuple(sequence_shape)}, "
+                f"mask_positions.shape={tuple(mask_positions_shape)}"
+            )
+        hidden_shape = (sequence_shape[0], mask_positions_shape[1], sequence_shape[-1])
+        self.dense = keras.layers.Dense(sequence_shape[-1], dtype=self.dtype_policy, name="dense")
+        self.dense.build(hidden_shape)
+        self.layer_norm = keras.layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name="layer_norm"
+        )
+        self.layer_norm.build(hidden_shape)
+
+    def call(self, sequence, mask_positions):
+        positions = ops.cast(mask_positions, "int32")[..., None]
+        x = ops.take_along_axis(sequence, positions, axis=1)
+        x = get_activation(self.activation)(self.dense(x))
+        return self.layer_norm(x)
+
+    def compute_mask(self, sequence, mask_positions, mask=None):
+        return None
+
+    def compute_output_shape(self, sequence_shape, mask_positions_shape):
+        return (sequence_shape[0], mask_positions_shape[1], sequence_shape[-1])
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "activation": self.activation,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
+        }
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class EncoderPretrainer(Head):
+    """Masked-LM and next-sentence prediction trained together (BERT).
+
+    Inputs: the encoder's (`token_ids`, `segment_ids`) plus `mask_positions
+    (batch, num_predictions)` from `MaskedLMMaskGenerator`. Outputs: `mlm` logits
+    `(batch, num_predictions, vocab)`, tied to the token embedding, and `nsp` logits
+    `(batch, 2)` (1 = sentence B follows A) from the pooled output. The default loss is the
+    sum of both cross-entropies; `mlm` targets equal to 0 (unused prediction slots) are
+    ignored.
+
+    Args:
+        encoder: an `Encoder` with `num_segments`.
+        activation: activation of the masked-LM transform. Defaults to `"gelu"`.
+    """
+
+    config_args = ("encoder", "activation")
+
+    def __init__(self, encoder, activation="gelu", name=None, **kwargs):
+        if not encoder.num_segments:
+            raise ValueError(
+                "Next-sentence prediction needs segment ids: build the encoder with "
+                f"`num_segments`. Received: num_segments={encoder.num_segments!r}"
+            )
+        inputs = encoder_inputs(encoder)
+        inputs["mask_positions"] = keras.Input((None,), dtype="int32", name="mask_positions")
+        outputs = encoder({key: inputs[key] for key in encoder.input})
+        hidden = MaskedLMHead(activation, encoder.layer_norm_epsilon, name="mlm_head")(
+            outputs["sequence_output"], inputs["mask_positions"]
+        )
+        mlm = float32_logits(encoder.token_embedding(hidden, reverse=True), "mlm")
+        nsp = float32_logits(
+            keras.layers.Dense(2, name="nsp_head")(outputs["pooled_output"]), "nsp"
+        )
+        super().__init__(
+            inputs, {"mlm": mlm, "nsp": nsp}, name=name or "encoder_pretrainer", **kwargs
+        )
+        self.encoder = encoder
+        self.activation = activation
+
+    def default_loss(self):
+        return {"mlm": SparseCrossEntropy(ignore_class=0), "nsp": SparseCrossEntropy()}

@@ -1,0 +1,154 @@
+"""Decoding loops on a hand-written bigram model (pinned) and on real models (equivalences)."""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+
+from keras_attn.decoding import generate, length_normalized
+from keras_attn.models import CausalLM
+from tests.models.model_cases import SEQ2SEQ_INPUTS, seq2seq
+
+PAD, START, STOP, A, B = range(5)
+# P(next | previous): rows are the previous token.
+BIGRAM = np.array(
+    [
+        [0.2, 0.2, 0.2, 0.2, 0.2],
+        [0.0, 0.0, 0.1, 0.5, 0.4],  # after START: A is likeliest, but A leads nowhere good
+        [0.2, 0.2, 0.2, 0.2, 0.2],
+        [0.0, 0.0, 0.3, 0.4, 0.3],  # after A
+        [0.0, 0.0, 0.9, 0.05, 0.05],  # after B: almost surely STOP
+    ]
+)
+
+
+class BigramRunner:
+    """A runner whose logits depend on the previous token only; counts its calls."""
+
+    def __init__(self):
+        self.steps = 0
+        self.compiled_step, self.compiled_full = self.step, self.full
+
+    def initial_state(self, rows, max_length):
+        return {"rows": keras.ops.convert_to_tensor(np.asarray(rows, "int32"))}
+
+    def step(self, ids, state, index):
+        self.steps += 1
+        with np.errstate(divide="ignore"):
+            return np.log(BIGRAM[np.asarray(ids)]), state
+
+    def full(self, ids, state):
+        return self.step(ids, state, 0)[0]
+
+
+def test_greedy_takes_the_likeliest_token_and_stops_at_stop_tokens():
+    runner = BigramRunner()
+    assert generate(runner, [[START]], 4) == [[A, A, A, A]]
+    assert generate(BigramRunner(), [[START], [B]], 4, stop_token_ids=[STOP]) == [
+        [A, A, A, A],
+        [],  # B → STOP at once; the stop id is not returned
+    ]
+    runner = BigramRunner()
+    generate(runner, [[B], [B, B]], 10, stop_token_ids=[STOP])
+    assert runner.steps == 2  # the loop ends when every row has stopped
+
+
+def test_beam_search_finds_the_likelier_sequence_greedy_misses():
+    # Complete sequences: B STOP = 0.4·0.9 = 0.36 beats A STOP = 0.5·0.3 = 0.15 and
+    # anything longer through A (≤ 0.5·0.4·0.3 = 0.06).
+    out = generate(BigramRunner(), [[START]], 5, sampler="beam", num_beams=2,
+                   stop_token_ids=[STOP], length_penalty=0.0)  # fmt: skip
+    assert out == [[B]]
+    greedy = generate(BigramRunner(), [[START]], 5, stop_token_ids=[STOP])
+    beam1 = generate(BigramRunner(), [[START]], 5, sampler="beam", num_beams=1,
+                     stop_token_ids=[STOP])  # fmt: skip
+    assert beam1 == greedy == [[A, A, A, A, A]]
+
+
+def test_length_penalty_pinned():
+    assert length_normalized(-2.0, 1, 0.0) == -2.0
+    assert length_normalized(-2.0, 7, 1.0) == pytest.approx(-1.0)  # (5 + 7) / 6 = 2
+    assert length_normalized(-3.0, 4, 0.5) == pytest.approx(-3.0 / math.sqrt(1.5))
+
+
+def test_length_penalty_changes_the_winner():
+    # Without a stop token, hypotheses are cut at max_new_tokens; with STOP reachable, a
+    # strong penalty (α large) favours longer finished hypotheses over short ones.
+    short = generate(BigramRunner(), [[START]], 3, sampler="beam", num_beams=3,
+                     stop_token_ids=[STOP], length_penalty=0.0)  # fmt: skip
+    long = generate(BigramRunner(), [[START]], 3, sampler="beam", num_beams=3,
+                    stop_token_ids=[STOP], length_penalty=8.0)  # fmt: skip
+    assert short == [[B]]
+    assert len(long[0]) > 1
+
+
+@pytest.fixture(scope="module")
+def lm():
+    keras.utils.set_random_seed(3)
+    return CausalLM(50, 40, hidden_dim=16, num_layers=2, num_heads=2)
+
+
+PROMPTS = [[5, 6, 7], [9, 3, 12, 4, 8], [2]]
+
+
+def test_beam_one_equals_greedy_and_beam_cached_equals_uncached(lm):
+    greedy = lm.generate(PROMPTS, 6)
+    assert lm.generate(PROMPTS, 6, sampler="beam", num_beams=1) == greedy
+    beams = lm.generate(PROMPTS, 6, sampler="beam", num_beams=3)
+    assert beams == lm.generate(PROMPTS, 6, sampler="beam", num_beams=3, use_cache=False)
+
+
+def test_stop_tokens_end_each_row_on_a_real_model(lm):
+    greedy = lm.generate(PROMPTS, 6)
+    stop = greedy[0][2]
+    out = lm.generate(PROMPTS, 6, stop_token_ids=[stop])
+    for full, cut in zip(greedy, out, strict=True):
+        expected = full[: full.index(stop)] if stop in full else full
+        assert cut == expected
+
+
+def test_sampling_with_a_seed_is_reproducible_and_cached_equals_uncached(lm):
+    kwargs = {"sampler": "sample", "top_k": 10, "top_p": 0.9, "temperature": 0.8, "seed": 5}
+    a = lm.generate(PROMPTS, 8, **kwargs)
+    assert a == lm.generate(PROMPTS, 8, **kwargs)
+    assert a == lm.generate(PROMPTS, 8, use_cache=False, **kwargs)
+    assert a != lm.generate(PROMPTS, 8, **{**kwargs, "seed": 6})
+
+
+def test_seq2seq_cached_decoding_equals_full_recomputation():
+    model = seq2seq()
+    sources = [[5, 6, 7], [8, 9, 10, 11]]
+    for kwargs in ({}, {"sampler": "beam", "num_beams": 3}, {"sampler": "sample", "seed": 1}):
+        cached = model.generate(sources, 6, start_id=1, **kwargs)
+        assert cached == model.generate(sources, 6, start_id=1, use_cache=False, **kwargs)
+    greedy = model.generate(sources, 6, start_id=1)
+    assert model.generate(sources, 6, start_id=1, sampler="beam", num_beams=1) == greedy
+    # Greedy by hand: full forward passes, one token at a time.
+    source = SEQ2SEQ_INPUTS["encoder_token_ids"][:1, :3]
+    target = [1]
+    for _ in range(6):
+        inputs = {"encoder_token_ids": source, "decoder_token_ids": np.array([target], "int32")}
+        logits = keras.ops.convert_to_numpy(model(inputs, training=False))[0, -1]
+        logits[0] = -np.inf
+        target.append(int(logits.argmax()))
+    assert greedy[0] == target[1:]
+
+
+def test_seq2seq_cached_logits_equal_full_at_every_step():
+    from keras_attn.decoding import Seq2SeqRunner
+
+    model = seq2seq()
+    source = SEQ2SEQ_INPUTS["encoder_token_ids"]
+    target = SEQ2SEQ_INPUTS["decoder_token_ids"][:, :4]
+    target = np.where(target == 0, 3, target)
+    full = keras.ops.convert_to_numpy(
+        model({"encoder_token_ids": source, "decoder_token_ids": target}, training=False)
+    )
+    runner = Seq2SeqRunner(model, [list(r[r != 0]) for r in source])
+    state = runner.initial_state([0, 1], 4)
+    steps = []
+    for t in range(4):
+        logits, state = runner.step(target[:, t : t + 1], state, t)
+        steps.append(keras.ops.convert_to_numpy(logits))
+    np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-4)

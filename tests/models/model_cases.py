@@ -1,0 +1,89 @@
+"""Small instances of every model family and head, with inputs, shared by the model tests."""
+
+import keras
+import numpy as np
+
+from keras_attn.models import (
+    CausalLM,
+    Encoder,
+    EncoderPretrainer,
+    MultipleChoice,
+    Seq2Seq,
+    SequenceClassifier,
+    SpanQA,
+    TokenClassifier,
+)
+
+VOCAB = 40
+TOKENS = np.array([[1, 5, 6, 7, 2, 0], [1, 8, 9, 2, 3, 4]], "int32")
+SEGMENTS = np.array([[0, 0, 0, 0, 0, 0], [0, 0, 0, 1, 1, 1]], "int32")
+ENCODER_INPUTS = {"token_ids": TOKENS, "segment_ids": SEGMENTS}
+
+
+def encoder(**kwargs):
+    args = {"hidden_dim": 16, "num_layers": 1, "num_heads": 2, "dropout": 0.0}
+    return Encoder(VOCAB, 16, **{**args, **kwargs})
+
+
+def choices(x):
+    return np.stack([x, x[::-1], np.roll(x, 1, axis=0)], axis=1)  # (batch, 3 choices, seq)
+
+
+def seq2seq(**kwargs):
+    args = {"hidden_dim": 16, "num_heads": 2, "num_encoder_layers": 1, "num_decoder_layers": 2}
+    return Seq2Seq(VOCAB, 16, **{**args, "dropout": 0.0, **kwargs})
+
+
+SEQ2SEQ_INPUTS = {
+    "encoder_token_ids": np.array([[5, 6, 7, 0], [8, 9, 10, 11]], "int32"),
+    "decoder_token_ids": np.array([[1, 12, 13, 0, 0], [1, 14, 15, 16, 17]], "int32"),
+}
+
+# name -> (factory, inputs, targets for one fit step)
+MODELS = {
+    "causal_lm": (
+        lambda: CausalLM(VOCAB, 16, hidden_dim=16, num_layers=1, num_heads=2),
+        TOKENS,
+        np.roll(TOKENS, -1, axis=1),
+    ),
+    "seq2seq_shared": (seq2seq, SEQ2SEQ_INPUTS, np.array([[12, 13, 2, 0, 0], [14, 15, 16, 17, 2]])),
+    "seq2seq_separate": (
+        lambda: seq2seq(
+            target_vocabulary_size=30, position_encoding="learned", normalize_first=True
+        ),
+        SEQ2SEQ_INPUTS,
+        np.array([[12, 13, 2, 0, 0], [14, 15, 16, 17, 2]]),
+    ),
+    "classifier_cls": (lambda: SequenceClassifier(encoder(), 3), ENCODER_INPUTS, np.array([0, 2])),
+    "classifier_mean": (
+        lambda: SequenceClassifier(encoder(normalize_first=True), 3, pooling="mean", dropout=0.2),
+        ENCODER_INPUTS,
+        np.array([1, 2]),
+    ),
+    "token_classifier": (
+        lambda: TokenClassifier(encoder(num_segments=None), 5, ignore_label=-1),
+        {"token_ids": TOKENS},
+        np.array([[-1, 1, 2, 3, -1, -1], [-1, 4, 0, -1, 1, 1]]),
+    ),
+    "span_qa": (
+        lambda: SpanQA(encoder()),
+        ENCODER_INPUTS,
+        {"start_logits": np.array([2, 3]), "end_logits": np.array([3, 5])},
+    ),
+    "multiple_choice": (
+        lambda: MultipleChoice(encoder(), 3, dropout=0.0),
+        {"token_ids": choices(TOKENS), "segment_ids": choices(SEGMENTS)},
+        np.array([0, 2]),
+    ),
+    "pretrainer": (
+        lambda: EncoderPretrainer(encoder()),
+        {**ENCODER_INPUTS, "mask_positions": np.array([[2, 3], [1, 0]], "int32")},
+        {"mlm": np.array([[6, 7], [8, 0]]), "nsp": np.array([1, 0])},
+    ),
+}
+
+
+def build(name):
+    keras.utils.set_random_seed(0)
+    factory, inputs, targets = MODELS[name]
+    return factory(), inputs, targets

@@ -1,0 +1,216 @@
+"""Every model family and head: config, `.keras` in a fresh process, a fit step, numbers."""
+
+import inspect
+import json
+
+import keras
+import numpy as np
+import pytest
+
+from keras_attn.models import Encoder, MultipleChoice, SequenceClassifier, best_spans
+from tests.helpers import run_in_fresh_process, to_numpy
+from tests.models.model_cases import (
+    ENCODER_INPUTS,
+    MODELS,
+    SEGMENTS,
+    TOKENS,
+    build,
+    choices,
+    encoder,
+)
+
+NAMES = sorted(MODELS)
+
+
+def predict(model, inputs):
+    return keras.tree.map_structure(to_numpy, model(inputs, training=False))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_config_has_every_argument_and_rebuilds_the_same_model(name):
+    model, inputs, _ = build(name)
+    config = model.get_config()
+    json.dumps(config)  # JSON-serializable
+    for parameter in inspect.signature(type(model).__init__).parameters:
+        if parameter not in ("self", "kwargs"):
+            assert parameter in config, f"{name}: `{parameter}` missing from get_config"
+    clone = type(model).from_config(config)
+    clone.set_weights(model.get_weights())
+    keras.tree.map_structure(
+        lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6),
+        predict(model, inputs),
+        predict(clone, inputs),
+    )
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_one_fit_step_with_default_loss_and_xla(name):
+    model, inputs, targets = build(name)
+    model.compile(optimizer=keras.optimizers.Adam(1e-2))
+    if keras.backend.backend() == "tensorflow":
+        assert model.jit_compile is True  # on by default, also on CPU
+    before = [w.copy() for w in model.get_weights()]
+    history = model.fit(inputs, targets, epochs=3, batch_size=2, verbose=0).history
+    assert np.isfinite(history["loss"]).all() and history["loss"][-1] < history["loss"][0]
+    changed = [not np.array_equal(a, b) for a, b in zip(before, model.get_weights(), strict=True)]
+    assert sum(changed) > len(changed) // 2
+
+
+_LOAD = """
+import json, pickle, sys
+import numpy as np
+import keras
+import keras_attn.models  # noqa: F401  registers the classes; no custom_objects
+folder = sys.argv[1]
+with open(f"{folder}/cases.pkl", "rb") as f:
+    cases = pickle.load(f)
+diffs = {}
+for name, (inputs, expected) in cases.items():
+    model = keras.saving.load_model(f"{folder}/{name}.keras")
+    out = keras.tree.map_structure(keras.ops.convert_to_numpy, model(inputs, training=False))
+    diffs[name] = max(float(np.abs(a - b).max()) for a, b in
+                      zip(keras.tree.flatten(out), keras.tree.flatten(expected)))
+print("RESULT " + json.dumps(diffs))
+"""
+
+
+@pytest.mark.slow
+def test_keras_save_and_load_in_a_fresh_process(tmp_path):
+    import pickle
+
+    cases = {}
+    for name in NAMES:
+        model, inputs, _ = build(name)
+        model.save(tmp_path / f"{name}.keras")
+        cases[name] = (inputs, predict(model, inputs))
+    with open(tmp_path / "cases.pkl", "wb") as f:
+        pickle.dump(cases, f)
+    diffs = run_in_fresh_process(_LOAD, tmp_path)
+    assert set(diffs) == set(NAMES)
+    assert max(diffs.values()) <= 1e-6, diffs
+
+
+def test_encoder_padding_never_changes_real_positions():
+    model = encoder()
+    padded = {k: np.pad(v, ((0, 0), (0, 3))) for k, v in ENCODER_INPUTS.items()}
+    a = predict(model, ENCODER_INPUTS)
+    b = predict(model, padded)
+    real = TOKENS != 0
+    np.testing.assert_allclose(a["sequence_output"][real], b["sequence_output"][:, :6][real],
+                               atol=1e-5)  # fmt: skip
+    np.testing.assert_allclose(a["pooled_output"], b["pooled_output"], atol=1e-5)
+    assert not np.allclose(a["sequence_output"][0, 1], a["sequence_output"][1, 1], atol=1e-3)
+
+
+def test_mean_pooling_is_the_mean_over_real_tokens():
+    keras.utils.set_random_seed(1)
+    backbone = encoder()
+    model = SequenceClassifier(backbone, 3, pooling="mean")
+    sequence = predict(backbone, ENCODER_INPUTS)["sequence_output"]
+    real = (TOKENS != 0)[..., None]
+    pooled = (sequence * real).sum(1) / real.sum(1)
+    dense = model.get_layer("classifier")
+    expected = pooled @ to_numpy(dense.kernel) + to_numpy(dense.bias)
+    np.testing.assert_allclose(predict(model, ENCODER_INPUTS), expected, atol=1e-5)
+
+
+def test_multiple_choice_scores_each_choice_with_the_shared_encoder():
+    keras.utils.set_random_seed(2)
+    backbone = encoder()
+    model = MultipleChoice(backbone, 3)
+    tokens, segments = choices(TOKENS), choices(SEGMENTS)
+    logits = predict(model, {"token_ids": tokens, "segment_ids": segments})
+    dense = model.get_layer("choice_logit")
+    for c in range(3):
+        pooled = predict(backbone, {"token_ids": tokens[:, c], "segment_ids": segments[:, c]})
+        expected = pooled["pooled_output"] @ to_numpy(dense.kernel) + to_numpy(dense.bias)
+        np.testing.assert_allclose(logits[:, c], expected[:, 0], atol=1e-5)
+    assert not np.allclose(logits[:, 0], logits[:, 1])  # choices 0 and 1 differ
+
+
+def test_masked_lm_logits_by_hand_and_tied_to_the_token_embedding():
+    model, inputs, _ = build("pretrainer")
+    backbone = model.encoder
+    sequence = predict(backbone, ENCODER_INPUTS)["sequence_output"]
+    positions = inputs["mask_positions"]
+    h = np.take_along_axis(sequence, positions[..., None], axis=1)
+    head = model.get_layer("mlm_head")
+    h = h @ to_numpy(head.dense.kernel) + to_numpy(head.dense.bias)
+    h = 0.5 * h * (1 + np.vectorize(__import__("math").erf)(h / np.sqrt(2)))
+    mean, var = h.mean(-1, keepdims=True), h.var(-1, keepdims=True)
+    h = (h - mean) / np.sqrt(var + 1e-12) * to_numpy(head.layer_norm.gamma) + to_numpy(
+        head.layer_norm.beta
+    )
+    table = to_numpy(backbone.token_embedding.embeddings)
+    np.testing.assert_allclose(predict(model, inputs)["mlm"], h @ table.T, atol=1e-4)
+    # One table: the pretrainer's weights hold it once (through the encoder).
+    tables = [w for w in model.weights if tuple(w.shape) == table.shape]
+    assert len({id(w) for w in tables}) == 1
+
+
+def test_seq2seq_decoder_is_causal_and_reads_the_source():
+    model, inputs, _ = build("seq2seq_shared")
+    base = predict(model, inputs)
+    changed_target = {**inputs, "decoder_token_ids": inputs["decoder_token_ids"].copy()}
+    changed_target["decoder_token_ids"][1, 3:] = [20, 21]
+    out = predict(model, changed_target)
+    np.testing.assert_allclose(out[1, :3], base[1, :3], atol=1e-5)  # positions ≤ 2 unchanged
+    assert not np.allclose(out[1, 3:], base[1, 3:], atol=1e-4)
+    changed_source = {**inputs, "encoder_token_ids": inputs["encoder_token_ids"].copy()}
+    changed_source["encoder_token_ids"][0, 0] = 30
+    assert not np.allclose(predict(model, changed_source)[0, 0], base[0, 0], atol=1e-4)
+    padded_source = {
+        **inputs,
+        "encoder_token_ids": np.pad(inputs["encoder_token_ids"], ((0, 0), (0, 2))),
+    }
+    np.testing.assert_allclose(predict(model, padded_source), base, atol=1e-5)
+
+
+def test_seq2seq_vocabularies_shared_or_separate():
+    shared, _, _ = build("seq2seq_shared")
+    separate, inputs, _ = build("seq2seq_separate")
+    names = lambda m: sorted(x.name for x in m.layers if "token_embedding" in x.name)  # noqa: E731
+    assert names(shared) == ["encoder_token_embedding"]
+    assert names(separate) == ["decoder_token_embedding", "encoder_token_embedding"]
+    assert predict(separate, inputs).shape == (2, 5, 30)
+
+
+def test_best_spans_pinned():
+    start = np.array([[0.0, 5.0, 1.0, 4.0, 0.0], [3.0, 0.0, 0.0, 0.0, 9.0]])
+    end = np.array([[0.0, 0.0, 2.0, 1.0, 6.0], [0.0, 1.0, 0.0, 0.0, 2.0]])
+    starts, ends, scores = best_spans(start, end, max_answer_length=4)
+    # row 0: start 1 (5) + end 4 (6) = 11 fits in 4 tokens; row 1: start 4 + end 4 = 11
+    assert starts.tolist() == [1, 4] and ends.tolist() == [4, 4]
+    np.testing.assert_allclose(scores, [11.0, 11.0])
+    starts, ends, scores = best_spans(start, end, max_answer_length=2)
+    assert starts.tolist() == [3, 4] and ends.tolist() == [4, 4]  # 4 + 6 = 10 beats 5 + 2
+    allowed = np.array([[1, 1, 1, 1, 0], [1, 1, 1, 1, 0]], bool)
+    starts, ends, _ = best_spans(start, end, 4, allowed=allowed)
+    assert starts.tolist() == [1, 0] and ends.tolist() == [2, 1]  # never end ≥ start violated
+    with pytest.raises(ValueError, match="max_answer_length"):
+        best_spans(start, end, 0)
+    with pytest.raises(ValueError, match="end_logits"):
+        best_spans(start, end[:, :3], 2)
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: Encoder(0), "vocabulary_size"),
+        (lambda: Encoder(10, num_heads=0), "num_heads"),
+        (lambda: Encoder(10, dropout=1.5), "dropout"),
+        (lambda: Encoder(10, position_encoding="rope"), "position_encoding"),
+        (lambda: SequenceClassifier(encoder(), 0), "num_classes"),
+        (lambda: SequenceClassifier(encoder(), 2, pooling="max"), "pooling"),
+        (lambda: MultipleChoice(encoder(), 0), "num_choices"),
+        (
+            lambda: MODELS["pretrainer"][0].__globals__["EncoderPretrainer"](
+                encoder(num_segments=None)
+            ),
+            "num_segments",
+        ),
+    ],
+)
+def test_bad_arguments_name_the_argument(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
