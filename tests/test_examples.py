@@ -39,3 +39,28 @@ def test_readme_python_blocks_run():
     assert blocks, "README should show the library in use"
     for block in blocks:
         exec(compile(block, "README.md", "exec"), {})
+
+
+# Each example at toy size: it runs end to end and reports its metric in range. The figures
+# the full runs reach are in the README.
+SHORT_RUNS = {
+    "ab_task": ["--samples", "600", "--epochs", "2", "--length", "12"],
+    "dates_seq2seq": ["--train", "256", "--test", "4", "--epochs", "1", "--hidden-dim", "32"],
+    "dates_lstm_attention": ["--train", "256", "--test", "4", "--epochs", "1"],
+    "qa_and_choice": ["--train", "64", "--test", "16", "--epochs", "1"],
+    "ner": ["--max-train", "64", "--epochs", "1", "--vocabulary-size", "400"],
+    "sentiment": ["--max-train", "256", "--max-test", "64", "--epochs", "1"],
+    "pretrain_finetune": ["--max-pretrain", "256", "--labeled", "64", "--max-test", "64",
+                          "--pretrain-epochs", "1", "--finetune-epochs", "1"],
+}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.tf_only
+@pytest.mark.parametrize("name", sorted(SHORT_RUNS))
+def test_example_runs_a_few_steps(name):
+    import importlib
+
+    results = importlib.import_module(f"examples.{name}").main(SHORT_RUNS[name])
+    values = [v for r in results.values() for v in (r.values() if isinstance(r, dict) else [r])]
+    assert values and all(0.0 <= v <= 100.0 for v in values), results

@@ -23,8 +23,16 @@ class Score(keras.layers.Layer):
     #: True when the score is `q·k/√d_k`, which attention may hand to a fused kernel.
     is_scaled_dot = False
 
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        # Inputs may carry Keras masks; attention applies them to the scores, not the score.
+        self.supports_masking = True
+
     def build(self, query_shape, key_shape):
         pass  # scores without weights need no build
+
+    def compute_mask(self, query, key, mask=None):
+        return None
 
     def call(self, query, key):
         raise NotImplementedError(f"{type(self).__name__} must implement `call(query, key)`.")
