@@ -71,8 +71,11 @@ class SparseCrossEntropy(keras.losses.Loss):
 
     def call(self, y_true, y_pred):
         """Per-target losses, zero where the target is ignored."""
-        y_pred = ops.cast(y_pred, "float32")
         labels, valid = self._labels(y_true, y_pred)
+        return self._per_target(labels, valid, y_pred)
+
+    def _per_target(self, labels, valid, y_pred):
+        y_pred = ops.cast(y_pred, "float32")
         if self.from_logits:
             log_probs = ops.log_softmax(y_pred, axis=-1)
         else:
@@ -85,8 +88,8 @@ class SparseCrossEntropy(keras.losses.Loss):
 
     def __call__(self, y_true, y_pred, sample_weight=None):
         y_pred = ops.convert_to_tensor(y_pred)
-        losses = self.call(y_true, y_pred)
-        _, valid = self._labels(y_true, y_pred)
+        labels, valid = self._labels(y_true, y_pred)
+        losses = self._per_target(labels, valid, y_pred)
         valid = ops.cast(valid, "float32")
         weights = valid
         if sample_weight is not None:

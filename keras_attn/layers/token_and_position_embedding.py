@@ -13,6 +13,20 @@ from keras_attn.layers.embeddings import (
 POSITION_ENCODINGS = ("learned", "sinusoidal")
 
 
+def position_encoding_layer(position_encoding, sequence_length, name, **kwargs):
+    """`PositionEmbedding(sequence_length)` for `"learned"`, `SinusoidalPositionEncoding` for
+    `"sinusoidal"`; `kwargs` (dtype, initializer) go to the learned table."""
+    if position_encoding not in POSITION_ENCODINGS:
+        raise ValueError(
+            f"`position_encoding` must be one of {POSITION_ENCODINGS}. "
+            f"Received: position_encoding={position_encoding!r}"
+        )
+    if position_encoding == "learned":
+        return PositionEmbedding(sequence_length, name=name, **kwargs)
+    kwargs.pop("initializer", None)
+    return SinusoidalPositionEncoding(name=name, **kwargs)
+
+
 @keras.saving.register_keras_serializable(package="keras_attn")
 class TokenAndPositionEmbedding(keras.layers.Layer):
     """The input layer of a Transformer: `token(ids) + position(t) [+ segment(s)]`.
@@ -81,22 +95,20 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
             dtype=policy,
             name="token_embedding",
         )
-        if position_encoding == "learned":
-            self.position_embedding = PositionEmbedding(
-                sequence_length,
-                self.embeddings_initializer,
-                dtype=policy,
-                name="position_embedding",
+        if position_encoding == "sinusoidal" and (
+            not isinstance(sequence_length, int) or sequence_length <= 0
+        ):
+            raise ValueError(
+                "`sequence_length` must be a positive integer. "
+                f"Received: sequence_length={sequence_length!r}"
             )
-        else:
-            if not isinstance(sequence_length, int) or sequence_length <= 0:
-                raise ValueError(
-                    "`sequence_length` must be a positive integer. "
-                    f"Received: sequence_length={sequence_length!r}"
-                )
-            self.position_embedding = SinusoidalPositionEncoding(
-                dtype=policy, name="position_embedding"
-            )
+        self.position_embedding = position_encoding_layer(
+            position_encoding,
+            sequence_length,
+            "position_embedding",
+            initializer=self.embeddings_initializer,
+            dtype=policy,
+        )
         self.segment_embedding = None
         if num_segments is not None:
             self.segment_embedding = SegmentEmbedding(

@@ -3,22 +3,14 @@
 import keras
 
 from keras_attn.checks import check_choice, check_positive_ints, check_rate
-from keras_attn.layers.embeddings import (
-    PositionEmbedding,
-    SinusoidalPositionEncoding,
-    TokenEmbedding,
+from keras_attn.layers.embeddings import TokenEmbedding
+from keras_attn.layers.token_and_position_embedding import (
+    POSITION_ENCODINGS,
+    position_encoding_layer,
 )
 from keras_attn.layers.transformer_decoder import TransformerDecoder
 from keras_attn.losses import SparseCrossEntropy
 from keras_attn.models.task import Task, float32_logits
-
-POSITION_ENCODINGS = ("learned", "sinusoidal")
-
-
-def position_layer(position_encoding, sequence_length, name):
-    if position_encoding == "learned":
-        return PositionEmbedding(sequence_length, name=name)
-    return SinusoidalPositionEncoding(name=name)
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -80,7 +72,9 @@ class CausalLM(Task):
             vocabulary_size, hidden_dim, mask_zero=True, name="token_embedding"
         )
         x = token_embedding(token_ids)
-        positions = position_layer(position_encoding, sequence_length, "position_embedding")(x)
+        positions = position_encoding_layer(
+            position_encoding, sequence_length, "position_embedding"
+        )(x)
         x = keras.layers.Add(name="embeddings_add")([x, positions])
         x = keras.layers.Dropout(dropout, name="embeddings_dropout")(x)
         for i in range(num_layers):
@@ -96,16 +90,7 @@ class CausalLM(Task):
             x = keras.layers.LayerNormalization(epsilon=1e-5, name="final_layer_norm")(x)
         logits = float32_logits(token_embedding(x, reverse=True), "logits")
         super().__init__(token_ids, logits, name=name, **kwargs)
-        self.vocabulary_size = vocabulary_size
-        self.sequence_length = sequence_length
-        self.hidden_dim = hidden_dim
-        self.num_layers = num_layers
-        self.num_heads = num_heads
-        self.intermediate_dim = intermediate_dim
-        self.dropout = dropout
-        self.normalize_first = normalize_first
-        self.activation = activation
-        self.position_encoding = position_encoding
+        self._set_config_args(locals())
 
     def default_loss(self):
         return lm_loss()

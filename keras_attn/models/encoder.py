@@ -3,9 +3,11 @@
 import keras
 
 from keras_attn.checks import check_choice, check_positive_ints, check_rate
-from keras_attn.layers.token_and_position_embedding import TokenAndPositionEmbedding
+from keras_attn.layers.token_and_position_embedding import (
+    POSITION_ENCODINGS,
+    TokenAndPositionEmbedding,
+)
 from keras_attn.layers.transformer_encoder import TransformerEncoder
-from keras_attn.models.causal_lm import POSITION_ENCODINGS
 from keras_attn.models.task import Task
 
 
@@ -109,18 +111,7 @@ class Encoder(Task):
         pooled = keras.layers.Dense(hidden_dim, activation="tanh", name="pooler")(x[:, 0])
         outputs = {"sequence_output": x, "pooled_output": pooled}
         super().__init__(inputs, outputs, name=name, **kwargs)
-        self.vocabulary_size = vocabulary_size
-        self.max_sequence_length = max_sequence_length
-        self.hidden_dim = hidden_dim
-        self.num_layers = num_layers
-        self.num_heads = num_heads
-        self.intermediate_dim = intermediate_dim
-        self.dropout = dropout
-        self.num_segments = num_segments
-        self.activation = activation
-        self.normalize_first = normalize_first
-        self.layer_norm_epsilon = layer_norm_epsilon
-        self.position_encoding = position_encoding
+        self._set_config_args(locals())
 
     @property
     def token_embedding(self):

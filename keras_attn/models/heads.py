@@ -24,6 +24,12 @@ def _padding(token_ids):
     return ops.not_equal(token_ids, 0)
 
 
+def _classify(x, num_classes, dropout, name):
+    """Dropout → Dense → float32 logits: the output of every classification head."""
+    x = keras.layers.Dropout(dropout, name="head_dropout")(x)
+    return float32_logits(keras.layers.Dense(num_classes, name=name)(x), "logits")
+
+
 @keras.saving.register_keras_serializable(package="keras_attn")
 class SequenceClassifier(Head):
     """One label per sequence: pooled encoder output → dropout → Dense → logits.
@@ -52,14 +58,9 @@ class SequenceClassifier(Head):
             x = keras.layers.GlobalAveragePooling1D(name="mean_pooling")(
                 outputs["sequence_output"], mask=_padding(inputs["token_ids"])
             )
-        x = keras.layers.Dropout(dropout, name="head_dropout")(x)
-        x = keras.layers.Dense(num_classes, name="classifier")(x)
-        logits = float32_logits(x, "logits")
+        logits = _classify(x, num_classes, dropout, "classifier")
         super().__init__(inputs, logits, name=name or "sequence_classifier", **kwargs)
-        self.encoder = encoder
-        self.num_classes = num_classes
-        self.pooling = pooling
-        self.dropout = dropout
+        self._set_config_args(locals())
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -85,14 +86,9 @@ class TokenClassifier(Head):
         check_rate("dropout", dropout)
         inputs = encoder_inputs(encoder)
         x = encoder(inputs)["sequence_output"]
-        x = keras.layers.Dropout(dropout, name="head_dropout")(x)
-        x = keras.layers.Dense(num_classes, name="classifier")(x)
-        logits = float32_logits(x, "logits")
+        logits = _classify(x, num_classes, dropout, "classifier")
         super().__init__(inputs, logits, name=name or "token_classifier", **kwargs)
-        self.encoder = encoder
-        self.num_classes = num_classes
-        self.dropout = dropout
-        self.ignore_label = ignore_label
+        self._set_config_args(locals())
 
     def default_loss(self):
         return SparseCrossEntropy(ignore_class=self.ignore_label)
@@ -123,7 +119,7 @@ class SpanQA(Head):
             "end_logits": float32_logits(x[..., 1], "end_logits"),
         }
         super().__init__(inputs, outputs, name=name or "span_qa", **kwargs)
-        self.encoder = encoder
+        self._set_config_args(locals())
 
     def default_loss(self):
         return {"start_logits": SparseCrossEntropy(), "end_logits": SparseCrossEntropy()}
@@ -197,11 +193,7 @@ class MultipleChoice(Head):
         inputs = encoder_inputs(encoder, leading_shape=(num_choices,))
         merge = MergeChoices(name="merge_choices")
         flat = {key: merge(value) for key, value in inputs.items()}
-        x = encoder(flat)["pooled_output"]
-        x = keras.layers.Dropout(dropout, name="head_dropout")(x)
-        x = keras.layers.Dense(1, name="choice_logit")(x)
-        logits = float32_logits(ops.reshape(x, (-1, num_choices)), "logits")
+        x = _classify(encoder(flat)["pooled_output"], 1, dropout, "choice_logit")
+        logits = ops.reshape(x, (-1, num_choices))
         super().__init__(inputs, logits, name=name or "multiple_choice", **kwargs)
-        self.encoder = encoder
-        self.num_choices = num_choices
-        self.dropout = dropout
+        self._set_config_args(locals())

@@ -107,8 +107,7 @@ class EncoderPretrainer(Head):
         super().__init__(
             inputs, {"mlm": mlm, "nsp": nsp}, name=name or "encoder_pretrainer", **kwargs
         )
-        self.encoder = encoder
-        self.activation = activation
+        self._set_config_args(locals())
 
     def default_loss(self):
         return {"mlm": SparseCrossEntropy(ignore_class=0), "nsp": SparseCrossEntropy()}

@@ -4,9 +4,13 @@ import keras
 
 from keras_attn.checks import check_choice, check_positive_ints, check_rate
 from keras_attn.layers.embeddings import TokenEmbedding
+from keras_attn.layers.token_and_position_embedding import (
+    POSITION_ENCODINGS,
+    position_encoding_layer,
+)
 from keras_attn.layers.transformer_decoder import TransformerDecoder
 from keras_attn.layers.transformer_encoder import TransformerEncoder
-from keras_attn.models.causal_lm import POSITION_ENCODINGS, lm_loss, position_layer
+from keras_attn.models.causal_lm import lm_loss
 from keras_attn.models.task import Task, float32_logits
 
 
@@ -92,7 +96,9 @@ class Seq2Seq(Task):
 
         def embed(ids, table, side):
             x = table(ids)
-            positions = position_layer(position_encoding, sequence_length, f"{side}_positions")
+            positions = position_encoding_layer(
+                position_encoding, sequence_length, f"{side}_positions"
+            )
             x = keras.layers.Add(name=f"{side}_embeddings_add")([x, positions(x)])
             return keras.layers.Dropout(dropout, name=f"{side}_embeddings_dropout")(x)
 
@@ -110,18 +116,7 @@ class Seq2Seq(Task):
         logits = float32_logits(target_embedding(y, reverse=True), "logits")
         inputs = {"encoder_token_ids": source_ids, "decoder_token_ids": target_ids}
         super().__init__(inputs, logits, name=name, **kwargs)
-        self.vocabulary_size = vocabulary_size
-        self.sequence_length = sequence_length
-        self.target_vocabulary_size = target_vocabulary_size
-        self.hidden_dim = hidden_dim
-        self.num_encoder_layers = num_encoder_layers
-        self.num_decoder_layers = num_decoder_layers
-        self.num_heads = num_heads
-        self.intermediate_dim = intermediate_dim
-        self.dropout = dropout
-        self.activation = activation
-        self.normalize_first = normalize_first
-        self.position_encoding = position_encoding
+        self._set_config_args(locals())
 
     def default_loss(self):
         return lm_loss()

@@ -45,6 +45,12 @@ class Task(keras.Model):
             **kwargs,
         )
 
+    def _set_config_args(self, values):
+        """Keeps each constructor argument named in `config_args` (taken from the caller's
+        `locals()`) as an attribute of the same name."""
+        for arg in self.config_args:
+            setattr(self, arg, values[arg])
+
     def default_loss(self):
         raise NotImplementedError(f"{type(self).__name__} has no default loss; pass `loss`.")
 

@@ -7,7 +7,13 @@ import keras
 import numpy as np
 import pytest
 
-from keras_attn.models import Encoder, MultipleChoice, SequenceClassifier, best_spans
+from keras_attn.models import (
+    Encoder,
+    EncoderPretrainer,
+    MultipleChoice,
+    SequenceClassifier,
+    best_spans,
+)
 from tests.helpers import run_in_fresh_process, to_numpy
 from tests.models.model_cases import (
     ENCODER_INPUTS,
@@ -203,12 +209,7 @@ def test_best_spans_pinned():
         (lambda: SequenceClassifier(encoder(), 0), "num_classes"),
         (lambda: SequenceClassifier(encoder(), 2, pooling="max"), "pooling"),
         (lambda: MultipleChoice(encoder(), 0), "num_choices"),
-        (
-            lambda: MODELS["pretrainer"][0].__globals__["EncoderPretrainer"](
-                encoder(num_segments=None)
-            ),
-            "num_segments",
-        ),
+        (lambda: EncoderPretrainer(encoder(num_segments=None)), "num_segments"),
     ],
 )
 def test_bad_arguments_name_the_argument(make, match):
