@@ -23,6 +23,19 @@ def compile_step(fn):
     return tf.function(fn, reduce_retracing=True)
 
 
+def compiled(model, key, build):
+    """`build()` once per model and `key`: compiled decoding functions outlive one `generate`
+    call, so repeated calls do not trace and compile again. Kept outside Keras's attribute
+    tracking."""
+    functions = model.__dict__.get("_keras_attn_compiled")
+    if functions is None:
+        functions = {}
+        object.__setattr__(model, "_keras_attn_compiled", functions)
+    if key not in functions:
+        functions[key] = build()
+    return functions[key]
+
+
 def position(index):
     """Step index as a tensor on TensorFlow, so compiled steps do not retrace per position."""
     if keras.backend.backend() != "tensorflow":
@@ -52,8 +65,8 @@ class _Runner:
             raise ValueError(f"`model` {model.name!r} has no TransformerDecoder blocks.")
         names = [layer.name for layer in model.layers]
         self.final_norm = model.get_layer(final_norm) if final_norm in names else None
-        self.compiled_step = compile_step(self.step)
-        self.compiled_full = compile_step(self.full)
+        self.compiled_step = compiled(model, "step", lambda: compile_step(self.step))
+        self.compiled_full = compiled(model, "full", lambda: compile_step(self.full))
 
     def empty_caches(self, rows, max_length):
         caches = []
@@ -64,11 +77,13 @@ class _Runner:
             caches.append(ops.zeros(shape, dtype=block.compute_dtype))
         return caches
 
-    def _decode(self, token_ids, caches, index, **block_kwargs):
+    def _decode(self, token_ids, caches, index, cross_caches=None, **block_kwargs):
         x = self.token_embedding(token_ids)
         x = x + self.positions(x, start_index=index)
         new_caches = []
-        for block, cache in zip(self.blocks, caches, strict=True):
+        for n, (block, cache) in enumerate(zip(self.blocks, caches, strict=True)):
+            if cross_caches is not None:
+                block_kwargs["cross_attention_cache"] = cross_caches[n]
             x, cache = block(
                 x, self_attention_cache=cache, self_attention_cache_update_index=index,
                 **block_kwargs,
@@ -99,10 +114,10 @@ class CausalLMRunner(_Runner):
 
 
 class Seq2SeqRunner(_Runner):
-    """Cached decoding for a `Seq2Seq`: the sources are encoded once, at construction.
+    """Cached decoding for a `Seq2Seq`: the sources are encoded once, at construction, and
+    each block's cross-attention keys and values are projected once per decoding.
 
-    State: `{"caches", "encoded", "source_mask", "source_ids"}`; cross-attention reads the
-    encoded sources of each row.
+    State: `{"caches", "cross_caches", "source_mask", "source_ids"}`.
     """
 
     def __init__(self, model, source_ids):
@@ -127,14 +142,21 @@ class Seq2SeqRunner(_Runner):
                 (n for n in names if n.startswith("encoder_block_")),
                 key=lambda n: int(n.rsplit("_", 1)[1]),
             )
-        encoder = keras.Model(model.input["encoder_token_ids"], model.get_layer(last).output)
+        encoder = compiled(
+            model,
+            "encoder",
+            lambda: keras.Model(model.input["encoder_token_ids"], model.get_layer(last).output),
+        )
         self.encoded = encoder(self.source_ids, training=False)
 
     def initial_state(self, rows, max_length):
         rows = np.asarray(rows, dtype="int32")
+        encoded = ops.take(self.encoded, rows, axis=0)
         return {
             "caches": self.empty_caches(len(rows), max_length),
-            "encoded": ops.take(self.encoded, rows, axis=0),
+            "cross_caches": [
+                block.cross_attention.key_value_cache(encoded) for block in self.blocks
+            ],
             "source_mask": ops.convert_to_tensor(self.source_ids[rows] != 0),
             "source_ids": ops.convert_to_tensor(self.source_ids[rows]),
         }
@@ -144,11 +166,14 @@ class Seq2SeqRunner(_Runner):
             token_ids,
             state["caches"],
             index,
-            encoder_sequence=state["encoded"],
+            cross_caches=state["cross_caches"],
             encoder_padding_mask=state["source_mask"],
         )
         return logits, {**state, "caches": caches}
 
     def full(self, token_ids, state):
-        inputs = {"encoder_token_ids": state["source_ids"], "decoder_token_ids": token_ids}
+        inputs = {
+            "encoder_token_ids": state["source_ids"],
+            "decoder_token_ids": ops.convert_to_tensor(token_ids),
+        }
         return self.model(inputs, training=False)

@@ -1,9 +1,10 @@
 """Decoding loops: greedy and sampled continuation of a batch, and beam search."""
 
+import keras
 import numpy as np
 from keras import ops
 
-from keras_attn.decoding.runners import position, select_rows
+from keras_attn.decoding.runners import compiled, position, select_rows
 from keras_attn.decoding.samplers import Sampler, log_softmax
 
 SAMPLERS = ("greedy", "sample", "beam")
@@ -97,7 +98,14 @@ def generate(
     state = runner.initial_state(list(range(len(prompts))), width)
     if use_cache:
         logits, state = runner.compiled_step(buffer[:, :start], state, position(0))
-    else:
+    if use_cache and sampler == "greedy" and hasattr(runner, "model"):
+        buffer, finished = greedy_loop(runner)(
+            buffer, lengths.astype("int32"), state, logits[:, -1], position(start),
+            np.asarray(sorted(stop) or [-1], dtype="int32"), pad_id,
+        )  # fmt: skip
+        return _new_ids(ops.convert_to_numpy(buffer), ops.convert_to_numpy(finished), lengths,
+                        max_new_tokens, stop | {pad_id})  # fmt: skip
+    if not use_cache:
         logits = runner.compiled_full(buffer[:, :start], state)
     finished = np.zeros(len(prompts), dtype=bool)
     for t in range(start, width):
@@ -112,12 +120,74 @@ def generate(
             logits, state = runner.compiled_step(buffer[:, t : t + 1], state, position(t))
         else:
             logits = runner.compiled_full(buffer[:, : t + 1], state)
+    return _new_ids(buffer, finished, lengths, max_new_tokens, stop | {pad_id})
+
+
+def _new_ids(buffer, finished, lengths, max_new_tokens, stop):
     return [
-        _until_stop(buffer[row, n : n + max_new_tokens].tolist(), stop | {pad_id})
+        _until_stop(buffer[row, n : n + max_new_tokens].tolist(), stop)
         if finished[row]
         else buffer[row, n : n + max_new_tokens].tolist()
         for row, n in enumerate(lengths)
     ]
+
+
+def _is_stop(ids, stop_ids):
+    # Not `ops.isin`: on TensorFlow it branches on tensor sizes in Python, which a graph refuses.
+    return ops.any(ops.expand_dims(ids, -1) == ops.expand_dims(stop_ids, 0), axis=-1)
+
+
+def greedy_loop(runner):
+    """Cached greedy decoding as one compiled loop (`ops.while_loop`), built once per model
+    (`runner.model`; runners without a model, such as pure-numpy test runners, use the
+    Python loop).
+
+    The Python loop of `generate` pays a call into the backend, a device-to-host copy and
+    numpy work for every token; here the whole continuation runs in the backend, under XLA
+    on TensorFlow. Same rules as `generate`: step `t` writes position `t` of every row whose
+    prompt is shorter than `t`; a row stops at its first stop token.
+
+    Returns `fn(buffer, lengths, state, last_logits, t, stop_ids, pad_id) -> (buffer,
+    finished)`, where `state` and `last_logits` come from prefilling `buffer[:, :t]`.
+    """
+
+    def loop(buffer, lengths, state, logits, t, stop_ids, pad_id):
+        rows, width = buffer.shape
+        vocabulary = ops.arange(ops.shape(logits)[-1], dtype="int32")
+
+        def body(t, buffer, state, logits, finished):
+            logits = ops.where(vocabulary == pad_id, float("-inf"), logits)
+            chosen = ops.cast(ops.argmax(logits, axis=-1), "int32")
+            chosen = ops.where(finished, pad_id, chosen)
+            current = ops.squeeze(ops.slice(buffer, (0, t), (rows, 1)), 1)
+            generated = t >= lengths
+            token = ops.where(generated, chosen, current)
+            buffer = ops.slice_update(buffer, (0, t), ops.expand_dims(token, 1))
+            finished = ops.logical_or(
+                finished, ops.logical_and(generated, _is_stop(chosen, stop_ids))
+            )
+            logits, state = runner.step(ops.expand_dims(token, 1), state, t)
+            return t + 1, buffer, state, logits[:, -1], finished
+
+        def more(t, buffer, state, logits, finished):
+            return ops.logical_and(t < width, ops.logical_not(ops.all(finished)))
+
+        finished = ops.zeros((rows,), dtype="bool")
+        out = ops.while_loop(more, body, (t, buffer, state, logits, finished))
+        return out[1], out[4]
+
+    def build():
+        if keras.backend.backend() == "jax":
+            import jax
+
+            return jax.jit(loop, static_argnums=(6,))
+        if keras.backend.backend() == "tensorflow":
+            import tensorflow as tf
+
+            return tf.function(loop, jit_compile=True)
+        return loop
+
+    return compiled(runner.model, "greedy_loop", build)
 
 
 def length_normalized(score, length, alpha):

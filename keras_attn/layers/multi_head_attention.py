@@ -55,7 +55,9 @@ class MultiHeadAttention(keras.layers.Layer):
         use_causal_mask: bool. Query `i` attends only to keys `<= i`.
         return_attention_scores: bool. Also return the weights `(batch, num_heads, T, S)`.
         cache: optional `(batch, 2, max_length, num_key_value_heads, key_dim)` keys and values
-            of earlier tokens, for incremental (cached) causal self-attention.
+            of earlier tokens, for incremental (cached) causal self-attention; or, with no
+            `cache_update_index`, the projected keys and values of a fixed sequence from
+            `key_value_cache` (cross-attention), used as they are.
         cache_update_index: int or scalar tensor: position of the first new token in `cache`.
     Returns:
         `(batch, T, output_dim)`, and the weights when asked for. Padded queries give zeros.
@@ -278,6 +280,15 @@ class MultiHeadAttention(keras.layers.Layer):
             return output, weights
         return output
 
+    def key_value_cache(self, value, key=None):
+        """Projected keys and values of a fixed sequence, `(batch, 2, S, kv_heads, key_dim)`.
+
+        Computed once and passed as `cache` without `cache_update_index`, cross-attention of
+        each decoding step skips projecting the encoder outputs again.
+        """
+        key = value if key is None else key
+        return ops.stack([self.key_dense(key), self.value_dense(value)], axis=1)
+
     def _call_cached(
         self, query, query_mask, key_padding_mask, attention_mask, cache, cache_update_index,
         return_attention_scores, training,
@@ -288,8 +299,6 @@ class MultiHeadAttention(keras.layers.Layer):
         The new tokens' keys and values are written at `cache_update_index`, and the queries
         attend causally over the whole cache (positions after them are masked).
         """
-        if cache_update_index is None:
-            raise ValueError("`cache_update_index` is required with `cache`.")
         if (self.value_dim or self.key_dim) != self.key_dim:
             raise ValueError(
                 "A cache stores keys and values together: it needs value_dim == key_dim. "
@@ -302,12 +311,18 @@ class MultiHeadAttention(keras.layers.Layer):
                 f"= (batch, 2, max_length, {expected[0]}, {expected[1]}). "
                 f"Received: cache.shape={tuple(cache.shape)}"
             )
-        start = [0, cache_update_index, 0, 0]
-        keys = ops.slice_update(cache[:, 0], start, ops.cast(self.key_dense(query), cache.dtype))
-        values = ops.slice_update(
-            cache[:, 1], start, ops.cast(self.value_dense(query), cache.dtype)
-        )
-        cache = ops.stack([keys, values], axis=1)
+        causal = cache_update_index is not None
+        if causal:
+            start = [0, cache_update_index, 0, 0]
+            keys = ops.slice_update(
+                cache[:, 0], start, ops.cast(self.key_dense(query), cache.dtype)
+            )
+            values = ops.slice_update(
+                cache[:, 1], start, ops.cast(self.value_dense(query), cache.dtype)
+            )
+            cache = ops.stack([keys, values], axis=1)
+        else:  # cross-attention over keys and values projected once by `key_value_cache`
+            keys, values = cache[:, 0], cache[:, 1]
         fused = self.score.is_scaled_dot and not return_attention_scores
         q, k, v = (
             self.query_dense(query),
@@ -318,8 +333,9 @@ class MultiHeadAttention(keras.layers.Layer):
             q, k, v = (ops.transpose(t, (0, 2, 1, 3)) for t in (q, k, v))
         k, v = self._share_kv_heads(k, v, head_axis=2 if fused else 1)
         outputs = self._attend_projected(
-            q, k, v, query_mask, key_padding_mask, None, attention_mask, True,
-            fused, False, return_attention_scores, training, causal_offset=cache_update_index,
+            q, k, v, query_mask, key_padding_mask, None, attention_mask, causal,
+            fused, False, return_attention_scores, training,
+            causal_offset=cache_update_index if causal else 0,
         )  # fmt: skip
         if return_attention_scores:
             return (*outputs, cache)

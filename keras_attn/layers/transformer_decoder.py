@@ -29,6 +29,9 @@ class TransformerDecoder(TransformerBlock):
             cache for incremental decoding (see `MultiHeadAttention`); `decoder_padding_mask`
             then covers the whole cache.
         self_attention_cache_update_index: int or scalar tensor: where the new tokens go.
+        cross_attention_cache: optional `(batch, 2, S, kv_heads, key_dim)` keys and values of
+            the encoder sequence from `block.cross_attention.key_value_cache(encoder_sequence)`,
+            computed once for a whole decoding; `encoder_sequence` may then be omitted.
     Returns:
         `(batch, T, hidden_dim)`; with `return_attention_scores`, `(outputs, self_weights)` or
         `(outputs, self_weights, cross_weights)`; with a cache, the updated cache comes last.
@@ -87,13 +90,15 @@ class TransformerDecoder(TransformerBlock):
         encoder_sequence_mask=None,
         self_attention_cache=None,
         self_attention_cache_update_index=None,
+        cross_attention_cache=None,
     ):
         # Keras delivers propagated masks as `mask` (one tensor passed) or `<arg>_mask`.
         if decoder_padding_mask is None:
             decoder_padding_mask = mask if mask is not None else decoder_sequence_mask
         if encoder_padding_mask is None:
             encoder_padding_mask = encoder_sequence_mask
-        if (encoder_sequence is None) != (self.cross_attention is None):
+        has_encoder = encoder_sequence is not None or cross_attention_cache is not None
+        if has_encoder != (self.cross_attention is not None):
             raise ValueError(
                 "`encoder_sequence` must be given exactly when the block has cross-attention "
                 "(it is created by the first call with an encoder sequence). Received: "
@@ -128,6 +133,16 @@ class TransformerDecoder(TransformerBlock):
             return outputs[0], (outputs[1] if return_attention_scores else None)
 
         def cross_attention(x):
+            if cross_attention_cache is not None:
+                *outputs, _ = self.cross_attention(
+                    x,
+                    value_mask=encoder_padding_mask,
+                    attention_mask=encoder_attention_mask,
+                    cache=cross_attention_cache,
+                    return_attention_scores=return_attention_scores,
+                    training=training,
+                )
+                return outputs[0], (outputs[1] if return_attention_scores else None)
             return self._attend(
                 self.cross_attention,
                 return_attention_scores,

@@ -60,11 +60,44 @@ def test_cached_decoding_respects_key_padding():
 def test_cache_errors():
     mha = ka.MultiHeadAttention(2, 8)
     mha(X)
-    with pytest.raises(ValueError, match="cache_update_index"):
-        mha(X[:, :1], cache=np.zeros((2, 2, 7, 2, 8), "float32"))
     with pytest.raises(ValueError, match="cache"):
         mha(X[:, :1], cache=np.zeros((2, 7, 2, 8), "float32"), cache_update_index=0)
     with pytest.raises(ValueError, match="value_dim"):
         ka.MultiHeadAttention(2, 8, value_dim=4)(
             X[:, :1], cache=np.zeros((2, 2, 7, 2, 8), "float32"), cache_update_index=0
         )
+
+
+def test_cross_attention_cache_equals_projecting_the_encoder_sequence():
+    mha = ka.MultiHeadAttention(4, 8, num_key_value_heads=2)
+    encoded = RNG.normal(size=(2, 5, 16)).astype("float32")
+    pad = np.array([[True] * 5, [True, True, True, False, False]])
+    full = to_numpy(mha(X, encoded, value_mask=pad))
+    cache = mha.key_value_cache(encoded)
+    assert tuple(cache.shape) == (2, 2, 5, 2, 8)
+    for t in range(X.shape[1]):  # one query at a time, the cache never changes
+        out, same = mha(X[:, t : t + 1], cache=cache, value_mask=pad)
+        np.testing.assert_allclose(to_numpy(out), full[:, t : t + 1], atol=1e-5)
+        assert same is cache
+    # The masked encoder positions really are excluded: changing them changes nothing.
+    moved = encoded.copy()
+    moved[1, 3:] += 10.0
+    out, _ = mha(X, cache=mha.key_value_cache(moved), value_mask=pad)
+    np.testing.assert_allclose(to_numpy(out)[1], full[1], atol=1e-5)
+
+
+def test_decoder_block_with_both_caches_equals_full():
+    block = ka.TransformerDecoder(4, 32)
+    encoded = RNG.normal(size=(2, 5, 16)).astype("float32")
+    pad = np.array([[True] * 5, [True, True, False, False, False]])
+    full = to_numpy(block(X, encoded, encoder_padding_mask=pad))
+    cross = block.cross_attention.key_value_cache(encoded)
+    cache = np.zeros((2, 2, 7, 4, 4), "float32")
+    outs = []
+    for t in range(7):
+        out, cache = block(
+            X[:, t : t + 1], encoder_padding_mask=pad, self_attention_cache=cache,
+            self_attention_cache_update_index=t, cross_attention_cache=cross,
+        )  # fmt: skip
+        outs.append(to_numpy(out))
+    np.testing.assert_allclose(np.concatenate(outs, axis=1), full, atol=1e-5)
