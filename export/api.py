@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 
 import keras
+import numpy as np
 
 from export.manifest import write_manifest
 from export.onnx import check_opset, run_onnx, write_onnx
@@ -22,6 +23,7 @@ from export.parity import (
 from export.saved_model import (
     SIGNATURE,
     TEXT_SIGNATURE,
+    call_model,
     input_specs,
     load_signature,
     output_names,
@@ -105,34 +107,101 @@ def text_parity(folder: Path, tokenizer, packer=None, max_length=None) -> float:
     return max(max_abs_diff(from_text[k].numpy(), from_ids[k].numpy()) for k in from_ids)
 
 
-def parity_rows(model, saved, session, batch_sizes, sequence_lengths):
-    """Max-abs differences vs Keras for each output, batch size and sequence length."""
+def parity_rows(model, saved, sessions, batch_sizes, sequence_lengths, input_ranges=None):
+    """Max-abs differences vs Keras for each output, batch size and sequence length, one
+    column per artifact (`saved` may be None; `sessions` maps an ONNX file to its session)."""
     import tensorflow as tf
 
     specs = input_specs(model)
-    names = output_names(model)
     rows = []
     for batch in batch_sizes:
         for seq in sequence_lengths:
-            feeds = sample_inputs(specs, batch, seq, _max_token_id(model))
-            ordered = [feeds[s["name"]] for s in specs]
-            keras_out = model(ordered if len(ordered) > 1 else ordered[0], training=False)
-            keras_out = keras_out if isinstance(keras_out, (list, tuple)) else [keras_out]
-            keras_out = dict(zip(names, keras_out, strict=True))
-            saved_out = saved(**{k: tf.constant(v) for k, v in feeds.items()})
-            onnx_out = run_onnx(session, feeds)
-            for name in names:
+            feeds = sample_inputs(specs, batch, seq, _max_token_id(model), input_ranges)
+            keras_out = call_model(model, feeds)
+            runs = {}
+            if saved is not None:
+                out = saved(**{k: tf.constant(v) for k, v in feeds.items()})
+                runs["saved_model"] = {k: v.numpy() for k, v in out.items()}
+            for file, session in sessions.items():
+                runs[COLUMNS[file]] = run_onnx(session, feeds)
+            for name in output_names(model):
                 ref = keras.ops.convert_to_numpy(keras_out[name])
-                rows.append(
-                    {
-                        "output": name,
-                        "batch": batch,
-                        "seq": seq,
-                        "saved_model_vs_keras": max_abs_diff(saved_out[name].numpy(), ref),
-                        "onnx_vs_keras": max_abs_diff(onnx_out[name], ref),
-                    }
-                )
+                row = {"output": name, "batch": batch, "seq": seq}
+                for artifact, out in runs.items():
+                    row[f"{artifact}_vs_keras"] = max_abs_diff(out[name], ref)
+                rows.append(row)
     return rows
+
+
+def quantization_drift(model, session, batch_sizes, sequence_lengths, input_ranges=None):
+    """How far int8 outputs move from Keras: per output, the largest absolute difference,
+    that difference relative to the largest |Keras output|, and the fraction of positions
+    whose argmax over the last axis is unchanged."""
+    specs = input_specs(model)
+    report = {}
+    for batch in batch_sizes:
+        for seq in sequence_lengths:
+            feeds = sample_inputs(specs, batch, seq, _max_token_id(model), input_ranges)
+            keras_out = call_model(model, feeds)
+            quantized = run_onnx(session, feeds)
+            for name in output_names(model):
+                ref = keras.ops.convert_to_numpy(keras_out[name]).astype("float64")
+                got = quantized[name].astype("float64")
+                entry = report.setdefault(name, {"max_abs_diff": 0.0, "scale": 0.0, "same": []})
+                entry["max_abs_diff"] = max(entry["max_abs_diff"], max_abs_diff(got, ref))
+                entry["scale"] = max(entry["scale"], float(np.abs(ref).max()))
+                entry["same"].append((got.argmax(-1) == ref.argmax(-1)).ravel())
+    return {
+        name: {
+            "max_abs_diff": e["max_abs_diff"],
+            "relative_drift": e["max_abs_diff"] / max(e["scale"], 1e-12),
+            "argmax_agreement": float(np.concatenate(e["same"]).mean()),
+        }
+        for name, e in report.items()
+    }
+
+
+def as_float32(model: keras.Model) -> keras.Model:
+    """`model` itself when it computes in float32, else a float32 copy with its weights:
+    exported graphs are float32 whatever policy the model trained under."""
+    layers = list(model._flatten_layers(include_self=True))
+    if all(layer.dtype_policy.name == "float32" for layer in layers):
+        return model
+
+    def float32_policies(value):
+        if isinstance(value, dict):
+            if value.get("class_name") in ("DTypePolicy", "DTypePolicyMap"):
+                return "float32"
+            return {k: float32_policies(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [float32_policies(v) for v in value]
+        if isinstance(value, str) and value.startswith("mixed_"):
+            return "float32"
+        return value
+
+    config = float32_policies(keras.saving.serialize_keras_object(model))
+    copy = keras.saving.deserialize_keras_object(config)
+    copy.set_weights([np.asarray(w, dtype="float32") for w in model.get_weights()])
+    return copy
+
+
+FORMATS = ("saved_model", "onnx")
+COLUMNS = {"model.onnx": "onnx", "model.opt.onnx": "onnx_opt"}  # parity table columns
+QUANTIZATIONS = (None, "int8")
+
+
+def _check_formats(formats, optimize, quantize):
+    formats = tuple(formats)
+    if not formats or any(f not in FORMATS for f in formats):
+        raise ValueError(f"`formats` must be a non-empty subset of {FORMATS}. Received: {formats}")
+    if quantize not in QUANTIZATIONS:
+        raise ValueError(f"`quantize` must be one of {QUANTIZATIONS}. Received: {quantize!r}")
+    if (optimize or quantize) and "onnx" not in formats:
+        raise ValueError(
+            "`optimize` and `quantize` work on the ONNX file: add 'onnx' to `formats`. "
+            f"Received: formats={formats}"
+        )
+    return formats
 
 
 def export_model(
@@ -140,30 +209,43 @@ def export_model(
     out_dir,
     tokenizer=None,
     packer=None,
+    formats=FORMATS,
     opset: int = 17,
-    tolerance: float = 1e-4,
+    optimize: bool = False,
+    quantize=None,
+    tolerance=1e-4,
     batch_sizes=DEFAULT_BATCH_SIZES,
     sequence_lengths=DEFAULT_SEQUENCE_LENGTHS,
+    input_ranges=None,
     overwrite: bool = True,
     verbose: bool = True,
 ) -> dict:
     """Exports `model` to `out_dir` as a SavedModel and ONNX, checked for parity.
 
-    The folder holds `saved_model/`, `model.onnx`, `tokenizer/` (when a tokenizer is given)
-    and `manifest.json` (inputs and outputs with named dynamic axes, opset, tool versions,
-    sha256 of every file, and the parity table). It is written to a temporary folder and
-    renamed into place only when parity holds, so a failed export leaves nothing behind.
+    The folder holds `saved_model/`, `model.onnx`, `model.opt.onnx` (with `optimize`),
+    `model.int8.onnx` (with `quantize="int8"`), `tokenizer/` (when a tokenizer is given) and
+    `manifest.json` (inputs and outputs with named dynamic axes, opset, tool versions, sha256
+    of every file, fused-operator counts per ONNX file, the parity table and the int8 drift).
+    It is written to a temporary folder and renamed into place only when parity holds, so a
+    failed export leaves nothing behind. Mixed-precision models export as float32.
 
     Args:
-        model: a functional Keras model (e.g. `keras_attn.models.build_causal_lm`).
+        model: a functional Keras model (any `keras_attn.models` family or head).
         out_dir: destination folder.
         tokenizer: optional `WordPieceTokenizer`; its vocabulary is exported with the model,
             and the SavedModel gets a `serve_text` signature taking raw strings.
         packer: optional packer (e.g. `StartEndPacker`) between tokenizer and model in
             `serve_text`; without one, rows are padded with 0 to the longest.
-        opset: ONNX opset, 13 to 18.
-        tolerance: largest max-abs difference allowed between Keras and each artifact.
+        formats: subset of `("saved_model", "onnx")`.
+        opset: ONNX opset, 13 to 18 (17 or more for `optimize`: LayerNormalization).
+        optimize: also write `model.opt.onnx` with fused LayerNormalization and Gelu.
+        quantize: `None` or `"int8"`: also write `model.int8.onnx` (dynamic quantization,
+            uint8 weights); its drift and argmax agreement are reported, never enforced.
+        tolerance: float, or `{output name: float}`: the largest max-abs difference allowed
+            between Keras and each float32 artifact.
         batch_sizes, sequence_lengths: the parity sweep; integer inputs get padded rows.
+        input_ranges: optional `{input name: (low, high)}` for integer inputs of the sweep
+            (defaults: token ids below the smallest vocabulary, segment ids 0 or 1).
         overwrite: replace an existing `out_dir`.
     Returns:
         the manifest, as a dict.
@@ -174,7 +256,13 @@ def export_model(
 
     from keras_attn.tokenizers import WordPieceTokenizer
 
+    formats = _check_formats(formats, optimize, quantize)
     check_opset(opset)
+    if optimize and opset < 17:
+        raise ValueError(
+            "`optimize` fuses LayerNormalization, an ONNX operator since opset 17. "
+            f"Received: opset={opset}"
+        )
     if tokenizer is not None and not isinstance(tokenizer, WordPieceTokenizer):
         raise ValueError(
             "`tokenizer` must be a WordPieceTokenizer: the server-side tokenizer files "
@@ -182,6 +270,7 @@ def export_model(
         )
     if not isinstance(model, keras.Model) or not hasattr(model, "inputs") or not model.inputs:
         raise ValueError(f"`model` must be a built functional keras.Model. Received: {model!r}")
+    model = as_float32(model)
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
         raise ValueError(f"`out_dir` exists and overwrite=False. Received: out_dir={out_dir}")
@@ -191,17 +280,29 @@ def export_model(
     try:
         assets = _write_tokenizer(tokenizer, tmp / "tokenizer") if tokenizer is not None else []
         max_length = _max_sequence_length(model)
-        signatures = write_saved_model(
-            model, tmp / "saved_model", assets, tokenizer, packer, max_length
-        )
-        write_onnx(model, tmp / "model.onnx", opset)
-        session = ort.InferenceSession(str(tmp / "model.onnx"), providers=["CPUExecutionProvider"])
-        rows = parity_rows(
-            model, load_signature(tmp / "saved_model"), session, batch_sizes, sequence_lengths
-        )
+        signatures, saved = [], None
+        if "saved_model" in formats:
+            signatures = write_saved_model(
+                model, tmp / "saved_model", assets, tokenizer, packer, max_length
+            )
+            saved = load_signature(tmp / "saved_model")
+        onnx_info, sessions, int8 = {}, {}, None
+        if "onnx" in formats:
+            onnx_info = _write_onnx_files(model, tmp, opset, optimize, quantize)
+            sessions = {
+                file: ort.InferenceSession(str(tmp / file), providers=["CPUExecutionProvider"])
+                for file in onnx_info["files"]
+                if file != "model.int8.onnx"
+            }
+        rows = parity_rows(model, saved, sessions, batch_sizes, sequence_lengths, input_ranges)
         worst = check(rows, tolerance)
+        if quantize:
+            session = ort.InferenceSession(
+                str(tmp / "model.int8.onnx"), providers=["CPUExecutionProvider"]
+            )
+            int8 = quantization_drift(model, session, batch_sizes, sequence_lengths, input_ranges)
         strings_vs_ids = None
-        if tokenizer is not None:
+        if tokenizer is not None and saved is not None:
             strings_vs_ids = text_parity(tmp / "saved_model", tokenizer, packer, max_length)
             if strings_vs_ids != 0.0:
                 raise ParityError(
@@ -215,8 +316,10 @@ def export_model(
                 "model_name": model.name,
                 "inputs": input_specs(model),
                 "outputs": output_specs(model),
-                "onnx": {"file": "model.onnx", "opset": opset},
-                "saved_model": {"folder": "saved_model", "signatures": signatures},
+                "onnx": onnx_info or None,
+                "saved_model": (
+                    {"folder": "saved_model", "signatures": signatures} if saved else None
+                ),
                 "tokenizer": "tokenizer" if tokenizer is not None else None,
                 "max_sequence_length": _max_sequence_length(model),
                 "versions": _versions(),
@@ -226,6 +329,7 @@ def export_model(
                     "rows": rows,
                     "serve_text_vs_serving_default": strings_vs_ids,
                 },
+                "int8": int8,
             },
         )
         if out_dir.exists():
@@ -236,4 +340,33 @@ def export_model(
         raise
     if verbose:
         print(format_table(rows, tolerance))
+        for name, drift in (int8 or {}).items():
+            print(
+                f"int8 {name}: max |difference| {drift['max_abs_diff']:.3e} "
+                f"({drift['relative_drift']:.1%} of the largest output), "
+                f"argmax agreement {drift['argmax_agreement']:.1%}"
+            )
     return manifest
+
+
+def _write_onnx_files(model, folder: Path, opset, optimize, quantize) -> dict:
+    """Writes `model.onnx` [+ `model.opt.onnx`] [+ `model.int8.onnx`]; returns the manifest's
+    `onnx` entry with the fused operators onnxruntime runs in each file."""
+    import onnx
+
+    from export.optimize import fuse, quantize_int8, runtime_fused_counts
+
+    write_onnx(model, folder / "model.onnx", opset)
+    files = ["model.onnx"]
+    if optimize:
+        onnx.save(fuse(onnx.load(folder / "model.onnx")), folder / "model.opt.onnx")
+        files.append("model.opt.onnx")
+    if quantize == "int8":
+        quantize_int8(folder / files[-1], folder / "model.int8.onnx")
+        files.append("model.int8.onnx")
+    return {
+        "file": "model.onnx",
+        "opset": opset,
+        "files": files,
+        "fused_ops": {file: runtime_fused_counts(folder / file) for file in files},
+    }

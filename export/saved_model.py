@@ -23,13 +23,28 @@ def input_specs(model: keras.Model) -> list[dict]:
 
 
 def output_names(model: keras.Model) -> list[str]:
+    if isinstance(model.output, dict):
+        return list(model.output)
     return list(model.output_names)
+
+
+def call_model(model: keras.Model, by_name: dict):
+    """Runs `model` on inputs given by input name (whatever structure it was built with) and
+    returns `{output name: tensor}`."""
+    inputs = keras.tree.map_structure(lambda t: by_name[t.name], model.input)
+    outputs = model(inputs, training=False)
+    if isinstance(outputs, dict):
+        return outputs
+    outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+    return dict(zip(output_names(model), outputs, strict=True))
 
 
 def output_specs(model: keras.Model) -> list[dict]:
     """`[{"name", "dtype", "shape"}]` of the outputs (always float32 once exported)."""
     specs = []
-    for name, tensor in zip(output_names(model), model.outputs, strict=True):
+    outputs = model.output if isinstance(model.output, dict) else model.outputs
+    tensors = outputs.values() if isinstance(outputs, dict) else outputs
+    for name, tensor in zip(output_names(model), tensors, strict=True):
         shape = ["batch"] + [
             ("sequence" if i == 0 else f"dim_{i}") if d is None else int(d)
             for i, d in enumerate(tensor.shape[1:])
@@ -49,13 +64,12 @@ def serving_function(model: keras.Model):
         )
         for s in specs
     ]
-    names = output_names(model)
+    names = [s["name"] for s in specs]
 
     @tf.function(input_signature=signature)
     def serve(*inputs):
-        outputs = model(list(inputs) if len(inputs) > 1 else inputs[0], training=False)
-        outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
-        return {n: tf.cast(o, tf.float32) for n, o in zip(names, outputs, strict=True)}
+        outputs = call_model(model, dict(zip(names, inputs, strict=True)))
+        return {n: tf.cast(o, tf.float32) for n, o in outputs.items()}
 
     return serve, signature
 

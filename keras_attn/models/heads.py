@@ -24,10 +24,10 @@ def _padding(token_ids):
     return ops.not_equal(token_ids, 0)
 
 
-def _classify(x, num_classes, dropout, name):
+def _classify(x, num_classes, dropout, name, output_name="logits"):
     """Dropout → Dense → float32 logits: the output of every classification head."""
     x = keras.layers.Dropout(dropout, name="head_dropout")(x)
-    return float32_logits(keras.layers.Dense(num_classes, name=name)(x), "logits")
+    return float32_logits(keras.layers.Dense(num_classes, name=name)(x), output_name)
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -170,6 +170,26 @@ class MergeChoices(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
+class SplitChoices(keras.layers.Layer):
+    """`(batch · num_choices, 1)` logits → `(batch, num_choices)`: one row per question."""
+
+    def __init__(self, num_choices, **kwargs):
+        super().__init__(**kwargs)
+        check_positive_ints(num_choices=num_choices)
+        self.num_choices = num_choices
+
+    def call(self, inputs):
+        return ops.reshape(inputs, (-1, self.num_choices))
+
+    def compute_output_shape(self, input_shape):
+        batch = None if input_shape[0] is None else input_shape[0] // self.num_choices
+        return (batch, self.num_choices)
+
+    def get_config(self):
+        return {**super().get_config(), "num_choices": self.num_choices}
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
 class MultipleChoice(Head):
     """One logit per choice; the softmax runs over the choices.
 
@@ -193,7 +213,7 @@ class MultipleChoice(Head):
         inputs = encoder_inputs(encoder, leading_shape=(num_choices,))
         merge = MergeChoices(name="merge_choices")
         flat = {key: merge(value) for key, value in inputs.items()}
-        x = _classify(encoder(flat)["pooled_output"], 1, dropout, "choice_logit")
-        logits = ops.reshape(x, (-1, num_choices))
+        x = _classify(encoder(flat)["pooled_output"], 1, dropout, "choice_logit", "choice_logits")
+        logits = SplitChoices(num_choices, name="logits")(x)
         super().__init__(inputs, logits, name=name or "multiple_choice", **kwargs)
         self._set_config_args(locals())

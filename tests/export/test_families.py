@@ -1,0 +1,130 @@
+"""Every model family exports to SavedModel and ONNX with parity; fused and int8 files; CLI."""
+
+import json
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import onnx
+import pytest
+
+from export import ParityError, export_model
+from export.cli import main as cli_main
+from export.onnx import run_onnx
+from export.optimize import count_ops
+from keras_attn.models import Encoder
+from tests.models.model_cases import MODELS, build
+
+pytestmark = [pytest.mark.tf_only, pytest.mark.slow]
+
+
+def lstm_attention():
+    sys.path.insert(0, "examples")
+    try:
+        from dates_lstm_attention import build as build_lstm
+    finally:
+        sys.path.pop(0)
+    keras.utils.set_random_seed(0)
+    return build_lstm(20, units=16, embedding_dim=8)
+
+
+@pytest.mark.parametrize("name", [*MODELS, "lstm_attention"])
+def test_every_family_exports_with_parity_in_both_formats(name, tmp_path):
+    model = lstm_attention() if name == "lstm_attention" else build(name)[0]
+    manifest = export_model(model, tmp_path / name, optimize=True, verbose=False)
+    columns = {"saved_model_vs_keras", "onnx_vs_keras", "onnx_opt_vs_keras"}
+    rows = manifest["parity"]["rows"]
+    assert {(r["batch"], r["seq"]) for r in rows} == {(1, 7), (1, 16), (3, 7), (3, 16)}
+    for row in rows:
+        assert columns <= set(row)
+        assert all(row[c] <= 1e-4 for c in columns), row
+    assert {o["name"] for o in manifest["outputs"]} == {r["output"] for r in rows}
+    assert manifest["onnx"]["files"] == ["model.onnx", "model.opt.onnx"]
+    if name != "lstm_attention":  # every Transformer block's LayerNorms are fused
+        assert manifest["onnx"]["fused_ops"]["model.opt.onnx"]["LayerNormalization"] >= 2
+        assert "LayerNormalization" not in manifest["onnx"]["fused_ops"]["model.onnx"]
+
+
+def test_fused_operator_counts_are_exact_and_outputs_unchanged(tmp_path):
+    keras.utils.set_random_seed(0)
+    encoder = Encoder(50, 16, hidden_dim=16, num_layers=2, num_heads=2, activation="gelu")
+    manifest = export_model(encoder, tmp_path / "enc", formats=["onnx"], optimize=True,
+                            verbose=False)  # fmt: skip
+    fused = count_ops(onnx.load(tmp_path / "enc/model.opt.onnx"))
+    # Embedding LayerNorm + 2 per block; one exact GELU per block.
+    assert fused == {"LayerNormalization": 5, "Gelu": 2}
+    assert manifest["onnx"]["fused_ops"]["model.opt.onnx"]["LayerNormalization"] == 5
+    assert manifest["saved_model"] is None and not (tmp_path / "enc/saved_model").exists()
+    # A constant row (variance 0) stays finite: the fused node keeps the epsilon.
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(tmp_path / "enc/model.opt.onnx"))
+    ids = np.full((1, 5), 7, "int32")
+    out = run_onnx(session, {"token_ids": ids, "segment_ids": np.zeros_like(ids)})
+    ref = encoder({"token_ids": ids, "segment_ids": np.zeros_like(ids)})
+    np.testing.assert_allclose(out["sequence_output"], ref["sequence_output"], atol=1e-4)
+
+
+def test_int8_reports_drift_and_agreement_instead_of_failing(tmp_path):
+    model = build("classifier_cls")[0]
+    manifest = export_model(model, tmp_path / "q", formats=["onnx"], optimize=True,
+                            quantize="int8", verbose=False)  # fmt: skip
+    assert (tmp_path / "q/model.int8.onnx").is_file()
+    drift = manifest["int8"]["logits"]
+    assert 0.0 < drift["max_abs_diff"] < 1.0 and 0.0 <= drift["relative_drift"] < 0.5
+    assert 0.5 <= drift["argmax_agreement"] <= 1.0
+    fused = manifest["onnx"]["fused_ops"]["model.int8.onnx"]
+    assert fused.get("MatMulIntegerToFloat", 0) + fused.get("DynamicQuantizeMatMul", 0) > 0
+
+
+def test_mixed_precision_models_export_as_float32(tmp_path):
+    keras.mixed_precision.set_dtype_policy("mixed_bfloat16")
+    try:
+        model = build("causal_lm")[0]
+    finally:
+        keras.mixed_precision.set_dtype_policy("float32")
+    manifest = export_model(model, tmp_path / "bf16", formats=["onnx"], verbose=False)
+    graph = onnx.load(tmp_path / "bf16/model.onnx").graph
+    bf16 = onnx.TensorProto.BFLOAT16
+    assert all(t.data_type != bf16 for t in graph.initializer)
+    assert manifest["parity"]["max_abs_diff"] <= 1e-4  # vs the float32 copy of the model
+    ids = MODELS["causal_lm"][1]
+    import onnxruntime as ort
+
+    out = run_onnx(ort.InferenceSession(str(tmp_path / "bf16/model.onnx")), {"token_ids": ids})
+    bf16_logits = keras.ops.convert_to_numpy(model(ids))
+    np.testing.assert_allclose(out["logits"], bf16_logits, atol=0.1)  # bf16 rounding only
+
+
+def test_per_output_tolerance_and_bad_arguments(tmp_path):
+    model = build("span_qa")[0]
+    with pytest.raises(ParityError, match="end_logits"):
+        export_model(model, tmp_path / "t", formats=["onnx"], verbose=False,
+                     tolerance={"start_logits": 1e-4, "end_logits": 0.0})  # fmt: skip
+    assert not (tmp_path / "t").exists()
+    with pytest.raises(ValueError, match="formats"):
+        export_model(model, tmp_path / "t", formats=["tflite"])
+    with pytest.raises(ValueError, match="quantize"):
+        export_model(model, tmp_path / "t", quantize="int4")
+    with pytest.raises(ValueError, match="opset"):
+        export_model(model, tmp_path / "t", optimize=True, opset=16)
+    with pytest.raises(ValueError, match="formats"):
+        export_model(model, tmp_path / "t", formats=["saved_model"], optimize=True)
+
+
+def test_cli_exports_a_keras_file(tmp_path):
+    model = build("token_classifier")[0]
+    model.save(tmp_path / "tagger.keras")
+    out = tmp_path / "artifact"
+    code = cli_main([str(tmp_path / "tagger.keras"), str(out), "--formats", "onnx",
+                     "--optimize", "--quantize", "int8"])  # fmt: skip
+    assert code == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["onnx"]["files"] == ["model.onnx", "model.opt.onnx", "model.int8.onnx"]
+    assert cli_main([str(tmp_path / "tagger.keras"), str(out), "--formats", "tflite"]) == 1
+    # The console script is installed and answers --help.
+    help_text = subprocess.run(
+        [sys.executable, "-m", "export.cli", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    assert "--quantize" in help_text and "--opset" in help_text
