@@ -2,6 +2,7 @@
 
     python bench/generation.py                     # 256 new tokens, main-job-sized model
     python bench/generation.py --new-tokens 64     # quicker
+    python bench/generation.py --onnx              # also: exported decode.onnx in onnxruntime
 
 Cached: the prompt is prefilled once, then one compiled loop (`ops.while_loop`; XLA on
 TensorFlow) decodes every new token over the key/value cache. Uncached (the reference):
@@ -15,12 +16,18 @@ import argparse
 import json
 import os
 import platform
+import sys
 import time
 
-import keras
-import numpy as np
+# Run as a script, this file's folder leads sys.path, and bench/export.py and
+# bench/tokenizers.py would shadow the `export` and `tokenizers` packages.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 
-from keras_attn.models import build_causal_lm, greedy_generate
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+from keras_attn.models import build_causal_lm, greedy_generate  # noqa: E402
 
 
 def main():
@@ -30,6 +37,9 @@ def main():
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--hidden-dim", type=int, default=128)
     parser.add_argument("--num-layers", type=int, default=2)
+    parser.add_argument(
+        "--onnx", action="store_true", help="also time the exported decode.onnx in onnxruntime"
+    )
     parser.add_argument("--out", default="bench/results/generation.json")
     args = parser.parse_args()
 
@@ -49,6 +59,24 @@ def main():
         seconds = time.perf_counter() - start
         rows.append({"path": name, "seconds": seconds, "first_call_s": first_call[name],
                      "tokens_per_s": args.batch * args.new_tokens / seconds})  # fmt: skip
+    if args.onnx:
+        # The exported decode graph (key/value cache in and out) driven by serving.Predictor.
+        import tempfile
+
+        from export import export_model
+        from serving import Predictor
+
+        folder = tempfile.mkdtemp() + "/lm"
+        export_model(model, folder, formats=["onnx"], verbose=False)
+        predictor = Predictor(folder)
+        start = time.perf_counter()
+        predictor.generate_ids(prompts, args.new_tokens)
+        first = time.perf_counter() - start
+        start = time.perf_counter()
+        outputs["onnx"] = predictor.generate_ids(prompts, args.new_tokens)
+        seconds = time.perf_counter() - start
+        rows.append({"path": "onnx", "seconds": seconds, "first_call_s": first,
+                     "tokens_per_s": args.batch * args.new_tokens / seconds})  # fmt: skip
     ratio = rows[0]["tokens_per_s"] / rows[1]["tokens_per_s"]
     same = outputs["cached"] == outputs["uncached"]
     print(f"backend={keras.backend.backend()} batch={args.batch} prompt={args.prompt_length} "
@@ -57,11 +85,17 @@ def main():
         print(f"{row['path']:<10}{row['tokens_per_s']:>10.1f} tokens/s  ({row['seconds']:.2f} s; "
               f"first call with tracing/compilation {row['first_call_s']:.2f} s)")  # fmt: skip
     print(f"cached / uncached: {ratio:.2f}x; same tokens: {same}")
+    onnx_ratio = None
+    if args.onnx:
+        onnx_ratio = rows[2]["tokens_per_s"] / rows[0]["tokens_per_s"]
+        same_onnx = outputs["onnx"] == outputs["cached"]
+        print(f"onnx (decode.onnx) / Keras cached: {onnx_ratio:.2f}x; same tokens: {same_onnx}")
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"benchmark": "greedy generation, cached vs uncached", "config": vars(args),
                    "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
-                   "rows": rows, "ratio": ratio, "same_tokens": same}, f, indent=2)  # fmt: skip
+                   "rows": rows, "ratio": ratio, "same_tokens": same,
+                   "onnx_vs_keras_cached": onnx_ratio}, f, indent=2)  # fmt: skip
     print(f"wrote {args.out}")
 
 

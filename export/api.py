@@ -296,6 +296,9 @@ def export_model(
             }
         rows = parity_rows(model, saved, sessions, batch_sizes, sequence_lengths, input_ranges)
         worst = check(rows, tolerance)
+        decoding = None
+        if "onnx" in formats and _is_causal_lm(model):
+            decoding = _export_decoding(model, tmp, opset, tolerance)
         if quantize:
             session = ort.InferenceSession(
                 str(tmp / "model.int8.onnx"), providers=["CPUExecutionProvider"]
@@ -330,6 +333,7 @@ def export_model(
                     "serve_text_vs_serving_default": strings_vs_ids,
                 },
                 "int8": int8,
+                "decoding": decoding,
             },
         )
         if out_dir.exists():
@@ -370,3 +374,58 @@ def _write_onnx_files(model, folder: Path, opset, optimize, quantize) -> dict:
         "files": files,
         "fused_ops": {file: runtime_fused_counts(folder / file) for file in files},
     }
+
+
+def _is_causal_lm(model):
+    from keras_attn.models import CausalLM
+
+    return isinstance(model, CausalLM)
+
+
+def _export_decoding(model, folder: Path, opset, tolerance) -> dict:
+    """`decode.onnx` for cached generation, checked two ways: its logits at every step equal
+    the Keras model's on the full prefix, and its greedy ids equal Keras `generate()`."""
+    import onnxruntime as ort
+
+    from export.decoding import write_decode_onnx
+    from serving.generation import cached_greedy
+
+    max_length = _max_sequence_length(model)
+    spec = write_decode_onnx(model, folder / "decode.onnx", max_length, opset)
+    session = ort.InferenceSession(str(folder / "decode.onnx"), providers=["CPUExecutionProvider"])
+
+    def step(token_ids, cache, index):
+        feeds = {
+            "token_ids": token_ids.astype("int32"),
+            "cache": cache,
+            "index": np.asarray(index, np.int32),
+        }
+        return session.run(["logits", "updated_cache"], feeds)
+
+    rng = np.random.default_rng(0)
+    vocabulary = _max_token_id(model)
+    prompts = [rng.integers(1, vocabulary, size=n).tolist() for n in (3, 5, 1)]
+    new_tokens = max(1, min(8, max_length - 5))
+    ids = np.asarray([prompts[1] + [0] * new_tokens], "int32")[:, : 5 + new_tokens]
+    ids[0, 5:] = rng.integers(1, vocabulary, size=ids.shape[1] - 5)
+    full = keras.ops.convert_to_numpy(model(ids, training=False))
+    cache = np.zeros((1, spec["layers"], 2, max_length, spec["kv_heads"], spec["key_dim"]),
+                     np.float32)  # fmt: skip
+    logits, cache = step(ids[:, :5], cache, np.int32(0))
+    worst = max_abs_diff(logits, full[:, 4])
+    for t in range(5, ids.shape[1]):
+        logits, cache = step(ids[:, t : t + 1], cache, np.int32(t))
+        worst = max(worst, max_abs_diff(logits, full[:, t]))
+    limit = tolerance["logits"] if isinstance(tolerance, dict) else tolerance
+    if worst > limit:
+        raise ParityError(
+            f"decode.onnx logits differ from Keras by {worst:.3e} > tolerance {limit}"
+        )
+    onnx_ids = cached_greedy(step, spec, prompts, new_tokens)
+    keras_ids = model.generate(prompts, new_tokens)
+    if onnx_ids != keras_ids:
+        raise ParityError(
+            f"decode.onnx greedy ids {onnx_ids} differ from Keras generate() {keras_ids}"
+        )
+    return {"file": "decode.onnx", **spec, "step_logits_max_abs_diff": worst,
+            "greedy_equals_keras": True}  # fmt: skip

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from serving.generation import greedy
+from serving.generation import cached_greedy, greedy
 from serving.manifest import read_manifest, verify_files
 from serving.tokenizer import WordPieceTextTokenizer
 
@@ -42,6 +42,13 @@ class Predictor:
         self.inputs = {spec["name"]: spec for spec in self.manifest["inputs"]}
         self.output_names = [spec["name"] for spec in self.manifest["outputs"]]
         self.max_sequence_length = self.manifest.get("max_sequence_length")
+        self.decoding = self.manifest.get("decoding")
+        self.decode_session = None
+        if self.decoding:
+            self.decode_session = ort.InferenceSession(
+                str(self.folder / self.decoding["file"]), options,
+                providers=["CPUExecutionProvider"],
+            )  # fmt: skip
         self.tokenizer = None
         if self.manifest.get("tokenizer"):
             self.tokenizer = WordPieceTextTokenizer.from_folder(
@@ -70,8 +77,26 @@ class Predictor:
         (name,) = self.inputs
         return self.run({name: token_ids})[self.output_names[0]]
 
-    def generate_ids(self, prompts, max_new_tokens=20, stop_token_ids=()):
-        """Greedy continuation of id prompts; returns the new ids of each."""
+    def decode_step(self, token_ids, cache, index):
+        """One call of the exported decode graph: `(last logits, updated cache)`."""
+        feeds = {"token_ids": np.asarray(token_ids, np.int32), "cache": cache,
+                 "index": np.asarray(index, np.int32)}  # fmt: skip
+        return self.decode_session.run(["logits", "updated_cache"], feeds)
+
+    def generate_ids(self, prompts, max_new_tokens=20, stop_token_ids=(), use_cache=True):
+        """Greedy continuation of id prompts; returns the new ids of each (a stop token ends
+        a row and is included). Uses the exported key/value-cache graph (`decode.onnx`)
+        when the artifact has one, unless `use_cache=False`."""
+        if use_cache and self.decode_session is not None:
+            if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+                raise ValueError(f"`max_new_tokens` must be >= 0. Received: {max_new_tokens!r}")
+            return cached_greedy(
+                self.decode_step,
+                self.decoding,
+                [list(p) for p in prompts],
+                max_new_tokens,
+                stop_token_ids=stop_token_ids,
+            )
         return greedy(
             self.logits,
             [list(p) for p in prompts],

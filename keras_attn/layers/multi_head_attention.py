@@ -11,6 +11,35 @@ from keras_attn.layers.attention import (
 )
 from keras_attn.layers.scores import get_score, serialize_score
 
+_CACHE_WRITES = {"mode": "slice"}
+
+
+class scatter_cache_writes:
+    """Context in which cached attention writes new keys/values with a scatter instead of a
+    dynamic slice update. Same values; used when tracing graphs for tf2onnx, which has no
+    converter for TensorFlow's `XlaDynamicUpdateSlice` but converts scatters to `ScatterND`."""
+
+    def __enter__(self):
+        self._previous = _CACHE_WRITES["mode"]
+        _CACHE_WRITES["mode"] = "scatter"
+        return self
+
+    def __exit__(self, *exc):
+        _CACHE_WRITES["mode"] = self._previous
+
+
+def write_cache(cache, start, new):
+    """`cache (B, S, ...)` with `new (B, T, ...)` written at positions `start .. start+T-1`."""
+    if _CACHE_WRITES["mode"] == "slice":
+        return ops.slice_update(cache, [0, start] + [0] * (len(cache.shape) - 2), new)
+    batch, length = ops.shape(new)[0], ops.shape(new)[1]
+    rows = ops.broadcast_to(ops.expand_dims(ops.arange(batch), 1), (batch, length))
+    columns = ops.arange(length) + ops.cast(start, "int32")
+    columns = ops.broadcast_to(ops.expand_dims(columns, 0), (batch, length))
+    indices = ops.stack([ops.reshape(rows, (-1,)), ops.reshape(columns, (-1,))], axis=1)
+    updates = ops.reshape(new, (-1, *new.shape[2:]))
+    return ops.scatter_update(cache, indices, updates)
+
 
 def _positive_int(name, value, allow_none=False):
     if value is None and allow_none:
@@ -313,13 +342,9 @@ class MultiHeadAttention(keras.layers.Layer):
             )
         causal = cache_update_index is not None
         if causal:
-            start = [0, cache_update_index, 0, 0]
-            keys = ops.slice_update(
-                cache[:, 0], start, ops.cast(self.key_dense(query), cache.dtype)
-            )
-            values = ops.slice_update(
-                cache[:, 1], start, ops.cast(self.value_dense(query), cache.dtype)
-            )
+            start = cache_update_index
+            keys = write_cache(cache[:, 0], start, ops.cast(self.key_dense(query), cache.dtype))
+            values = write_cache(cache[:, 1], start, ops.cast(self.value_dense(query), cache.dtype))
             cache = ops.stack([keys, values], axis=1)
         else:  # cross-attention over keys and values projected once by `key_value_cache`
             keys, values = cache[:, 0], cache[:, 1]

@@ -13,7 +13,7 @@ from export import ParityError, export_model
 from export.cli import main as cli_main
 from export.onnx import run_onnx
 from export.optimize import count_ops
-from keras_attn.models import Encoder
+from keras_attn.models import CausalLM, Encoder
 from tests.models.model_cases import MODELS, build
 
 pytestmark = [pytest.mark.tf_only, pytest.mark.slow]
@@ -128,3 +128,33 @@ def test_cli_exports_a_keras_file(tmp_path):
         [sys.executable, "-m", "export.cli", "--help"], capture_output=True, text=True, check=True
     ).stdout
     assert "--quantize" in help_text and "--opset" in help_text
+
+
+def test_cached_decoding_graph_matches_keras_generate(tmp_path):
+    from serving import Predictor
+
+    keras.utils.set_random_seed(1)
+    lm = CausalLM(60, 24, hidden_dim=16, num_layers=2, num_heads=2, num_key_value_heads=None)
+    manifest = export_model(lm, tmp_path / "lm", formats=["onnx"], verbose=False)
+    decoding = manifest["decoding"]
+    assert decoding["file"] == "decode.onnx" and decoding["greedy_equals_keras"]
+    assert decoding["step_logits_max_abs_diff"] <= 1e-4
+    assert (decoding["layers"], decoding["kv_heads"], decoding["key_dim"]) == (2, 2, 8)
+    predictor = Predictor(tmp_path / "lm")
+    calls = []
+    step = predictor.decode_step
+    predictor.decode_step = lambda *a: calls.append(a[0].shape) or step(*a)
+    prompts = [[5, 6, 7], [9, 3, 12, 4, 8], [2]]
+    cached = predictor.generate_ids(prompts, 10)
+    assert cached == lm.generate(prompts, 10)
+    assert cached == predictor.generate_ids(prompts, 10, use_cache=False)
+    # One prefill of the shortest prompt, then one token per call: the prefix is never rerun.
+    assert calls[0] == (3, 1) and all(shape == (3, 1) for shape in calls[1:])
+    assert len(calls) == 1 + (5 + 10 - 1) - 1
+    # A stop token ends its row (serving includes it); other rows go on.
+    stop = cached[0][2]
+    stopped = predictor.generate_ids(prompts, 10, stop_token_ids=[stop])
+    for full, cut in zip(cached, stopped, strict=True):
+        assert cut == (full[: full.index(stop) + 1] if stop in full else full)
+    with pytest.raises(ValueError, match="maximum sequence length"):
+        predictor.generate_ids(prompts, 30)

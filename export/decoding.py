@@ -1,0 +1,62 @@
+"""Cached decoding exported: one ONNX graph that takes and returns the key/value cache.
+
+`decode.onnx` maps `token_ids (batch, new)`, `cache (batch, layers, 2, max_length, kv_heads,
+key_dim)` and `index ()` to `logits (batch, vocab)` of the last new token and
+`updated_cache` (same shape as `cache`).
+The same graph prefills a prompt (`index` 0, all prompt tokens) and decodes one token at a
+time (`index` t), so onnxruntime generation never recomputes the prefix.
+"""
+
+from pathlib import Path
+
+
+def cache_spec(model, max_length):
+    """`{"layers", "kv_heads", "key_dim", "max_length"}` of a `CausalLM`'s cache."""
+    from keras_attn.decoding import CausalLMRunner
+
+    attention = CausalLMRunner(model).blocks[0].self_attention
+    return {
+        "layers": len(CausalLMRunner(model).blocks),
+        "kv_heads": attention.num_key_value_heads or attention.num_heads,
+        "key_dim": attention.key_dim,
+        "max_length": int(max_length),
+    }
+
+
+def decode_function(model, spec):
+    import tensorflow as tf
+
+    from keras_attn.decoding import CausalLMRunner
+    from keras_attn.layers.multi_head_attention import scatter_cache_writes
+
+    runner = CausalLMRunner(model)
+    signature = [
+        tf.TensorSpec([None, None], tf.int32, name="token_ids"),
+        tf.TensorSpec(
+            [None, spec["layers"], 2, spec["max_length"], spec["kv_heads"], spec["key_dim"]],
+            tf.float32,
+            name="cache",
+        ),
+        tf.TensorSpec([], tf.int32, name="index"),
+    ]
+
+    @tf.function(input_signature=signature)
+    def decode(token_ids, cache, index):
+        caches = [cache[:, n] for n in range(spec["layers"])]
+        with scatter_cache_writes():  # tf2onnx converts ScatterND, not XlaDynamicUpdateSlice
+            logits, state = runner.step(token_ids, {"caches": caches}, index)
+        return {"logits": logits[:, -1], "updated_cache": tf.stack(state["caches"], axis=1)}
+
+    return decode, signature
+
+
+def write_decode_onnx(model, path: Path, max_length, opset=17) -> dict:
+    """Writes the decode graph to `path`; returns its cache spec (for the manifest)."""
+    import tf2onnx
+
+    spec = cache_spec(model, max_length)
+    decode, signature = decode_function(model, spec)
+    proto, _ = tf2onnx.convert.from_function(decode, input_signature=signature, opset=opset)
+    with open(path, "wb") as f:
+        f.write(proto.SerializeToString())
+    return spec
