@@ -217,6 +217,7 @@ def export_model(
     batch_sizes=DEFAULT_BATCH_SIZES,
     sequence_lengths=DEFAULT_SEQUENCE_LENGTHS,
     input_ranges=None,
+    strings_in: bool = False,
     overwrite: bool = True,
     verbose: bool = True,
 ) -> dict:
@@ -246,6 +247,9 @@ def export_model(
         batch_sizes, sequence_lengths: the parity sweep; integer inputs get padded rows.
         input_ranges: optional `{input name: (low, high)}` for integer inputs of the sweep
             (defaults: token ids below the smallest vocabulary, segment ids 0 or 1).
+        strings_in: also write `model.text.onnx`, raw text `(1,)` in, the model's outputs out
+            (the tokenizer as onnxruntime-extensions operators; see `export.text_onnx`).
+            Needs `tokenizer`, one ids input, no `packer`, and onnxruntime-extensions.
         overwrite: replace an existing `out_dir`.
     Returns:
         the manifest, as a dict.
@@ -296,6 +300,9 @@ def export_model(
             }
         rows = parity_rows(model, saved, sessions, batch_sizes, sequence_lengths, input_ranges)
         worst = check(rows, tolerance)
+        text_onnx = None
+        if strings_in:
+            text_onnx = _export_text_onnx(model, tmp, tokenizer, packer, formats, opset)
         decoding = None
         if "onnx" in formats and _is_causal_lm(model):
             decoding = _export_decoding(model, tmp, opset, tolerance)
@@ -334,6 +341,7 @@ def export_model(
                 },
                 "int8": int8,
                 "decoding": decoding,
+                "text_onnx": text_onnx,
             },
         )
         if out_dir.exists():
@@ -429,3 +437,40 @@ def _export_decoding(model, folder: Path, opset, tolerance) -> dict:
         )
     return {"file": "decode.onnx", **spec, "step_logits_max_abs_diff": worst,
             "greedy_equals_keras": True}  # fmt: skip
+
+
+def _export_text_onnx(model, folder: Path, tokenizer, packer, formats, opset) -> dict:
+    """`model.text.onnx`, checked: on ASCII samples its outputs equal `model.onnx` on our
+    tokenizer's ids (non-ASCII text may differ; see `export.text_onnx`)."""
+    from export.text_onnx import text_session, write_text_onnx
+
+    if tokenizer is None or packer is not None or len(model.inputs) != 1 or "onnx" not in formats:
+        raise ValueError(
+            "`strings_in` needs a `tokenizer`, no `packer`, a model with one ids input and "
+            f"'onnx' in `formats`. Received: tokenizer={tokenizer is not None}, "
+            f"packer={packer is not None}, inputs={len(model.inputs)}, formats={formats}"
+        )
+    import onnxruntime as ort
+
+    max_length = _max_sequence_length(model)
+    write_text_onnx(folder / "model.onnx", folder / "model.text.onnx", tokenizer, max_length, opset)
+    text = text_session(folder / "model.text.onnx")
+    ids_session = ort.InferenceSession(
+        str(folder / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
+    (name,) = [spec["name"] for spec in input_specs(model)]
+    worst = 0.0
+    for line in TEXT_SAMPLES:
+        if not line.isascii():
+            continue
+        ids = tokenizer.tokenize(line).numpy()[None, :max_length].astype("int32")
+        expected = run_onnx(ids_session, {name: ids})
+        got = dict(zip([o.name for o in text.get_outputs()],
+                       text.run(None, {"text": np.array([line])}), strict=True))  # fmt: skip
+        worst = max(worst, *(max_abs_diff(got[k], v) for k, v in expected.items()))
+    if worst > 1e-5:
+        raise ParityError(
+            f"model.text.onnx differs from model.onnx on the same text by {worst:.3e}"
+        )
+    return {"file": "model.text.onnx", "input": "text", "max_abs_diff": worst,
+            "custom_ops": "onnxruntime_extensions"}  # fmt: skip
