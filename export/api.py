@@ -332,6 +332,7 @@ def export_model(
                 ),
                 "tokenizer": "tokenizer" if tokenizer is not None else None,
                 "max_sequence_length": _max_sequence_length(model),
+                "vocabulary_size": _smallest_layer_attribute(model, "vocabulary_size"),
                 "versions": _versions(),
                 "parity": {
                     "tolerance": tolerance,

@@ -1,0 +1,413 @@
+"""HTTP inference server over exported artifact folders: KServe v2 (Open Inference Protocol)
+JSON and TF Serving REST, on onnxruntime. Never imports tensorflow or keras.
+
+    keras-attn-serve --model-repository DIR --port 8000
+
+`DIR/NAME/VERSION/` are artifact folders written by `export.export_model` (Triton's
+repository layout; VERSION is a positive integer). Each file's sha256 is checked against
+its `manifest.json` before the model loads; the newest version answers when none is named.
+"""
+
+import argparse
+import os
+import re
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from serving.manifest import ArtifactError
+from serving.predictor import Predictor
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+V2_DATATYPES = {"INT32": "int32", "INT64": "int64", "FP32": "float32", "FP64": "float64"}
+NUMPY_TO_V2 = {v: k for k, v in V2_DATATYPES.items()}
+
+
+class ServingError(Exception):
+    """An error answered as `{"error": message}` with an HTTP status."""
+
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class ModelRepository:
+    """The models under `root`, loaded on first use and kept; names and versions are checked
+    before they touch the file system, so no request reaches outside `root`."""
+
+    def __init__(self, root, verify=True, num_threads=None):
+        self.root = Path(root).resolve()
+        if not self.root.is_dir():
+            raise ValueError(f"`model_repository` must be a folder. Received: {root}")
+        self.verify = verify
+        self.num_threads = num_threads
+        self._loaded = {}
+        self._lock = threading.Lock()
+
+    def names(self):
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and NAME.match(p.name))
+
+    def versions(self, name):
+        if not isinstance(name, str) or not NAME.match(name) or ".." in name:
+            raise ServingError(400, f"invalid model name {name!r}")
+        folder = self.root / name
+        if not folder.is_dir():
+            raise ServingError(404, f"unknown model {name!r}")
+        versions = sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit() and p.is_dir())
+        if not versions:
+            raise ServingError(404, f"model {name!r} has no numbered version folders")
+        return versions
+
+    def resolve(self, name, version=None):
+        """`(version, folder)`: the named version, or the newest."""
+        versions = self.versions(name)
+        if version is None or version == "":
+            chosen = versions[-1]
+        else:
+            if not str(version).isdigit():
+                raise ServingError(400, f"invalid model version {version!r}")
+            chosen = int(version)
+            if chosen not in versions:
+                raise ServingError(404, f"model {name!r} has no version {chosen}")
+        return chosen, self.root / name / str(chosen)
+
+    def get(self, name, version=None):
+        chosen, folder = self.resolve(name, version)
+        key = (name, chosen)
+        with self._lock:
+            if key not in self._loaded:
+                try:
+                    self._loaded[key] = Predictor(folder, self.verify, self.num_threads)
+                except ArtifactError as error:
+                    raise ServingError(500, f"model {name!r} version {chosen}: {error}") from None
+        return chosen, self._loaded[key]
+
+
+def _v2_tensor_spec(spec):
+    datatype = NUMPY_TO_V2.get(spec["dtype"], spec["dtype"].upper())
+    shape = [d if isinstance(d, int) else -1 for d in spec["shape"]]
+    return {"name": spec["name"], "datatype": datatype, "shape": shape}
+
+
+def _check_input(spec, array, name):
+    if array.ndim != len(spec["shape"]):
+        raise ServingError(
+            400, f"input {name!r} must have rank {len(spec['shape'])} {spec['shape']}; "
+            f"received shape {list(array.shape)}",
+        )  # fmt: skip
+    for axis, (want, got) in enumerate(zip(spec["shape"], array.shape, strict=True)):
+        if isinstance(want, int) and want != got:
+            raise ServingError(
+                400, f"input {name!r} axis {axis} must be {want}; received {got}"
+            )  # fmt: skip
+
+
+def _cast(spec, array, name):
+    """Casts to the model's dtype where no value changes (INT64 ids → INT32)."""
+    want = np.dtype(spec["dtype"])
+    if array.dtype == want:
+        return array
+    if np.issubdtype(want, np.integer) != np.issubdtype(array.dtype, np.integer):
+        raise ServingError(
+            400, f"input {name!r} must be {NUMPY_TO_V2.get(str(want), str(want))}; received "
+            f"{NUMPY_TO_V2.get(str(array.dtype), str(array.dtype))}",
+        )  # fmt: skip
+    cast = array.astype(want)
+    if np.issubdtype(want, np.integer) and not np.array_equal(cast, array):
+        raise ServingError(400, f"input {name!r} has values outside {want}")
+    return cast
+
+
+def run_checked(predictor, feeds):
+    """Validates names, shapes, dtypes, sequence length and vocabulary, then runs."""
+    expected = {spec["name"]: spec for spec in predictor.manifest["inputs"]}
+    if set(feeds) != set(expected):
+        raise ServingError(
+            400, f"inputs must be {sorted(expected)}; received {sorted(feeds)}"
+        )  # fmt: skip
+    arrays = {}
+    limit = predictor.max_sequence_length
+    for name, value in feeds.items():
+        spec = expected[name]
+        array = value if isinstance(value, np.ndarray) else np.asarray(value)
+        if array.dtype == object:
+            raise ServingError(400, f"input {name!r} must be a rectangular numeric tensor")
+        _check_input(spec, array, name)
+        array = _cast(spec, array, name)
+        if limit is not None and array.ndim >= 2 and array.shape[-1] > limit:
+            raise ServingError(
+                400, f"input {name!r} has sequence length {array.shape[-1]}; the model "
+                f"accepts at most {limit}",
+            )  # fmt: skip
+        vocabulary = predictor.manifest.get("vocabulary_size")
+        if (
+            vocabulary
+            and "token" in name
+            and array.size
+            and (array.min() < 0 or array.max() >= vocabulary)
+        ):
+            raise ServingError(400, f"input {name!r} has ids outside [0, {vocabulary})")
+        arrays[name] = array
+    return predictor.session.run(predictor.output_names, arrays)
+
+
+def create_app(repository, max_body_bytes=16 << 20):
+    """The FastAPI application serving `repository` (a `ModelRepository` or a folder)."""
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse
+
+    if not isinstance(repository, ModelRepository):
+        repository = ModelRepository(repository)
+    app = FastAPI(title="keras-attn-serve")
+    app.state.repository = repository
+
+    @app.exception_handler(ServingError)
+    async def serving_error(request, error: ServingError):
+        return JSONResponse({"error": error.message}, status_code=error.status)
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(request, error: Exception):
+        return JSONResponse({"error": f"internal error: {error}"}, status_code=500)
+
+    from fastapi.exceptions import RequestValidationError
+    from starlette.exceptions import HTTPException
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request, error: HTTPException):
+        return JSONResponse({"error": str(error.detail)}, status_code=error.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request, error):
+        return JSONResponse({"error": f"invalid request: {error.errors()}"}, status_code=400)
+
+    async def json_body(request: Request):
+        body = await request.body()
+        if len(body) > max_body_bytes:
+            raise ServingError(413, f"request body exceeds {max_body_bytes} bytes")
+        try:
+            import json
+
+            return json.loads(body)
+        except ValueError as error:
+            raise ServingError(400, f"request body is not JSON: {error}") from None
+
+    # --- KServe v2 / Open Inference Protocol -------------------------------------------
+    @app.get("/v2")
+    def server_metadata():
+        from importlib.metadata import version
+
+        return {"name": "keras-attn-serve", "version": version("keras-attn"), "extensions": []}
+
+    @app.get("/v2/health/live")
+    def live():
+        return {}
+
+    @app.get("/v2/health/ready")
+    def ready():
+        return {}
+
+    def v2_metadata(name, version):
+        _, predictor = repository.get(name, version)
+        return {
+            "name": name,
+            "versions": [str(v) for v in repository.versions(name)],
+            "platform": "onnxruntime_onnx",
+            "inputs": [_v2_tensor_spec(s) for s in predictor.manifest["inputs"]],
+            "outputs": [_v2_tensor_spec(s) for s in predictor.manifest["outputs"]],
+        }
+
+    @app.get("/v2/models/{name}")
+    def model_metadata(name: str):
+        return v2_metadata(name, None)
+
+    @app.get("/v2/models/{name}/versions/{version}")
+    def model_version_metadata(name: str, version: str):
+        return v2_metadata(name, version)
+
+    @app.get("/v2/models/{name}/ready")
+    def model_ready(name: str):
+        repository.get(name)
+        return {}
+
+    @app.get("/v2/models/{name}/versions/{version}/ready")
+    def model_version_ready(name: str, version: str):
+        repository.get(name, version)
+        return {}
+
+    async def v2_infer(request, name, version):
+        body = await json_body(request)
+        chosen, predictor = repository.get(name, version)
+        if not isinstance(body, dict) or not isinstance(body.get("inputs"), list):
+            raise ServingError(400, "request must be an object with an `inputs` list")
+        feeds = {}
+        for tensor in body["inputs"]:
+            if not isinstance(tensor, dict) or not {"name", "shape", "datatype", "data"} <= set(
+                tensor
+            ):
+                raise ServingError(400, "each input needs name, shape, datatype and data")
+            dtype = V2_DATATYPES.get(tensor["datatype"])
+            if dtype is None:
+                raise ServingError(
+                    400, f"input {tensor['name']!r}: unsupported datatype "
+                    f"{tensor['datatype']!r}; use one of {sorted(V2_DATATYPES)}",
+                )  # fmt: skip
+            try:
+                array = np.asarray(tensor["data"], dtype=dtype).reshape(tensor["shape"])
+            except (ValueError, TypeError) as error:
+                raise ServingError(
+                    400, f"input {tensor['name']!r}: data does not fit shape "
+                    f"{tensor['shape']}: {error}",
+                ) from None  # fmt: skip
+            feeds[tensor["name"]] = array
+        outputs = dict(zip(predictor.output_names, run_checked(predictor, feeds), strict=True))
+        wanted = [o["name"] for o in body.get("outputs") or []] or list(outputs)
+        unknown = sorted(set(wanted) - set(outputs))
+        if unknown:
+            raise ServingError(400, f"unknown outputs {unknown}; the model has {list(outputs)}")
+        response = {
+            "model_name": name,
+            "model_version": str(chosen),
+            "outputs": [
+                {
+                    "name": key,
+                    "datatype": NUMPY_TO_V2[str(outputs[key].dtype)],
+                    "shape": list(outputs[key].shape),
+                    "data": outputs[key].ravel().tolist(),
+                }
+                for key in wanted
+            ],
+        }
+        if "id" in body:
+            response["id"] = body["id"]
+        return response
+
+    @app.post("/v2/models/{name}/infer")
+    async def infer(name: str, request: Request):
+        return await v2_infer(request, name, None)
+
+    @app.post("/v2/models/{name}/versions/{version}/infer")
+    async def infer_version(name: str, version: str, request: Request):
+        return await v2_infer(request, name, version)
+
+    # --- TF Serving REST -----------------------------------------------------------------
+    def tfs_status(name, version):
+        chosen, _ = repository.get(name, version)
+        return {
+            "model_version_status": [
+                {"version": str(chosen), "state": "AVAILABLE",
+                 "status": {"error_code": "OK", "error_message": ""}}
+            ]
+        }  # fmt: skip
+
+    def tfs_metadata(name, version):
+        chosen, predictor = repository.get(name, version)
+
+        def tensor_info(spec):
+            dims = [{"size": str(d if isinstance(d, int) else -1)} for d in spec["shape"]]
+            return {"dtype": "DT_" + spec["dtype"].upper(), "tensor_shape": {"dim": dims},
+                    "name": spec["name"]}  # fmt: skip
+
+        signature = {
+            "inputs": {s["name"]: tensor_info(s) for s in predictor.manifest["inputs"]},
+            "outputs": {s["name"]: tensor_info(s) for s in predictor.manifest["outputs"]},
+            "method_name": "tensorflow/serving/predict",
+        }
+        return {
+            "model_spec": {"name": name, "signature_name": "", "version": str(chosen)},
+            "metadata": {"signature_def": {"signature_def": {"serving_default": signature}}},
+        }
+
+    async def tfs_predict(request, name, version):
+        body = await json_body(request)
+        _, predictor = repository.get(name, version)
+        names = [s["name"] for s in predictor.manifest["inputs"]]
+        if not isinstance(body, dict) or ("instances" in body) == ("inputs" in body):
+            raise ServingError(400, "request must have exactly one of `instances` or `inputs`")
+        if "instances" in body:  # row format: a list of instances
+            rows = body["instances"]
+            if not isinstance(rows, list) or not rows:
+                raise ServingError(400, "`instances` must be a non-empty list")
+            if all(isinstance(r, dict) for r in rows):
+                feeds = {k: [r.get(k) for r in rows] for k in rows[0]}
+            elif len(names) == 1:
+                feeds = {names[0]: rows}
+            else:
+                raise ServingError(400, f"each instance must be an object with {names}")
+        else:  # columnar format
+            columns = body["inputs"]
+            feeds = columns if isinstance(columns, dict) else {names[0]: columns}
+        arrays = {}
+        for key, value in feeds.items():
+            try:
+                arrays[key] = np.asarray(value)
+            except ValueError as error:
+                raise ServingError(400, f"input {key!r} is not rectangular: {error}") from None
+        outputs = dict(zip(predictor.output_names, run_checked(predictor, arrays), strict=True))
+        if "instances" in body:
+            if len(outputs) == 1:
+                (values,) = outputs.values()
+                return {"predictions": values.tolist()}
+            count = len(next(iter(outputs.values())))
+            return {"predictions": [{k: v[i].tolist() for k, v in outputs.items()}
+                                    for i in range(count)]}  # fmt: skip
+        if len(outputs) == 1:
+            return {"outputs": next(iter(outputs.values())).tolist()}
+        return {"outputs": {k: v.tolist() for k, v in outputs.items()}}
+
+    @app.get("/v1/models/{name}")
+    def tfs_model(name: str):
+        return tfs_status(name, None)
+
+    @app.get("/v1/models/{name}/versions/{version}")
+    def tfs_model_version(name: str, version: str):
+        return tfs_status(name, version)
+
+    @app.get("/v1/models/{name}/metadata")
+    def tfs_model_metadata(name: str):
+        return tfs_metadata(name, None)
+
+    @app.get("/v1/models/{name}/versions/{version}/metadata")
+    def tfs_model_version_metadata(name: str, version: str):
+        return tfs_metadata(name, version)
+
+    @app.post("/v1/models/{name}:predict")
+    async def tfs_predict_latest(name: str, request: Request):
+        return await tfs_predict(request, name, None)
+
+    @app.post("/v1/models/{name}/versions/{version}:predict")
+    async def tfs_predict_version(name: str, version: str, request: Request):
+        return await tfs_predict(request, name, version)
+
+    return app
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="keras-attn-serve", description="Serve exported models over HTTP (onnxruntime)."
+    )
+    env = os.environ.get
+    parser.add_argument("--model-repository", default=env("KERAS_ATTN_MODEL_REPOSITORY"),
+                        help="folder of NAME/VERSION/ artifact folders "
+                        "(env KERAS_ATTN_MODEL_REPOSITORY)")  # fmt: skip
+    parser.add_argument("--host", default=env("KERAS_ATTN_HOST", "127.0.0.1"))
+    parser.add_argument("--port", type=int, default=int(env("KERAS_ATTN_PORT", "8000")))
+    parser.add_argument("--max-body-bytes", type=int,
+                        default=int(env("KERAS_ATTN_MAX_BODY_BYTES", str(16 << 20))))  # fmt: skip
+    args = parser.parse_args(argv)
+    if not args.model_repository:
+        parser.error("--model-repository (or KERAS_ATTN_MODEL_REPOSITORY) is required")
+    return args
+
+
+def main(argv=None):
+    import uvicorn
+
+    args = parse_args(argv)
+    app = create_app(ModelRepository(args.model_repository), args.max_body_bytes)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""The HTTP server over real loopback: KServe v2 JSON, TF Serving REST, errors."""
+
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from serving.server import ModelRepository, create_app
+
+pytestmark = pytest.mark.tf_only  # the artifact fixture exports with TensorFlow
+
+
+@pytest.fixture(scope="module")
+def server(toy_artifact, tmp_path_factory):
+    import uvicorn
+
+    folder, _ = toy_artifact
+    root = tmp_path_factory.mktemp("repository")
+    shutil.copytree(folder, root / "toy" / "1")
+    shutil.copytree(folder, root / "toy" / "3")
+    shutil.copytree(folder, root / "broken" / "1")
+    (root / "broken" / "1" / "model.onnx").write_bytes(b"tampered")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = uvicorn.Config(create_app(ModelRepository(root)), host="127.0.0.1", port=port,
+                            log_level="warning")  # fmt: skip
+    instance = uvicorn.Server(config)
+    thread = threading.Thread(target=instance.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            httpx.get(url + "/v2/health/live")
+            break
+        except httpx.TransportError:
+            time.sleep(0.05)
+    yield url
+    instance.should_exit = True
+    thread.join(5)
+
+
+IDS = [[5, 9, 12, 7], [8, 8, 3, 0]]
+
+
+def v2_request(ids=IDS, datatype="INT64", **extra):
+    return {"inputs": [{"name": "token_ids", "shape": list(np.shape(ids)), "datatype": datatype,
+                        "data": np.ravel(ids).tolist()}], **extra}  # fmt: skip
+
+
+def test_v2_health_metadata_and_readiness(server):
+    assert httpx.get(server + "/v2").json()["name"] == "keras-attn-serve"
+    for path in ("/v2/health/live", "/v2/health/ready", "/v2/models/toy/ready",
+                 "/v2/models/toy/versions/1/ready"):  # fmt: skip
+        assert httpx.get(server + path).status_code == 200, path
+    meta = httpx.get(server + "/v2/models/toy").json()
+    assert meta["versions"] == ["1", "3"] and meta["platform"] == "onnxruntime_onnx"
+    assert meta["inputs"] == [{"name": "token_ids", "datatype": "INT32", "shape": [-1, -1]}]
+    assert meta["outputs"][0]["name"] == "logits"
+
+
+def test_v2_infer_matches_onnxruntime_and_casts_int64(server, toy_artifact):
+    from serving import Predictor
+
+    expected = Predictor(toy_artifact[0]).logits(np.array(IDS, "int32"))
+    body = httpx.post(server + "/v2/models/toy/infer", json=v2_request(id="req-7")).json()
+    assert body["id"] == "req-7" and body["model_version"] == "3"
+    (out,) = body["outputs"]
+    assert out["datatype"] == "FP32" and out["shape"] == list(expected.shape)
+    np.testing.assert_allclose(np.reshape(out["data"], out["shape"]), expected, atol=1e-6)
+    pinned = httpx.post(server + "/v2/models/toy/versions/1/infer", json=v2_request()).json()
+    assert pinned["model_version"] == "1"
+
+
+def test_tf_serving_rest_rows_and_columns(server, toy_artifact):
+    from serving import Predictor
+
+    expected = Predictor(toy_artifact[0]).logits(np.array(IDS, "int32"))
+    status = httpx.get(server + "/v1/models/toy").json()
+    assert status["model_version_status"][0] == {
+        "version": "3", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}
+    }  # fmt: skip
+    assert (
+        httpx.get(server + "/v1/models/toy/versions/1").json()["model_version_status"][0]["version"]
+        == "1"
+    )
+    meta = httpx.get(server + "/v1/models/toy/metadata").json()
+    signature = meta["metadata"]["signature_def"]["signature_def"]["serving_default"]
+    assert signature["inputs"]["token_ids"]["dtype"] == "DT_INT32"
+    rows = httpx.post(server + "/v1/models/toy:predict", json={"instances": IDS}).json()
+    np.testing.assert_allclose(rows["predictions"], expected, atol=1e-6)
+    columns = httpx.post(server + "/v1/models/toy/versions/1:predict",
+                         json={"inputs": {"token_ids": IDS}}).json()  # fmt: skip
+    np.testing.assert_allclose(columns["outputs"], expected, atol=1e-6)
+    named_rows = httpx.post(server + "/v1/models/toy:predict",
+                            json={"instances": [{"token_ids": r} for r in IDS]}).json()  # fmt: skip
+    np.testing.assert_allclose(named_rows["predictions"], expected, atol=1e-6)
+
+
+# fmt: off
+ERRORS = [
+        ("get", "/v2/models/nope", None, 404, "unknown model"),
+        ("get", "/v2/models/toy/versions/2", None, 404, "no version 2"),
+        ("get", "/v2/models/toy/versions/x1", None, 400, "invalid model version"),
+        ("get", "/v2/models/.hidden/ready", None, 400, "invalid model name"),
+        ("get", "/v2/models/a..b/ready", None, 400, "invalid model name"),
+        ("get", "/v2/models/..%2F..%2Fetc/ready", None, 404, "Not Found"),
+        ("get", "/v2/models/broken", None, 500, "sha256"),
+        ("post", "/v2/models/toy/infer", {"inputs": [{"name": "ids", "shape": [1, 1],
+                                                      "datatype": "INT32", "data": [1]}]},
+         400, "inputs must be"),
+        ("post", "/v2/models/toy/infer", v2_request(datatype="BYTES"), 400, "datatype"),
+        ("post", "/v2/models/toy/infer", v2_request(datatype="FP32"), 400, "must be INT32"),
+        ("post", "/v2/models/toy/infer", v2_request(ids=[1, 2, 3]), 400, "rank 2"),
+        ("post", "/v2/models/toy/infer", v2_request(ids=[[1] * 40]), 400, "at most 24"),
+        ("post", "/v2/models/toy/infer", v2_request(ids=[[1, 99999]]), 400, "outside"),
+        ("post", "/v2/models/toy/infer", {"inputs": [{"name": "token_ids", "shape": [2, 2],
+                                                      "datatype": "INT32", "data": [1]}]},
+         400, "does not fit"),
+        ("post", "/v2/models/toy/infer", {"nope": 1}, 400, "inputs"),
+        ("post", "/v2/models/toy/infer", v2_request(outputs=[{"name": "x"}]), 400, "unknown"),
+        ("post", "/v1/models/toy:predict", {"instances": [[1, 2], [3]]}, 400, "rectangular"),
+        ("post", "/v1/models/toy:predict", {"instances": IDS, "inputs": IDS}, 400, "exactly one"),
+        ("post", "/v1/models/nope:predict", {"instances": IDS}, 404, "unknown model"),
+        ("get", "/no/such/route", None, 404, "Not Found"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("method, path, body, status, words", ERRORS)
+def test_every_error_is_json_with_a_non_200_status(server, method, path, body, status, words):
+    response = getattr(httpx, method)(server + path, **({"json": body} if body else {}))
+    assert response.status_code == status, response.text
+    assert words in response.json()["error"]
+
+
+def test_body_limit_and_non_json(server, toy_artifact):
+    bad = httpx.post(server + "/v2/models/toy/infer", content=b"{not json")
+    assert bad.status_code == 400 and "not JSON" in bad.json()["error"]
+    app = create_app(ModelRepository(toy_artifact[0].parent), max_body_bytes=10)
+    from fastapi.testclient import TestClient
+
+    big = TestClient(app).post("/v2/models/x/infer", json=v2_request())
+    assert big.status_code == 413 and "exceeds" in big.json()["error"]
+
+
+def test_the_server_never_imports_tensorflow_or_keras(tmp_path):
+    code = (
+        "import sys; from serving.server import create_app, main; "
+        "heavy = [m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras')]; "
+        "print(heavy)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)  # fmt: skip
+    assert out.stdout.strip() == "[]"
