@@ -121,7 +121,7 @@ def main(argv=None):
         "sample": sample,
     }
     print(
-        f"\nartifacts: {out}/ (saved_model/, model.onnx, tokenizer/, manifest.json) "
+        f"\nartifacts: {out}/ (saved_model/, model.onnx, decode.onnx, tokenizer/, manifest.json) "
         f"and {out.with_suffix('.keras')}"
     )
     print(json.dumps(summary))
