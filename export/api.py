@@ -26,7 +26,6 @@ from export.saved_model import (
     call_model,
     input_specs,
     load_signature,
-    output_names,
     output_specs,
     pack_text,
     write_saved_model,
@@ -107,50 +106,54 @@ def text_parity(folder: Path, tokenizer, packer=None, max_length=None) -> float:
     return max(max_abs_diff(from_text[k].numpy(), from_ids[k].numpy()) for k in from_ids)
 
 
-def parity_rows(model, saved, sessions, batch_sizes, sequence_lengths, input_ranges=None):
-    """Max-abs differences vs Keras for each output, batch size and sequence length, one
-    column per artifact (`saved` may be None; `sessions` maps an ONNX file to its session)."""
-    import tensorflow as tf
-
+def sweep(model, batch_sizes, sequence_lengths, input_ranges=None):
+    """The parity sweep's cases, Keras run once each: `[(batch, seq, feeds, {output: array})]`."""
     specs = input_specs(model)
-    rows = []
+    cases = []
     for batch in batch_sizes:
         for seq in sequence_lengths:
             feeds = sample_inputs(specs, batch, seq, _max_token_id(model), input_ranges)
-            keras_out = call_model(model, feeds)
-            runs = {}
-            if saved is not None:
-                out = saved(**{k: tf.constant(v) for k, v in feeds.items()})
-                runs["saved_model"] = {k: v.numpy() for k, v in out.items()}
-            for file, session in sessions.items():
-                runs[COLUMNS[file]] = run_onnx(session, feeds)
-            for name in output_names(model):
-                ref = keras.ops.convert_to_numpy(keras_out[name])
-                row = {"output": name, "batch": batch, "seq": seq}
-                for artifact, out in runs.items():
-                    row[f"{artifact}_vs_keras"] = max_abs_diff(out[name], ref)
-                rows.append(row)
+            reference = {
+                k: keras.ops.convert_to_numpy(v) for k, v in call_model(model, feeds).items()
+            }
+            cases.append((batch, seq, feeds, reference))
+    return cases
+
+
+def parity_rows(cases, saved, sessions):
+    """Max-abs differences vs Keras for each output and case of `sweep`, one column per
+    artifact (`saved` may be None; `sessions` maps an ONNX file to its session)."""
+    import tensorflow as tf
+
+    rows = []
+    for batch, seq, feeds, reference in cases:
+        runs = {}
+        if saved is not None:
+            out = saved(**{k: tf.constant(v) for k, v in feeds.items()})
+            runs["saved_model"] = {k: v.numpy() for k, v in out.items()}
+        for file, session in sessions.items():
+            runs[COLUMNS[file]] = run_onnx(session, feeds)
+        for name, ref in reference.items():
+            row = {"output": name, "batch": batch, "seq": seq}
+            for artifact, out in runs.items():
+                row[f"{artifact}_vs_keras"] = max_abs_diff(out[name], ref)
+            rows.append(row)
     return rows
 
 
-def quantization_drift(model, session, batch_sizes, sequence_lengths, input_ranges=None):
-    """How far int8 outputs move from Keras: per output, the largest absolute difference,
-    that difference relative to the largest |Keras output|, and the fraction of positions
-    whose argmax over the last axis is unchanged."""
-    specs = input_specs(model)
+def quantization_drift(cases, session):
+    """How far int8 outputs move from Keras over the `sweep` cases: per output, the largest
+    absolute difference, that difference relative to the largest |Keras output|, and the
+    fraction of positions whose argmax over the last axis is unchanged."""
     report = {}
-    for batch in batch_sizes:
-        for seq in sequence_lengths:
-            feeds = sample_inputs(specs, batch, seq, _max_token_id(model), input_ranges)
-            keras_out = call_model(model, feeds)
-            quantized = run_onnx(session, feeds)
-            for name in output_names(model):
-                ref = keras.ops.convert_to_numpy(keras_out[name]).astype("float64")
-                got = quantized[name].astype("float64")
-                entry = report.setdefault(name, {"max_abs_diff": 0.0, "scale": 0.0, "same": []})
-                entry["max_abs_diff"] = max(entry["max_abs_diff"], max_abs_diff(got, ref))
-                entry["scale"] = max(entry["scale"], float(np.abs(ref).max()))
-                entry["same"].append((got.argmax(-1) == ref.argmax(-1)).ravel())
+    for _, _, feeds, reference in cases:
+        quantized = run_onnx(session, feeds)
+        for name, ref in reference.items():
+            ref, got = ref.astype("float64"), quantized[name].astype("float64")
+            entry = report.setdefault(name, {"max_abs_diff": 0.0, "scale": 0.0, "same": []})
+            entry["max_abs_diff"] = max(entry["max_abs_diff"], max_abs_diff(got, ref))
+            entry["scale"] = max(entry["scale"], float(np.abs(ref).max()))
+            entry["same"].append((got.argmax(-1) == ref.argmax(-1)).ravel())
     return {
         name: {
             "max_abs_diff": e["max_abs_diff"],
@@ -298,11 +301,12 @@ def export_model(
                 for file in onnx_info["files"]
                 if file != "model.int8.onnx"
             }
-        rows = parity_rows(model, saved, sessions, batch_sizes, sequence_lengths, input_ranges)
+        cases = sweep(model, batch_sizes, sequence_lengths, input_ranges)
+        rows = parity_rows(cases, saved, sessions)
         worst = check(rows, tolerance)
         text_onnx = None
         if strings_in:
-            text_onnx = _export_text_onnx(model, tmp, tokenizer, packer, formats, opset)
+            text_onnx = _export_text_onnx(model, tmp, tokenizer, packer, sessions, opset)
         decoding = None
         if "onnx" in formats and _is_causal_lm(model):
             decoding = _export_decoding(model, tmp, opset, tolerance)
@@ -310,7 +314,7 @@ def export_model(
             session = ort.InferenceSession(
                 str(tmp / "model.int8.onnx"), providers=["CPUExecutionProvider"]
             )
-            int8 = quantization_drift(model, session, batch_sizes, sequence_lengths, input_ranges)
+            int8 = quantization_drift(cases, session)
         strings_vs_ids = None
         if tokenizer is not None and saved is not None:
             strings_vs_ids = text_parity(tmp / "saved_model", tokenizer, packer, max_length)
@@ -397,19 +401,12 @@ def _export_decoding(model, folder: Path, opset, tolerance) -> dict:
     import onnxruntime as ort
 
     from export.decoding import write_decode_onnx
-    from serving.generation import cached_greedy
+    from serving.generation import cached_greedy, session_step
 
     max_length = _max_sequence_length(model)
     spec = write_decode_onnx(model, folder / "decode.onnx", max_length, opset)
     session = ort.InferenceSession(str(folder / "decode.onnx"), providers=["CPUExecutionProvider"])
-
-    def step(token_ids, cache, index):
-        feeds = {
-            "token_ids": token_ids.astype("int32"),
-            "cache": cache,
-            "index": np.asarray(index, np.int32),
-        }
-        return session.run(["logits", "updated_cache"], feeds)
+    step = session_step(session)
 
     rng = np.random.default_rng(0)
     vocabulary = _max_token_id(model)
@@ -420,10 +417,10 @@ def _export_decoding(model, folder: Path, opset, tolerance) -> dict:
     full = keras.ops.convert_to_numpy(model(ids, training=False))
     cache = np.zeros((1, spec["layers"], 2, max_length, spec["kv_heads"], spec["key_dim"]),
                      np.float32)  # fmt: skip
-    logits, cache = step(ids[:, :5], cache, np.int32(0))
+    logits, cache = step(ids[:, :5], cache, 0)
     worst = max_abs_diff(logits, full[:, 4])
     for t in range(5, ids.shape[1]):
-        logits, cache = step(ids[:, t : t + 1], cache, np.int32(t))
+        logits, cache = step(ids[:, t : t + 1], cache, t)
         worst = max(worst, max_abs_diff(logits, full[:, t]))
     limit = tolerance["logits"] if isinstance(tolerance, dict) else tolerance
     if worst > limit:
@@ -440,25 +437,22 @@ def _export_decoding(model, folder: Path, opset, tolerance) -> dict:
             "greedy_equals_keras": True}  # fmt: skip
 
 
-def _export_text_onnx(model, folder: Path, tokenizer, packer, formats, opset) -> dict:
+def _export_text_onnx(model, folder: Path, tokenizer, packer, sessions, opset) -> dict:
     """`model.text.onnx`, checked: on ASCII samples its outputs equal `model.onnx` on our
     tokenizer's ids (non-ASCII text may differ; see `export.text_onnx`)."""
     from export.text_onnx import text_session, write_text_onnx
 
-    if tokenizer is None or packer is not None or len(model.inputs) != 1 or "onnx" not in formats:
+    if tokenizer is None or packer is not None or len(model.inputs) != 1 or not sessions:
         raise ValueError(
             "`strings_in` needs a `tokenizer`, no `packer`, a model with one ids input and "
             f"'onnx' in `formats`. Received: tokenizer={tokenizer is not None}, "
-            f"packer={packer is not None}, inputs={len(model.inputs)}, formats={formats}"
+            f"packer={packer is not None}, inputs={len(model.inputs)}, "
+            f"onnx written: {bool(sessions)}"
         )
-    import onnxruntime as ort
-
+    ids_session = sessions["model.onnx"]
     max_length = _max_sequence_length(model)
     write_text_onnx(folder / "model.onnx", folder / "model.text.onnx", tokenizer, max_length, opset)
     text = text_session(folder / "model.text.onnx")
-    ids_session = ort.InferenceSession(
-        str(folder / "model.onnx"), providers=["CPUExecutionProvider"]
-    )
     (name,) = [spec["name"] for spec in input_specs(model)]
     worst = 0.0
     for line in TEXT_SAMPLES:

@@ -10,26 +10,23 @@ time (`index` t), so onnxruntime generation never recomputes the prefix.
 from pathlib import Path
 
 
-def cache_spec(model, max_length):
-    """`{"layers", "kv_heads", "key_dim", "max_length"}` of a `CausalLM`'s cache."""
-    from keras_attn.decoding import CausalLMRunner
-
-    attention = CausalLMRunner(model).blocks[0].self_attention
+def cache_spec(runner, max_length):
+    """`{"layers", "kv_heads", "key_dim", "max_length"}` of a `CausalLMRunner`'s cache."""
+    attention = runner.blocks[0].self_attention
     return {
-        "layers": len(CausalLMRunner(model).blocks),
+        "layers": len(runner.blocks),
         "kv_heads": attention.num_key_value_heads or attention.num_heads,
         "key_dim": attention.key_dim,
         "max_length": int(max_length),
     }
 
 
-def decode_function(model, spec):
+def decode_function(runner, spec):
+    """A `tf.function` of (token ids, stacked cache, index) running `runner.step`."""
     import tensorflow as tf
 
-    from keras_attn.decoding import CausalLMRunner
     from keras_attn.layers.multi_head_attention import scatter_cache_writes
 
-    runner = CausalLMRunner(model)
     signature = [
         tf.TensorSpec([None, None], tf.int32, name="token_ids"),
         tf.TensorSpec(
@@ -51,11 +48,15 @@ def decode_function(model, spec):
 
 
 def write_decode_onnx(model, path: Path, max_length, opset=17) -> dict:
-    """Writes the decode graph to `path`; returns its cache spec (for the manifest)."""
+    """Writes the decode graph of a `CausalLM` to `path`; returns its cache spec (for the
+    manifest)."""
     import tf2onnx
 
-    spec = cache_spec(model, max_length)
-    decode, signature = decode_function(model, spec)
+    from keras_attn.decoding import CausalLMRunner
+
+    runner = CausalLMRunner(model)
+    spec = cache_spec(runner, max_length)
+    decode, signature = decode_function(runner, spec)
     proto, _ = tf2onnx.convert.from_function(decode, input_signature=signature, opset=opset)
     with open(path, "wb") as f:
         f.write(proto.SerializeToString())

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from serving.generation import cached_greedy, greedy
+from serving.generation import cached_greedy, greedy, session_step
 from serving.manifest import read_manifest, verify_files
 from serving.tokenizer import WordPieceTextTokenizer
 
@@ -49,6 +49,7 @@ class Predictor:
                 str(self.folder / self.decoding["file"]), options,
                 providers=["CPUExecutionProvider"],
             )  # fmt: skip
+            self._decode_step = session_step(self.decode_session)
         self.tokenizer = None
         if self.manifest.get("tokenizer"):
             self.tokenizer = WordPieceTextTokenizer.from_folder(
@@ -79,17 +80,13 @@ class Predictor:
 
     def decode_step(self, token_ids, cache, index):
         """One call of the exported decode graph: `(last logits, updated cache)`."""
-        feeds = {"token_ids": np.asarray(token_ids, np.int32), "cache": cache,
-                 "index": np.asarray(index, np.int32)}  # fmt: skip
-        return self.decode_session.run(["logits", "updated_cache"], feeds)
+        return self._decode_step(token_ids, cache, index)
 
     def generate_ids(self, prompts, max_new_tokens=20, stop_token_ids=(), use_cache=True):
         """Greedy continuation of id prompts; returns the new ids of each (a stop token ends
         a row and is included). Uses the exported key/value-cache graph (`decode.onnx`)
         when the artifact has one, unless `use_cache=False`."""
         if use_cache and self.decode_session is not None:
-            if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-                raise ValueError(f"`max_new_tokens` must be >= 0. Received: {max_new_tokens!r}")
             return cached_greedy(
                 self.decode_step,
                 self.decoding,
