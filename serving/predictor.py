@@ -14,6 +14,10 @@ from serving.manifest import read_manifest, verify_files
 from serving.tokenizer import WordPieceTextTokenizer
 
 
+class InputError(ValueError):
+    """Inputs that do not fit the exported model: wrong names, shapes, dtypes, lengths, ids."""
+
+
 class Predictor:
     """Runs an exported model (`model.onnx` + `manifest.json` [+ `tokenizer/`]).
 
@@ -57,21 +61,48 @@ class Predictor:
             )
 
     def run(self, feeds):
-        """Runs the model on `{input_name: array}`; returns `{output_name: array}`."""
+        """Runs the model on `{input_name: array}`; returns `{output_name: array}`.
+
+        Checks every input first and raises `InputError` naming the problem: input names,
+        rank, fixed axes, dtype (integers are cast to the model's integer type only when no
+        value changes, e.g. INT64 ids → INT32), sequence length, and ids outside the
+        vocabulary.
+        """
         if set(feeds) != set(self.inputs):
-            raise ValueError(f"inputs must be {sorted(self.inputs)}. Received: {sorted(feeds)}")
-        arrays = {}
-        for name, value in feeds.items():
-            spec = self.inputs[name]
-            array = np.asarray(value)
-            if array.ndim != len(spec["shape"]):
-                raise ValueError(
-                    f"`{name}` must have rank {len(spec['shape'])} {spec['shape']}. "
-                    f"Received: shape {array.shape}"
-                )
-            arrays[name] = array.astype(spec["dtype"], copy=False)
+            raise InputError(f"inputs must be {sorted(self.inputs)}; received {sorted(feeds)}")
+        arrays = {name: self._checked(name, value) for name, value in feeds.items()}
         outputs = self.session.run(self.output_names, arrays)
         return dict(zip(self.output_names, outputs, strict=True))
+
+    def _checked(self, name, value):
+        spec = self.inputs[name]
+        array = value if isinstance(value, np.ndarray) else np.asarray(value)
+        if array.dtype == object:
+            raise InputError(f"input {name!r} must be a rectangular numeric tensor")
+        if array.ndim != len(spec["shape"]):
+            raise InputError(
+                f"input {name!r} must have rank {len(spec['shape'])} {spec['shape']}; "
+                f"received shape {list(array.shape)}"
+            )
+        for axis, (want, got) in enumerate(zip(spec["shape"], array.shape, strict=True)):
+            if isinstance(want, int) and want != got:
+                raise InputError(f"input {name!r} axis {axis} must be {want}; received {got}")
+        want = np.dtype(spec["dtype"])
+        if np.issubdtype(want, np.integer) != np.issubdtype(array.dtype, np.integer):
+            raise InputError(f"input {name!r} must be {want.name.upper()}; received "
+                             f"{array.dtype.name.upper()}")  # fmt: skip
+        cast = array.astype(want, copy=False)
+        if np.issubdtype(want, np.integer) and not np.array_equal(cast, array):
+            raise InputError(f"input {name!r} has values outside {want}")
+        limit = self.max_sequence_length
+        if limit is not None and cast.ndim >= 2 and cast.shape[-1] > limit:
+            raise InputError(f"input {name!r} has sequence length {cast.shape[-1]}; the model "
+                             f"accepts at most {limit}")  # fmt: skip
+        vocabulary = self.manifest.get("vocabulary_size")
+        if vocabulary and "token" in name and cast.size:
+            if cast.min() < 0 or cast.max() >= vocabulary:
+                raise InputError(f"input {name!r} has ids outside [0, {vocabulary})")
+        return cast
 
     def logits(self, token_ids):
         """Logits of a single-input language model for int ids `(batch, length)`."""

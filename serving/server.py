@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from serving.manifest import ArtifactError
-from serving.predictor import Predictor
+from serving.predictor import InputError, Predictor
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 V2_DATATYPES = {"INT32": "int32", "INT64": "int64", "FP32": "float32", "FP64": "float64"}
@@ -91,68 +91,6 @@ def _v2_tensor_spec(spec):
     return {"name": spec["name"], "datatype": datatype, "shape": shape}
 
 
-def _check_input(spec, array, name):
-    if array.ndim != len(spec["shape"]):
-        raise ServingError(
-            400, f"input {name!r} must have rank {len(spec['shape'])} {spec['shape']}; "
-            f"received shape {list(array.shape)}",
-        )  # fmt: skip
-    for axis, (want, got) in enumerate(zip(spec["shape"], array.shape, strict=True)):
-        if isinstance(want, int) and want != got:
-            raise ServingError(
-                400, f"input {name!r} axis {axis} must be {want}; received {got}"
-            )  # fmt: skip
-
-
-def _cast(spec, array, name):
-    """Casts to the model's dtype where no value changes (INT64 ids → INT32)."""
-    want = np.dtype(spec["dtype"])
-    if array.dtype == want:
-        return array
-    if np.issubdtype(want, np.integer) != np.issubdtype(array.dtype, np.integer):
-        raise ServingError(
-            400, f"input {name!r} must be {NUMPY_TO_V2.get(str(want), str(want))}; received "
-            f"{NUMPY_TO_V2.get(str(array.dtype), str(array.dtype))}",
-        )  # fmt: skip
-    cast = array.astype(want)
-    if np.issubdtype(want, np.integer) and not np.array_equal(cast, array):
-        raise ServingError(400, f"input {name!r} has values outside {want}")
-    return cast
-
-
-def run_checked(predictor, feeds):
-    """Validates names, shapes, dtypes, sequence length and vocabulary, then runs."""
-    expected = {spec["name"]: spec for spec in predictor.manifest["inputs"]}
-    if set(feeds) != set(expected):
-        raise ServingError(
-            400, f"inputs must be {sorted(expected)}; received {sorted(feeds)}"
-        )  # fmt: skip
-    arrays = {}
-    limit = predictor.max_sequence_length
-    for name, value in feeds.items():
-        spec = expected[name]
-        array = value if isinstance(value, np.ndarray) else np.asarray(value)
-        if array.dtype == object:
-            raise ServingError(400, f"input {name!r} must be a rectangular numeric tensor")
-        _check_input(spec, array, name)
-        array = _cast(spec, array, name)
-        if limit is not None and array.ndim >= 2 and array.shape[-1] > limit:
-            raise ServingError(
-                400, f"input {name!r} has sequence length {array.shape[-1]}; the model "
-                f"accepts at most {limit}",
-            )  # fmt: skip
-        vocabulary = predictor.manifest.get("vocabulary_size")
-        if (
-            vocabulary
-            and "token" in name
-            and array.size
-            and (array.min() < 0 or array.max() >= vocabulary)
-        ):
-            raise ServingError(400, f"input {name!r} has ids outside [0, {vocabulary})")
-        arrays[name] = array
-    return predictor.session.run(predictor.output_names, arrays)
-
-
 def create_app(repository, max_body_bytes=16 << 20):
     """The FastAPI application serving `repository` (a `ModelRepository` or a folder)."""
     from fastapi import FastAPI, Request
@@ -166,6 +104,10 @@ def create_app(repository, max_body_bytes=16 << 20):
     @app.exception_handler(ServingError)
     async def serving_error(request, error: ServingError):
         return JSONResponse({"error": error.message}, status_code=error.status)
+
+    @app.exception_handler(InputError)
+    async def input_error(request, error: InputError):
+        return JSONResponse({"error": str(error)}, status_code=400)
 
     @app.exception_handler(Exception)
     async def unexpected_error(request, error: Exception):
@@ -208,7 +150,10 @@ def create_app(repository, max_body_bytes=16 << 20):
     def ready():
         return {}
 
-    def v2_metadata(name, version):
+    # Each model route answers with and without `/versions/{version}` (the newest version).
+    @app.get("/v2/models/{name}")
+    @app.get("/v2/models/{name}/versions/{version}")
+    def model_metadata(name: str, version: str | None = None):
         _, predictor = repository.get(name, version)
         return {
             "name": name,
@@ -218,25 +163,15 @@ def create_app(repository, max_body_bytes=16 << 20):
             "outputs": [_v2_tensor_spec(s) for s in predictor.manifest["outputs"]],
         }
 
-    @app.get("/v2/models/{name}")
-    def model_metadata(name: str):
-        return v2_metadata(name, None)
-
-    @app.get("/v2/models/{name}/versions/{version}")
-    def model_version_metadata(name: str, version: str):
-        return v2_metadata(name, version)
-
     @app.get("/v2/models/{name}/ready")
-    def model_ready(name: str):
-        repository.get(name)
-        return {}
-
     @app.get("/v2/models/{name}/versions/{version}/ready")
-    def model_version_ready(name: str, version: str):
+    def model_ready(name: str, version: str | None = None):
         repository.get(name, version)
         return {}
 
-    async def v2_infer(request, name, version):
+    @app.post("/v2/models/{name}/infer")
+    @app.post("/v2/models/{name}/versions/{version}/infer")
+    async def infer(name: str, request: Request, version: str | None = None):
         body = await json_body(request)
         chosen, predictor = repository.get(name, version)
         if not isinstance(body, dict) or not isinstance(body.get("inputs"), list):
@@ -261,7 +196,7 @@ def create_app(repository, max_body_bytes=16 << 20):
                     f"{tensor['shape']}: {error}",
                 ) from None  # fmt: skip
             feeds[tensor["name"]] = array
-        outputs = dict(zip(predictor.output_names, run_checked(predictor, feeds), strict=True))
+        outputs = predictor.run(feeds)
         wanted = [o["name"] for o in body.get("outputs") or []] or list(outputs)
         unknown = sorted(set(wanted) - set(outputs))
         if unknown:
@@ -283,16 +218,10 @@ def create_app(repository, max_body_bytes=16 << 20):
             response["id"] = body["id"]
         return response
 
-    @app.post("/v2/models/{name}/infer")
-    async def infer(name: str, request: Request):
-        return await v2_infer(request, name, None)
-
-    @app.post("/v2/models/{name}/versions/{version}/infer")
-    async def infer_version(name: str, version: str, request: Request):
-        return await v2_infer(request, name, version)
-
     # --- TF Serving REST -----------------------------------------------------------------
-    def tfs_status(name, version):
+    @app.get("/v1/models/{name}")
+    @app.get("/v1/models/{name}/versions/{version}")
+    def tfs_status(name: str, version: str | None = None):
         chosen, _ = repository.get(name, version)
         return {
             "model_version_status": [
@@ -301,7 +230,9 @@ def create_app(repository, max_body_bytes=16 << 20):
             ]
         }  # fmt: skip
 
-    def tfs_metadata(name, version):
+    @app.get("/v1/models/{name}/metadata")
+    @app.get("/v1/models/{name}/versions/{version}/metadata")
+    def tfs_metadata(name: str, version: str | None = None):
         chosen, predictor = repository.get(name, version)
 
         def tensor_info(spec):
@@ -319,7 +250,9 @@ def create_app(repository, max_body_bytes=16 << 20):
             "metadata": {"signature_def": {"signature_def": {"serving_default": signature}}},
         }
 
-    async def tfs_predict(request, name, version):
+    @app.post("/v1/models/{name}:predict")
+    @app.post("/v1/models/{name}/versions/{version}:predict")
+    async def tfs_predict(name: str, request: Request, version: str | None = None):
         body = await json_body(request)
         _, predictor = repository.get(name, version)
         names = [s["name"] for s in predictor.manifest["inputs"]]
@@ -344,7 +277,7 @@ def create_app(repository, max_body_bytes=16 << 20):
                 arrays[key] = np.asarray(value)
             except ValueError as error:
                 raise ServingError(400, f"input {key!r} is not rectangular: {error}") from None
-        outputs = dict(zip(predictor.output_names, run_checked(predictor, arrays), strict=True))
+        outputs = predictor.run(arrays)
         if "instances" in body:
             if len(outputs) == 1:
                 (values,) = outputs.values()
@@ -355,30 +288,6 @@ def create_app(repository, max_body_bytes=16 << 20):
         if len(outputs) == 1:
             return {"outputs": next(iter(outputs.values())).tolist()}
         return {"outputs": {k: v.tolist() for k, v in outputs.items()}}
-
-    @app.get("/v1/models/{name}")
-    def tfs_model(name: str):
-        return tfs_status(name, None)
-
-    @app.get("/v1/models/{name}/versions/{version}")
-    def tfs_model_version(name: str, version: str):
-        return tfs_status(name, version)
-
-    @app.get("/v1/models/{name}/metadata")
-    def tfs_model_metadata(name: str):
-        return tfs_metadata(name, None)
-
-    @app.get("/v1/models/{name}/versions/{version}/metadata")
-    def tfs_model_version_metadata(name: str, version: str):
-        return tfs_metadata(name, version)
-
-    @app.post("/v1/models/{name}:predict")
-    async def tfs_predict_latest(name: str, request: Request):
-        return await tfs_predict(request, name, None)
-
-    @app.post("/v1/models/{name}/versions/{version}:predict")
-    async def tfs_predict_version(name: str, version: str, request: Request):
-        return await tfs_predict(request, name, version)
 
     return app
 
