@@ -109,6 +109,13 @@ class TransformerBlock(keras.layers.Layer):
             return layer(*args, return_attention_scores=True, **kwargs)
         return layer(*args, **kwargs), None
 
+    @staticmethod
+    def _attend_cached(layer, return_scores, *args, **kwargs):
+        """Calls an attention sublayer with a `cache`; returns `(output, weights or None,
+        cache)`."""
+        *outputs, cache = layer(*args, return_attention_scores=return_scores, **kwargs)
+        return outputs[0], (outputs[1] if return_scores else None), cache
+
     def _residual(self, x, norm, sublayer, dropout, training):
         """Applies `sublayer` (returning `(output, extra)`) with residual, dropout and LayerNorm."""
         h = norm(x) if self.normalize_first else x

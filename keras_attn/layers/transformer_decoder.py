@@ -121,28 +121,30 @@ class TransformerDecoder(TransformerBlock):
                     training=training,
                 )
             # Incremental decoding: the padding mask, if any, covers the whole cache.
-            *outputs, cache = self.self_attention(
+            output, scores, cache = self._attend_cached(
+                self.self_attention,
+                return_attention_scores,
                 x,
                 value_mask=decoder_padding_mask,
                 cache=self_attention_cache,
                 cache_update_index=self_attention_cache_update_index,
-                return_attention_scores=return_attention_scores,
                 training=training,
             )
             new_cache.append(cache)
-            return outputs[0], (outputs[1] if return_attention_scores else None)
+            return output, scores
 
         def cross_attention(x):
             if cross_attention_cache is not None:
-                *outputs, _ = self.cross_attention(
+                output, scores, _ = self._attend_cached(
+                    self.cross_attention,
+                    return_attention_scores,
                     x,
                     value_mask=encoder_padding_mask,
                     attention_mask=encoder_attention_mask,
                     cache=cross_attention_cache,
-                    return_attention_scores=return_attention_scores,
                     training=training,
                 )
-                return outputs[0], (outputs[1] if return_attention_scores else None)
+                return output, scores
             return self._attend(
                 self.cross_attention,
                 return_attention_scores,
