@@ -7,6 +7,7 @@ with optional W_q, W_k, W_v projections.
 import keras
 from keras import ops
 
+from keras_attn.layers.initializers import fresh
 from keras_attn.layers.masks import masked_softmax, merge_masks
 from keras_attn.layers.scores import get_score, serialize_score
 
@@ -134,8 +135,8 @@ class Attention(keras.layers.Layer):
         return keras.layers.Dense(
             units,
             use_bias=self.use_bias,
-            kernel_initializer=self.kernel_initializer,
-            bias_initializer=self.bias_initializer,
+            kernel_initializer=fresh(self.kernel_initializer),
+            bias_initializer=fresh(self.bias_initializer),
             dtype=self.dtype_policy,
             name=name,
         )

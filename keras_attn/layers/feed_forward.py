@@ -5,6 +5,8 @@ import math
 import keras
 from keras import ops
 
+from keras_attn.layers.initializers import fresh
+
 
 def gelu(x):
     """Exact GELU, `0.5·x·(1 + erf(x/√2))`.
@@ -91,8 +93,8 @@ class FeedForward(keras.layers.Layer):
         return keras.layers.Dense(
             units,
             use_bias=self.use_bias,
-            kernel_initializer=self.kernel_initializer,
-            bias_initializer=self.bias_initializer,
+            kernel_initializer=fresh(self.kernel_initializer),
+            bias_initializer=fresh(self.bias_initializer),
             dtype=self.dtype_policy,
             name=name,
         )

@@ -11,6 +11,8 @@ import math
 import keras
 from keras import ops
 
+from keras_attn.layers.initializers import fresh
+
 
 @keras.saving.register_keras_serializable(package="keras_attn")
 class Score(keras.layers.Layer):
@@ -150,17 +152,19 @@ class AdditiveScore(Score):
         units = self.units or key_shape[-1]
         init = self.kernel_initializer
         self.query_kernel = self.add_weight(
-            name="query_kernel", shape=(query_shape[-1], units), initializer=init
+            name="query_kernel", shape=(query_shape[-1], units), initializer=fresh(init)
         )
         self.key_kernel = self.add_weight(
-            name="key_kernel", shape=(key_shape[-1], units), initializer=init
+            name="key_kernel", shape=(key_shape[-1], units), initializer=fresh(init)
         )
         self.bias = (
             self.add_weight(name="bias", shape=(units,), initializer="zeros")
             if self.use_bias
             else None
         )
-        self.score_kernel = self.add_weight(name="score_kernel", shape=(units,), initializer=init)
+        self.score_kernel = self.add_weight(
+            name="score_kernel", shape=(units,), initializer=fresh(init)
+        )
 
     def call(self, query, key):
         q = ops.expand_dims(ops.matmul(query, self.query_kernel), -2)  # (..., T, 1, u)

@@ -9,6 +9,7 @@ from keras_attn.layers.embeddings import (
     SinusoidalPositionEncoding,
     TokenEmbedding,
 )
+from keras_attn.layers.initializers import fresh
 
 POSITION_ENCODINGS = ("learned", "sinusoidal")
 
@@ -91,7 +92,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
             vocabulary_size,
             embedding_dim,
             mask_zero=mask_zero,
-            embeddings_initializer=self.embeddings_initializer,
+            embeddings_initializer=fresh(self.embeddings_initializer),
             dtype=policy,
             name="token_embedding",
         )
@@ -106,7 +107,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
             position_encoding,
             sequence_length,
             "position_embedding",
-            initializer=self.embeddings_initializer,
+            initializer=fresh(self.embeddings_initializer),
             dtype=policy,
         )
         self.segment_embedding = None
@@ -114,7 +115,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
             self.segment_embedding = SegmentEmbedding(
                 num_segments,
                 embedding_dim,
-                self.embeddings_initializer,
+                fresh(self.embeddings_initializer),
                 dtype=policy,
                 name="segment_embedding",
             )
