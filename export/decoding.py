@@ -25,7 +25,7 @@ def decode_function(runner, spec):
     """A `tf.function` of (token ids, stacked cache, index) running `runner.step`."""
     import tensorflow as tf
 
-    from keras_attn.layers.multi_head_attention import scatter_cache_writes
+    from keras_attn.layers.multi_head_attention import onnx_tracing
 
     signature = [
         tf.TensorSpec([None, None], tf.int32, name="token_ids"),
@@ -40,7 +40,7 @@ def decode_function(runner, spec):
     @tf.function(input_signature=signature)
     def decode(token_ids, cache, index):
         caches = [cache[:, n] for n in range(spec["layers"])]
-        with scatter_cache_writes():  # tf2onnx converts ScatterND, not XlaDynamicUpdateSlice
+        with onnx_tracing():  # tf2onnx converts ScatterND, not XlaDynamicUpdateSlice
             logits, state = runner.step(token_ids, {"caches": caches}, index)
         return {"logits": logits[:, -1], "updated_cache": tf.stack(state["caches"], axis=1)}
 

@@ -21,10 +21,12 @@ def write_onnx(model: keras.Model, path: Path, opset: int = 17) -> None:
     import tf2onnx
 
     from export.saved_model import serving_function
+    from keras_attn.layers.multi_head_attention import onnx_tracing
 
     check_opset(opset)
     serve, signature = serving_function(model)
-    proto, _ = tf2onnx.convert.from_function(serve, input_signature=signature, opset=opset)
+    with onnx_tracing():  # attention as MatMul/Softmax nodes that `export.optimize` fuses
+        proto, _ = tf2onnx.convert.from_function(serve, input_signature=signature, opset=opset)
     with open(path, "wb") as f:
         f.write(proto.SerializeToString())
 

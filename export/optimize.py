@@ -70,9 +70,14 @@ def _scalar(value):
     return float(array.reshape(-1)[0]) if array.size == 1 else None
 
 
-def _vector(value):
+def _array(value):
     const = None if value is None else value.const_value
-    return None if const is None else const.numpy().reshape(-1)
+    return None if const is None else const.numpy()
+
+
+def _vector(value):
+    array = _array(value)
+    return None if array is None else array.reshape(-1)
 
 
 def _layer_norm_check(context, x, epsilon, gamma=None, beta=None, **_):
@@ -128,6 +133,104 @@ def _gelu_replace(op, x, **_):
     return op.Gelu(x, _domain="com.microsoft")
 
 
+def _heads(op, x, shape, perm):
+    return op.Transpose(op.Reshape(x, shape), perm=perm)
+
+
+# Attention as `onnx_tracing` writes it: (B, T, H·d) projections split into heads,
+# softmax(q kᵀ [+ bias]) v, heads merged back. Queries arrive already scaled.
+def _attention_core(op, scores, v, v_shape, out_shape):
+    weights = op.Softmax(scores, _outputs=["weights"])
+    out = op.Transpose(op.MatMul(weights, _heads(op, v, v_shape, [0, 2, 1, 3])), perm=[0, 2, 1, 3])
+    return op.Reshape(out, out_shape)
+
+
+def _scores(op, q, k, q_shape, k_shape):
+    q_heads = op.Transpose(op.Reshape(q, q_shape), perm=[0, 2, 1, 3], _outputs=["q_heads"])
+    return op.MatMul(q_heads, _heads(op, k, k_shape, [0, 2, 3, 1]))
+
+
+def _attention_bias(op, q, k, v, q_shape, k_shape, v_shape, out_shape, bias):
+    scores = op.Add(_scores(op, q, k, q_shape, k_shape), bias)
+    return _attention_core(op, scores, v, v_shape, out_shape)
+
+
+def _attention_plain(op, q, k, v, q_shape, k_shape, v_shape, out_shape):
+    scores = _scores(op, q, k, q_shape, k_shape)
+    return _attention_core(op, scores, v, v_shape, out_shape)
+
+
+def _attention_check(context, q, k, v, q_heads, weights, bias=None, **_):
+    axis = weights.producer().attributes.get_int("axis", -1)
+    shapes = [t.shape for t in (q, k, v, q_heads)]
+    if axis not in (-1, 3) or any(s is None for s in shapes):
+        return False
+    (q, k, v, q_heads), heads = shapes, shapes[3][1]
+    if not isinstance(heads, int) or [len(s) for s in shapes] != [3, 3, 3, 4]:
+        return False
+    widths = [s[-1] for s in (q, k, v)]
+    if not all(isinstance(w, int) and w % heads == 0 for w in widths) or widths[0] != widths[1]:
+        return False
+    # onnxruntime takes the bias as (B|1, H|1, T, S).
+    return bias is None or (bias.shape is not None and len(bias.shape) == 4)
+
+
+def _attention_replace(op, q, k, v, q_heads, bias=None, **_):
+    return op.MultiHeadAttention(
+        q, k, v, None, None, bias,
+        num_heads=q_heads.shape[1], scale=1.0, _domain="com.microsoft",
+    )  # fmt: skip
+
+
+# Keras's matmul of a (B, T, d) tensor by a (d, n) kernel is `tf.tensordot`, which tf2onnx
+# writes as Reshape to (B·T, d), MatMul, and Reshape back to Shape(x)[:-1] + [n] (seven
+# shape nodes); onnxruntime's MatMul takes (B, T, d) as it is. The flattening Reshape may be
+# shared by several projections of one input, so it is checked, not matched.
+def _tensordot(op, flat, kernel, out_shape):
+    return op.Reshape(op.MatMul(flat, kernel), out_shape)
+
+
+def _producer(value, op_type):
+    node = None if value is None else value.producer()
+    while node is not None and node.op_type == "Cast" and op_type != "Cast":
+        node = node.inputs[0].producer()
+    return node if node is not None and node.op_type == op_type else None
+
+
+def _tensordot_input(flat, kernel, out_shape):
+    """The (B, T, d) tensor `flat` was flattened from, when `_tensordot` matches one."""
+    kernel, reshape = _array(kernel), _producer(flat, "Reshape")
+    if kernel is None or kernel.ndim != 2 or reshape is None:
+        return None
+    x, flat_shape = reshape.inputs[0], _array(reshape.inputs[1])
+    if flat_shape is None or list(flat_shape) != [-1, kernel.shape[0]]:
+        return None
+    if x.shape is None or len(x.shape) < 3:
+        return None
+    # out_shape = Concat(Gather(Shape(x), [0 .. rank-2]), [n]), through Casts.
+    concat = _producer(out_shape, "Concat")
+    if concat is None or len(concat.inputs) != 2 or _array(concat.inputs[1]) is None:
+        return None
+    if list(_array(concat.inputs[1]).reshape(-1)) != [kernel.shape[1]]:
+        return None
+    gather = _producer(concat.inputs[0], "Gather")
+    if gather is None or gather.attributes.get_int("axis", 0) != 0:
+        return None
+    indices = _array(gather.inputs[1])
+    if indices is None or list(indices.reshape(-1)) != list(range(len(x.shape) - 1)):
+        return None
+    shape = _producer(gather.inputs[0], "Shape")
+    return x if shape is not None and shape.inputs[0] is x and not shape.attributes else None
+
+
+def _tensordot_check(context, flat, kernel, out_shape, **_):
+    return _tensordot_input(flat, kernel, out_shape) is not None
+
+
+def _tensordot_replace(op, flat, kernel, out_shape, **_):
+    return op.MatMul(_tensordot_input(flat, kernel, out_shape), kernel)
+
+
 def _rules():
     from onnxscript.rewriter import pattern
 
@@ -138,6 +241,11 @@ def _rules():
                 for target in (_ln_gamma_beta, _ln_gamma, _ln_beta, _ln_plain)
             ),
             pattern.RewriteRule(_gelu_pattern, _gelu_replace, _gelu_check, name="Gelu"),
+            pattern.RewriteRule(_tensordot, _tensordot_replace, _tensordot_check),
+            *(
+                pattern.RewriteRule(target, _attention_replace, _attention_check)
+                for target in (_attention_bias, _attention_plain)
+            ),
         ],
         commute=True,
     )
@@ -150,10 +258,16 @@ def count_ops(model) -> dict[str, int]:
 
 
 def fuse(model):
-    """`model` (ONNX proto) with LayerNorm and GELU patterns replaced by fused operators."""
+    """`model` (ONNX proto) with LayerNorm, GELU and attention patterns replaced by fused
+    operators, and its shapes annotated so onnxruntime's own fusions apply."""
     import onnx
     import onnx_ir as ir
+    from onnx_ir.passes.common import TopologicalSortPass
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
     from onnxscript import optimizer
+    from onnxscript.rewriter.ort_fusions.bias_gelu import fuse_bias_gelu
+    from onnxscript.rewriter.ort_fusions.mha_scale import fuse_mha_scale
+    from onnxscript.rewriter.ort_fusions.skip_normalization import fuse_skip_layer_normalization
 
     if not any(o.domain in ("", "ai.onnx") and o.version >= 17 for o in model.opset_import):
         raise ValueError("Fusing LayerNormalization needs opset >= 17.")
@@ -165,9 +279,23 @@ def fuse(model):
     # constant row's LayerNorm into 0/0 = NaN and loses the epsilon the fused node needs.
     optimizer.fold_constants(ir_model)
     _rules().apply_to_model(ir_model)
+    optimizer.fold_constants(ir_model)  # e.g. the reshaped LayerNorm gammas and betas
     ir_model.opset_imports.setdefault("com.microsoft", 1)
     optimizer.remove_unused_nodes(ir_model)
+    # tf2onnx gives every dynamic axis its own name, so no fusion can tell that a residual
+    # and a projection have the same shape. onnxruntime's symbolic shape inference merges
+    # equal axes; then onnxscript's onnxruntime fusions add SkipLayerNormalization (residual
+    # + LayerNorm), BiasGelu and the attention scale. (Not its whole `optimize_for_ort`: its
+    # optimizer writes opset-18 Split attributes into opset-17 graphs.)
+    annotated = SymbolicShapeInference.infer_shapes(ir.to_proto(ir_model), auto_merge=True)
+    ir_model = ir.from_proto(annotated)
+    for fusion in (fuse_skip_layer_normalization, fuse_bias_gelu, fuse_mha_scale):
+        fusion(ir_model)
+    optimizer.remove_unused_nodes(ir_model)
+    TopologicalSortPass()(ir_model)  # rewrites may leave new nodes after their users
     fused = ir.to_proto(ir_model)
+    # Symbolic inference can get a rank wrong (a batched Gather); onnxruntime infers again.
+    del fused.graph.value_info[:]
     onnx.checker.check_model(fused)
     return fused
 

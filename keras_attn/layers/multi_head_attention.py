@@ -9,28 +9,38 @@ from keras_attn.layers.attention import (
     combined_mask,
     resolve_input_masks,
 )
+from keras_attn.layers.initializers import fresh
+from keras_attn.layers.masks import mask_value
 from keras_attn.layers.scores import get_score, serialize_score
 
-_CACHE_WRITES = {"mode": "slice"}
+_TRACING = {"onnx": False}
 
 
-class scatter_cache_writes:
-    """Context in which cached attention writes new keys/values with a scatter instead of a
-    dynamic slice update. Same values; used when tracing graphs for tf2onnx, which has no
-    converter for TensorFlow's `XlaDynamicUpdateSlice` but converts scatters to `ScatterND`."""
+class onnx_tracing:
+    """Context in which attention traces into graphs shaped for tf2onnx and onnxruntime.
+
+    Same values, other operators:
+    - cached attention writes new keys/values with a scatter (`ScatterND`) instead of a
+      dynamic slice update (TensorFlow's `XlaDynamicUpdateSlice` has no tf2onnx converter);
+    - the fused scaled-dot path projects with plain matrix products and attends as
+      `softmax(q kᵀ + bias) v` over `(B, H, T, d)` heads, with the masks as one additive bias.
+      tf2onnx writes that as a handful of MatMul/Transpose/Softmax nodes (the einsums write
+      dozens of shape nodes), and `export.optimize.fuse` rewrites it into onnxruntime's
+      `MultiHeadAttention` operator.
+    """
 
     def __enter__(self):
-        self._previous = _CACHE_WRITES["mode"]
-        _CACHE_WRITES["mode"] = "scatter"
+        self._previous = _TRACING["onnx"]
+        _TRACING["onnx"] = True
         return self
 
     def __exit__(self, *exc):
-        _CACHE_WRITES["mode"] = self._previous
+        _TRACING["onnx"] = self._previous
 
 
 def write_cache(cache, start, new):
     """`cache (B, S, ...)` with `new (B, T, ...)` written at positions `start .. start+T-1`."""
-    if _CACHE_WRITES["mode"] == "slice":
+    if not _TRACING["onnx"]:
         return ops.slice_update(cache, [0, start] + [0] * (len(cache.shape) - 2), new)
     batch, length = ops.shape(new)[0], ops.shape(new)[1]
     rows = ops.broadcast_to(ops.expand_dims(ops.arange(batch), 1), (batch, length))
@@ -146,8 +156,8 @@ class MultiHeadAttention(keras.layers.Layer):
             equation,
             output_shape=output_shape,
             bias_axes=bias_axes if self.use_bias else None,
-            kernel_initializer=self.kernel_initializer,
-            bias_initializer=self.bias_initializer,
+            kernel_initializer=fresh(self.kernel_initializer),
+            bias_initializer=fresh(self.bias_initializer),
             dtype=self.dtype_policy,
             name=name,
         )
@@ -238,6 +248,12 @@ class MultiHeadAttention(keras.layers.Layer):
             and not return_attention_scores
             and not use_dropout
         )
+        if fused and _TRACING["onnx"] and self._kv_heads == self.num_heads:
+            merged = combined_mask(
+                query_mask, value_mask, key_mask, attention_mask, use_causal_mask,
+                ops.shape(query)[1], ops.shape(key)[1],
+            )  # fmt: skip
+            return self._attend_for_onnx(query, key, value, merged)
         # The fused kernel takes (B, T, H, d); scores take (B, H, T, d). Projecting straight
         # into the layout each path needs saves three transposes on the explicit path.
         layout = "bthk" if fused else "bhtk"
@@ -308,6 +324,44 @@ class MultiHeadAttention(keras.layers.Layer):
         if return_attention_scores:
             return output, weights
         return output
+
+    def _attend_for_onnx(self, query, key, value, merged):
+        """The fused path as `onnx_tracing` writes it: `(B, T, H·d)` projections by matmul,
+        `softmax(q kᵀ + bias) v` over `(B, H, T, d)` heads, the output projection by matmul."""
+        heads, depth = self.num_heads, self.key_dim
+
+        def project(dense, x):
+            kernel = ops.reshape(dense.kernel, (x.shape[-1], -1))
+            y = ops.matmul(x, ops.cast(kernel, x.dtype))
+            if dense.bias is None:
+                return y
+            return y + ops.cast(ops.reshape(dense.bias, (-1,)), x.dtype)
+
+        def split(x, perm):  # (B, T, H·d) -> (B, H, T, d), or (B, H, d, T) for keys
+            shape = ops.shape(x)
+            return ops.transpose(ops.reshape(x, (shape[0], shape[1], heads, depth)), perm)
+
+        q = project(self.query_dense, query)
+        q = ops.multiply(q, ops.cast(self.score.scale_for(depth), q.dtype))
+        k = project(self.key_dense, key)
+        v = project(self.value_dense, value)
+        scores = ops.matmul(split(q, (0, 2, 1, 3)), split(k, (0, 2, 3, 1)))  # (B, H, T, S)
+        if merged is not None:
+            while len(merged.shape) < 3:
+                merged = ops.expand_dims(merged, 0)
+            # One additive bias (B|1, 1, T, S): onnxruntime's attention takes it as it is.
+            full = (ops.shape(merged)[0], ops.shape(query)[1], ops.shape(key)[1])
+            merged = ops.broadcast_to(merged, full)
+            bias = ops.where(merged, 0.0, mask_value(scores.dtype))
+            scores = scores + ops.expand_dims(ops.cast(bias, scores.dtype), 1)
+        weights = ops.softmax(scores, axis=-1)
+        out = ops.transpose(ops.matmul(weights, split(v, (0, 2, 1, 3))), (0, 2, 1, 3))
+        shape = ops.shape(out)
+        out = ops.reshape(out, (shape[0], shape[1], heads * depth))
+        if merged is not None:  # rows with no visible key give zeros, as on every path
+            visible = ops.any(merged, axis=-1, keepdims=True)
+            out = out * ops.cast(visible, out.dtype)
+        return project(self.output_dense, out)
 
     def key_value_cache(self, value, key=None):
         """Projected keys and values of a fixed sequence, `(batch, 2, S, kv_heads, key_dim)`.

@@ -13,6 +13,7 @@ from export import ParityError, export_model
 from export.cli import main as cli_main
 from export.onnx import run_onnx
 from export.optimize import count_ops
+from keras_attn.layers import MultiHeadAttention, TransformerEncoder
 from keras_attn.models import CausalLM, Encoder
 from tests.models.model_cases import MODELS, build
 
@@ -41,9 +42,15 @@ def test_every_family_exports_with_parity_in_both_formats(name, tmp_path):
         assert all(row[c] <= 1e-4 for c in columns), row
     assert {o["name"] for o in manifest["outputs"]} == {r["output"] for r in rows}
     assert manifest["onnx"]["files"] == ["model.onnx", "model.opt.onnx"]
-    if name != "lstm_attention":  # every Transformer block's LayerNorms are fused
-        assert manifest["onnx"]["fused_ops"]["model.opt.onnx"]["LayerNormalization"] >= 2
-        assert "LayerNormalization" not in manifest["onnx"]["fused_ops"]["model.onnx"]
+    if name != "lstm_attention":
+        # Every block's LayerNorms are fused, and every attention layer is one
+        # MultiHeadAttention node; the unoptimized file has none of them.
+        fused = manifest["onnx"]["fused_ops"]["model.opt.onnx"]
+        norms = fused.get("LayerNormalization", 0) + fused.get("SkipLayerNormalization", 0)
+        assert norms >= 2
+        attention = [la for la in model._flatten_layers() if isinstance(la, MultiHeadAttention)]
+        assert fused["MultiHeadAttention"] == len(attention) >= 1
+        assert manifest["onnx"]["fused_ops"]["model.onnx"] == {}
 
 
 def test_fused_operator_counts_are_exact_and_outputs_unchanged(tmp_path):
@@ -52,9 +59,10 @@ def test_fused_operator_counts_are_exact_and_outputs_unchanged(tmp_path):
     manifest = export_model(encoder, tmp_path / "enc", formats=["onnx"], optimize=True,
                             verbose=False)  # fmt: skip
     fused = count_ops(onnx.load(tmp_path / "enc/model.opt.onnx"))
-    # Embedding LayerNorm + 2 per block; one exact GELU per block.
-    assert fused == {"LayerNormalization": 5, "Gelu": 2}
-    assert manifest["onnx"]["fused_ops"]["model.opt.onnx"]["LayerNormalization"] == 5
+    # Embedding LayerNorm + 2 per block, each with the residual (or embedding sum) added
+    # in; one exact GELU and one attention per block.
+    assert fused == {"SkipLayerNormalization": 5, "Gelu": 2, "MultiHeadAttention": 2}
+    assert manifest["onnx"]["fused_ops"]["model.opt.onnx"] == fused
     assert manifest["saved_model"] is None and not (tmp_path / "enc/saved_model").exists()
     # A constant row (variance 0) stays finite: the fused node keeps the epsilon.
     import onnxruntime as ort
@@ -64,6 +72,21 @@ def test_fused_operator_counts_are_exact_and_outputs_unchanged(tmp_path):
     out = run_onnx(session, {"token_ids": ids, "segment_ids": np.zeros_like(ids)})
     ref = encoder({"token_ids": ids, "segment_ids": np.zeros_like(ids)})
     np.testing.assert_allclose(out["sequence_output"], ref["sequence_output"], atol=1e-4)
+
+
+@pytest.mark.parametrize("attention", [{"num_key_value_heads": 1}, {"score": "additive"}])
+def test_attention_onnxruntime_cannot_fuse_exports_unfused_with_parity(attention, tmp_path):
+    # Grouped-query heads and non-scaled-dot scores keep their explicit graph.
+    keras.utils.set_random_seed(0)
+    ids = keras.Input((None,), dtype="int32", name="token_ids")
+    x = keras.layers.Embedding(50, 16, mask_zero=True)(ids)
+    x = TransformerEncoder(2, 32, **attention)(x)
+    model = keras.Model(ids, keras.layers.Dense(3, name="logits")(x))
+    manifest = export_model(model, tmp_path / "m", formats=["onnx"], optimize=True,
+                            verbose=False)  # fmt: skip
+    fused = manifest["onnx"]["fused_ops"]["model.opt.onnx"]
+    assert "MultiHeadAttention" not in fused and fused["SkipLayerNormalization"] == 2
+    assert manifest["parity"]["max_abs_diff"] <= 1e-4
 
 
 def test_int8_reports_drift_and_agreement_instead_of_failing(tmp_path):

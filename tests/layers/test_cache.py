@@ -104,14 +104,14 @@ def test_decoder_block_with_both_caches_equals_full():
 
 
 def test_scatter_cache_writes_equal_slice_writes():
-    from keras_attn.layers.multi_head_attention import scatter_cache_writes, write_cache
+    from keras_attn.layers.multi_head_attention import onnx_tracing, write_cache
 
     cache = RNG.normal(size=(2, 7, 2, 8)).astype("float32")
     new = RNG.normal(size=(2, 3, 2, 8)).astype("float32")
     expected = cache.copy()
     expected[:, 2:5] = new
     np.testing.assert_array_equal(to_numpy(write_cache(cache, 2, new)), expected)
-    with scatter_cache_writes():
+    with onnx_tracing():
         np.testing.assert_array_equal(to_numpy(write_cache(cache, 2, new)), expected)
         mha = ka.MultiHeadAttention(4, 8)
         full = to_numpy(mha(X, use_causal_mask=True))

@@ -191,3 +191,73 @@ def test_bad_shapes():
         ka.MultiHeadAttention(2, 4)(np.ones((2, 3, 4, 5), "float32"))
     with pytest.raises(ValueError, match="same sequence length"):
         ka.MultiHeadAttention(2, 4)(X, CTX[:, :5], CTX)
+
+
+def _differ(a, b):
+    a, b = to_numpy(a).ravel(), to_numpy(b).ravel()
+    n = min(a.size, b.size)
+    return not np.allclose(a[:n], b[:n])
+
+
+def test_every_projection_gets_its_own_initial_values():
+    # Keras 3 fixes an unseeded initializer's seed per instance: sharing one instance made
+    # W_q = W_k = W_v (and W_O when square), and both FFN layers start from one stream.
+    mha = ka.MultiHeadAttention(4, 8)
+    mha(X)
+    dense = (mha.query_dense, mha.key_dense, mha.value_dense, mha.output_dense)
+    kernels = [layer.kernel for layer in dense]  # all 16·4·8 values
+    for i in range(len(kernels)):
+        for j in range(i):
+            assert _differ(kernels[i], kernels[j]), (i, j)
+    ffn = ka.FeedForward(32)
+    ffn(X)
+    assert _differ(ffn.weights[0], ffn.weights[2])
+    additive = ka.layers.AdditiveScore()
+    additive.build((2, 3, 8), (2, 3, 8))
+    assert _differ(additive.query_kernel, additive.key_kernel)
+    embedding = ka.TokenAndPositionEmbedding(50, 6, 16, num_segments=2)
+    embedding(np.ones((1, 6), "int32"), np.zeros((1, 6), "int32"))
+    tables = [w for w in embedding.weights if "gamma" not in w.path and "beta" not in w.path]
+    assert len(tables) == 3
+    assert _differ(tables[0], tables[1]) and _differ(tables[1], tables[2])
+
+
+def test_seeded_initializer_stays_reproducible():
+    init = keras.initializers.GlorotUniform(seed=3)
+    first, second = (
+        ka.MultiHeadAttention(4, 8, kernel_initializer=init),
+        ka.MultiHeadAttention(4, 8, kernel_initializer=init),
+    )
+    first(X)
+    second(X)
+    np.testing.assert_array_equal(
+        to_numpy(first.query_dense.kernel), to_numpy(second.query_dense.kernel)
+    )
+
+
+@pytest.mark.parametrize(
+    "masks", ["none", "padding", "causal", "explicit", "empty_rows", "cross_padding"]
+)
+def test_onnx_tracing_path_equals_fused_path(masks):
+    # The graph `export` converts (plain matmuls, one additive bias) computes the same values.
+    from keras_attn.layers.multi_head_attention import onnx_tracing
+
+    layer = ka.MultiHeadAttention(4, 8)
+    value, kwargs = X, {}
+    if masks == "padding":
+        kwargs = {"query_mask": PAD, "value_mask": PAD}
+    elif masks == "causal":
+        kwargs = {"use_causal_mask": True}
+    elif masks == "explicit":
+        kwargs = {"attention_mask": RNG.random((3, 6, 6)) > 0.4}
+    elif masks == "empty_rows":  # a query row with no visible key gives zeros on both paths
+        kwargs = {"attention_mask": np.zeros((3, 6, 6), bool) | np.eye(6, dtype=bool)[:, ::-1]}
+        kwargs["attention_mask"][1, 2] = False
+    elif masks == "cross_padding":
+        value, kwargs = CTX, {"value_mask": CTX_PAD}
+    expected = to_numpy(layer(X, value, **kwargs))
+    with onnx_tracing():
+        got = to_numpy(layer(X, value, **kwargs))
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+    if masks == "empty_rows":
+        np.testing.assert_array_equal(got[1, 2], 0.0)
