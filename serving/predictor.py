@@ -78,7 +78,10 @@ class Predictor:
         spec = self.inputs[name]
         array = value if isinstance(value, np.ndarray) else np.asarray(value)
         if array.dtype == object:
-            raise InputError(f"input {name!r} must be a rectangular numeric tensor")
+            raise InputError(
+                f"input {name!r} must be a rectangular numeric tensor of datatype "
+                f"{spec['dtype'].upper()}; received strings or ragged rows (BYTES/object)"
+            )
         if array.ndim != len(spec["shape"]):
             raise InputError(
                 f"input {name!r} must have rank {len(spec['shape'])} {spec['shape']}; "

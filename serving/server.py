@@ -18,19 +18,15 @@ import numpy as np
 
 from serving.manifest import ArtifactError
 from serving.predictor import InputError, Predictor
+from serving.protocol import (
+    NUMPY_TO_V2,
+    ServingError,
+    decode_request,
+    encode_response,
+    requested_outputs,
+)
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-V2_DATATYPES = {"INT32": "int32", "INT64": "int64", "FP32": "float32", "FP64": "float64"}
-NUMPY_TO_V2 = {v: k for k, v in V2_DATATYPES.items()}
-
-
-class ServingError(Exception):
-    """An error answered as `{"error": message}` with an HTTP status."""
-
-    def __init__(self, status, message):
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 class ModelRepository:
@@ -94,7 +90,7 @@ def _v2_tensor_spec(spec):
 def create_app(repository, max_body_bytes=16 << 20):
     """The FastAPI application serving `repository` (a `ModelRepository` or a folder)."""
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse
+    from fastapi.responses import JSONResponse, Response
 
     if not isinstance(repository, ModelRepository):
         repository = ModelRepository(repository)
@@ -124,10 +120,26 @@ def create_app(repository, max_body_bytes=16 << 20):
     async def validation_error(request, error):
         return JSONResponse({"error": f"invalid request: {error.errors()}"}, status_code=400)
 
-    async def json_body(request: Request):
+    async def read_body(request: Request):
         body = await request.body()
+        encoding = request.headers.get("content-encoding", "identity").lower()
+        if encoding in ("gzip", "deflate"):  # tritonclient's request_compression_algorithm
+            import zlib
+
+            try:
+                body = zlib.decompressobj(wbits=47 if encoding == "gzip" else 15).decompress(
+                    body, max_body_bytes + 1
+                )
+            except zlib.error as error:
+                raise ServingError(400, f"body is not valid {encoding}: {error}") from None
+        elif encoding != "identity":
+            raise ServingError(415, f"unsupported Content-Encoding {encoding!r}")
         if len(body) > max_body_bytes:
             raise ServingError(413, f"request body exceeds {max_body_bytes} bytes")
+        return body
+
+    async def json_body(request: Request):
+        body = await read_body(request)
         try:
             import json
 
@@ -140,7 +152,11 @@ def create_app(repository, max_body_bytes=16 << 20):
     def server_metadata():
         from importlib.metadata import version
 
-        return {"name": "keras-attn-serve", "version": version("keras-attn"), "extensions": []}
+        return {
+            "name": "keras-attn-serve",
+            "version": version("keras-attn"),
+            "extensions": ["binary_tensor_data"],
+        }
 
     @app.get("/v2/health/live")
     def live():
@@ -172,51 +188,23 @@ def create_app(repository, max_body_bytes=16 << 20):
     @app.post("/v2/models/{name}/infer")
     @app.post("/v2/models/{name}/versions/{version}/infer")
     async def infer(name: str, request: Request, version: str | None = None):
-        body = await json_body(request)
+        body = await read_body(request)
+        header_length = request.headers.get("inference-header-content-length")
         chosen, predictor = repository.get(name, version)
-        if not isinstance(body, dict) or not isinstance(body.get("inputs"), list):
-            raise ServingError(400, "request must be an object with an `inputs` list")
-        feeds = {}
-        for tensor in body["inputs"]:
-            if not isinstance(tensor, dict) or not {"name", "shape", "datatype", "data"} <= set(
-                tensor
-            ):
-                raise ServingError(400, "each input needs name, shape, datatype and data")
-            dtype = V2_DATATYPES.get(tensor["datatype"])
-            if dtype is None:
-                raise ServingError(
-                    400, f"input {tensor['name']!r}: unsupported datatype "
-                    f"{tensor['datatype']!r}; use one of {sorted(V2_DATATYPES)}",
-                )  # fmt: skip
-            try:
-                array = np.asarray(tensor["data"], dtype=dtype).reshape(tensor["shape"])
-            except (ValueError, TypeError) as error:
-                raise ServingError(
-                    400, f"input {tensor['name']!r}: data does not fit shape "
-                    f"{tensor['shape']}: {error}",
-                ) from None  # fmt: skip
-            feeds[tensor["name"]] = array
+        payload, feeds = decode_request(body, header_length)
         outputs = predictor.run(feeds)
-        wanted = [o["name"] for o in body.get("outputs") or []] or list(outputs)
-        unknown = sorted(set(wanted) - set(outputs))
-        if unknown:
-            raise ServingError(400, f"unknown outputs {unknown}; the model has {list(outputs)}")
-        response = {
-            "model_name": name,
-            "model_version": str(chosen),
-            "outputs": [
-                {
-                    "name": key,
-                    "datatype": NUMPY_TO_V2[str(outputs[key].dtype)],
-                    "shape": list(outputs[key].shape),
-                    "data": outputs[key].ravel().tolist(),
-                }
-                for key in wanted
-            ],
-        }
-        if "id" in body:
-            response["id"] = body["id"]
-        return response
+        wanted = requested_outputs(payload, list(outputs))
+        header = {"model_name": name, "model_version": str(chosen)}
+        if "id" in payload:
+            header["id"] = payload["id"]
+        content, json_length = encode_response(header, outputs, wanted)
+        if json_length is None:
+            return Response(content, media_type="application/json")
+        return Response(
+            content,
+            media_type="application/octet-stream",
+            headers={"Inference-Header-Content-Length": str(json_length)},
+        )
 
     # --- TF Serving REST -----------------------------------------------------------------
     @app.get("/v1/models/{name}")

@@ -1,5 +1,6 @@
 """The HTTP server over real loopback: KServe v2 JSON, TF Serving REST, errors."""
 
+import json
 import shutil
 import socket
 import subprocess
@@ -122,7 +123,13 @@ ERRORS = [
         ("post", "/v2/models/toy/infer", v2_request(ids=[[1, 99999]]), 400, "outside"),
         ("post", "/v2/models/toy/infer", {"inputs": [{"name": "token_ids", "shape": [2, 2],
                                                       "datatype": "INT32", "data": [1]}]},
-         400, "does not fit"),
+         400, "needs 4 values; received 1"),
+        ("post", "/v2/models/toy/infer", v2_request(ids=[]) | {"inputs": [
+            {"name": "token_ids", "shape": [1, -2], "datatype": "INT32", "data": []}]},
+         400, "non-negative"),
+        ("post", "/v2/models/toy/infer", {"inputs": [{"name": "token_ids", "shape": [1, 1],
+                                                      "datatype": "INT32"}]},
+         400, "neither `data` nor `binary_data_size`"),
         ("post", "/v2/models/toy/infer", {"nope": 1}, 400, "inputs"),
         ("post", "/v2/models/toy/infer", v2_request(outputs=[{"name": "x"}]), 400, "unknown"),
         ("post", "/v1/models/toy:predict", {"instances": [[1, 2], [3]]}, 400, "rectangular"),
@@ -159,3 +166,120 @@ def test_the_server_never_imports_tensorflow_or_keras(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)  # fmt: skip
     assert out.stdout.strip() == "[]"
+
+
+def _expected(toy_artifact, ids=IDS):
+    from serving import Predictor
+
+    return Predictor(toy_artifact[0]).logits(np.array(ids, "int32"))
+
+
+def test_tritonclient_sync_binary_and_json(server, toy_artifact):
+    import tritonclient.http as triton
+
+    client = triton.InferenceServerClient(server.removeprefix("http://"))
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("toy") and client.is_model_ready("toy", "1")
+    assert client.get_model_metadata("toy")["inputs"][0]["name"] == "token_ids"
+    assert "binary_tensor_data" in client.get_server_metadata()["extensions"]
+    ids = triton.InferInput("token_ids", [2, 4], "INT64")  # the model takes INT32: cast
+    ids.set_data_from_numpy(np.array(IDS, "int64"))  # binary by default
+    result = client.infer("toy", [ids], request_id="r1")
+    np.testing.assert_allclose(result.as_numpy("logits"), _expected(toy_artifact), atol=1e-6)
+    assert result.get_response()["id"] == "r1"
+    ids = triton.InferInput("token_ids", [2, 4], "INT32")
+    ids.set_data_from_numpy(np.array(IDS, "int32"), binary_data=False)  # JSON both ways
+    out = triton.InferRequestedOutput("logits", binary_data=False)
+    result = client.infer("toy", [ids], outputs=[out], model_version="1")
+    assert result.get_response()["model_version"] == "1"
+    np.testing.assert_allclose(result.as_numpy("logits"), _expected(toy_artifact), atol=1e-6)
+    ids.set_data_from_numpy(np.array(IDS, "int32"))
+    zipped = client.infer("toy", [ids], request_compression_algorithm="gzip")
+    np.testing.assert_allclose(zipped.as_numpy("logits"), _expected(toy_artifact), atol=1e-6)
+    for model, tensor, words in [
+        ("nope", ids, "unknown model"),
+        ("toy", triton.InferInput("ids", [2, 4], "INT32"), "inputs must be"),
+    ]:
+        if tensor is not ids:
+            tensor.set_data_from_numpy(np.array(IDS, "int32"))
+        with pytest.raises(triton.InferenceServerException, match=words):
+            client.infer(model, [tensor])
+    client.close()
+
+
+def test_tritonclient_aio(server, toy_artifact):
+    import asyncio
+
+    import tritonclient.http as triton
+    import tritonclient.http.aio as triton_aio
+
+    async def run():
+        client = triton_aio.InferenceServerClient(server.removeprefix("http://"))
+        try:
+            assert await client.is_model_ready("toy")
+            ids = triton.InferInput("token_ids", [2, 4], "INT32")
+            ids.set_data_from_numpy(np.array(IDS, "int32"))
+            return (await client.infer("toy", [ids])).as_numpy("logits")
+        finally:
+            await client.close()
+
+    np.testing.assert_allclose(asyncio.run(run()), _expected(toy_artifact), atol=1e-6)
+
+
+def _binary(header, *chunks):
+    text = json.dumps(header).encode()
+    return text + b"".join(chunks), {"Inference-Header-Content-Length": str(len(text))}
+
+
+def test_binary_tensor_extension_byte_level(server, toy_artifact):
+    raw = np.array(IDS, "<i4").tobytes()
+    tensor = {"name": "token_ids", "shape": [2, 4], "datatype": "INT32",
+              "parameters": {"binary_data_size": len(raw)}}  # fmt: skip
+    body, headers = _binary({"inputs": [tensor], "outputs": [
+        {"name": "logits", "parameters": {"binary_data": True}}]}, raw)  # fmt: skip
+    response = httpx.post(server + "/v2/models/toy/infer", content=body, headers=headers)
+    assert response.status_code == 200
+    length = int(response.headers["inference-header-content-length"])
+    header = json.loads(response.content[:length])
+    (out,) = header["outputs"]
+    logits = np.frombuffer(response.content[length:], "<f4").reshape(out["shape"])
+    assert out["parameters"]["binary_data_size"] == logits.nbytes == len(response.content) - length
+    np.testing.assert_allclose(logits, _expected(toy_artifact), atol=1e-6)
+    # BYTES: each element is a 4-byte little-endian length, then the bytes.
+    from serving.protocol import _decode_bytes, _encode_bytes
+
+    words = np.array([b"a", b"", "Dvořák".encode()], dtype=object)
+    assert _encode_bytes(words)[:5] == b"\x01\x00\x00\x00a"
+    assert list(_decode_bytes(_encode_bytes(words), 3, "x")) == list(words)
+
+    def post(header, *chunks, length=None):
+        body, headers = _binary(header, *chunks)
+        if length is not None:
+            headers["Inference-Header-Content-Length"] = length
+        return httpx.post(server + "/v2/models/toy/infer", content=body, headers=headers)
+
+    short = dict(tensor, parameters={"binary_data_size": 8})
+    cases = [
+        (post({"inputs": [short]}, raw[:8]), "do not hold shape [2, 4]"),
+        (post({"inputs": [tensor]}, raw, b"xx"), "2 bytes of binary data belong to no input"),
+        (post({"inputs": [tensor]}, raw[:-4]), "exceeds the data sent"),
+        (post({"inputs": [tensor]}, raw, length="abc"), "must be an integer"),
+        (post({"inputs": [tensor]}, raw, length="999999"), "outside the body"),
+        (
+            post(
+                {"inputs": [dict(tensor, datatype="BYTES", parameters={"binary_data_size": 6})]},
+                b"\x09\x00\x00\x00ab",
+            ),
+            "BYTES element longer",
+        ),
+        (post({"inputs": [dict(tensor, datatype="FP64")]}, raw), "do not hold"),
+    ]
+    for response, words in cases:
+        assert response.status_code == 400, response.text
+        assert words in response.json()["error"], response.json()
+    unsupported = httpx.post(server + "/v2/models/toy/infer", content=b"{}",
+                             headers={"Content-Encoding": "br"})  # fmt: skip
+    assert unsupported.status_code == 415 and "Content-Encoding" in unsupported.json()["error"]
+    garbled = httpx.post(server + "/v2/models/toy/infer", content=b"not gzip",
+                         headers={"Content-Encoding": "gzip"})  # fmt: skip
+    assert garbled.status_code == 400 and "gzip" in garbled.json()["error"]

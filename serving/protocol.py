@@ -1,0 +1,176 @@
+"""KServe v2 (Open Inference Protocol) tensors: JSON `data`, and Triton's binary tensor
+extension, which `tritonclient.http` uses by default.
+
+With the extension a body is a JSON header of `Inference-Header-Content-Length` bytes
+followed by raw tensor bytes, in input (or output) order; a tensor sent that way carries
+`parameters.binary_data_size` instead of `data`. Numbers are little-endian and row-major;
+`BYTES` elements are each a 4-byte little-endian length and that many bytes.
+"""
+
+import json
+
+import numpy as np
+
+DATATYPES = {
+    "BOOL": "bool", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "uint32",
+    "UINT64": "uint64", "INT8": "int8", "INT16": "int16", "INT32": "int32", "INT64": "int64",
+    "FP16": "float16", "FP32": "float32", "FP64": "float64", "BYTES": "object",
+}  # fmt: skip
+NUMPY_TO_V2 = {v: k for k, v in DATATYPES.items()}
+
+
+class ServingError(Exception):
+    """An error answered as `{"error": message}` with an HTTP status."""
+
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _bad(message):
+    return ServingError(400, message)
+
+
+def _decode_bytes(raw, count, name):
+    elements, offset = [], 0
+    for _ in range(count):
+        if offset + 4 > len(raw):
+            raise _bad(f"input {name!r}: BYTES data ends inside an element's length prefix")
+        length = int.from_bytes(raw[offset : offset + 4], "little")
+        offset += 4
+        if offset + length > len(raw):
+            raise _bad(f"input {name!r}: BYTES element longer than the data sent")
+        elements.append(raw[offset : offset + length])
+        offset += length
+    if offset != len(raw):
+        raise _bad(f"input {name!r}: {len(raw) - offset} bytes left after {count} elements")
+    return np.array(elements, dtype=object)
+
+
+def _encode_bytes(array):
+    parts = []
+    for item in array.ravel():
+        data = item if isinstance(item, bytes) else str(item).encode()
+        parts += [len(data).to_bytes(4, "little"), data]
+    return b"".join(parts)
+
+
+def _shape(tensor, name):
+    shape = tensor.get("shape")
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise _bad(f"input {name!r}: `shape` must be a list of non-negative integers")
+    return shape
+
+
+def decode_request(body: bytes, header_length=None):
+    """`(request, feeds)`: the JSON header as a dict and `{input name: numpy array}`."""
+    if header_length is None:
+        header, binary = body, b""
+    else:
+        try:
+            header_length = int(header_length)
+        except ValueError:
+            raise _bad("Inference-Header-Content-Length must be an integer") from None
+        if not 0 < header_length <= len(body):
+            raise _bad(
+                f"Inference-Header-Content-Length {header_length} is outside the body "
+                f"({len(body)} bytes)"
+            )
+        header, binary = body[:header_length], body[header_length:]
+    try:
+        request = json.loads(header)
+    except ValueError as error:
+        raise _bad(f"request header is not JSON: {error}") from None
+    if not isinstance(request, dict) or not isinstance(request.get("inputs"), list):
+        raise _bad("request must be an object with an `inputs` list")
+    feeds, offset = {}, 0
+    for tensor in request["inputs"]:
+        if not isinstance(tensor, dict) or not {"name", "shape", "datatype"} <= set(tensor):
+            raise _bad("each input needs name, shape and datatype")
+        name = tensor["name"]
+        dtype = DATATYPES.get(tensor["datatype"])
+        if dtype is None:
+            raise _bad(
+                f"input {name!r}: unsupported datatype {tensor['datatype']!r}; "
+                f"use one of {sorted(DATATYPES)}"
+            )
+        shape = _shape(tensor, name)
+        count = int(np.prod(shape, dtype=np.int64))
+        size = (tensor.get("parameters") or {}).get("binary_data_size")
+        if size is not None:
+            if not isinstance(size, int) or size < 0 or offset + size > len(binary):
+                raise _bad(f"input {name!r}: binary_data_size {size!r} exceeds the data sent")
+            raw, offset = binary[offset : offset + size], offset + size
+            if dtype == "object":
+                array = _decode_bytes(raw, count, name)
+            elif size != count * np.dtype(dtype).itemsize:
+                raise _bad(
+                    f"input {name!r}: {size} bytes do not hold shape {shape} of "
+                    f"{tensor['datatype']} ({count * np.dtype(dtype).itemsize} bytes)"
+                )
+            else:
+                array = np.frombuffer(raw, dtype=np.dtype(dtype).newbyteorder("<"))
+        elif "data" in tensor:
+            try:
+                array = np.asarray(tensor["data"], dtype=dtype)
+            except (ValueError, TypeError, OverflowError) as error:
+                raise _bad(f"input {name!r}: data is not {tensor['datatype']}: {error}") from None
+            if dtype == "object":
+                array = np.array([str(x).encode() for x in array.ravel()], dtype=object)
+        else:
+            raise _bad(f"input {name!r} has neither `data` nor `binary_data_size`")
+        if array.size != count:
+            raise _bad(f"input {name!r}: shape {shape} needs {count} values; received {array.size}")
+        feeds[name] = array.reshape(shape)
+    if offset != len(binary):
+        raise _bad(f"{len(binary) - offset} bytes of binary data belong to no input")
+    return request, feeds
+
+
+def requested_outputs(request, available):
+    """`[(name, binary)]` to answer with: the ones asked for, or every output."""
+    asked = request.get("outputs")
+    default_binary = bool((request.get("parameters") or {}).get("binary_data_output", False))
+    if not asked:
+        return [(name, default_binary) for name in available]
+    if not isinstance(asked, list) or not all(isinstance(o, dict) and "name" in o for o in asked):
+        raise _bad("`outputs` must be a list of objects with a name")
+    unknown = sorted({o["name"] for o in asked} - set(available))
+    if unknown:
+        raise _bad(f"unknown outputs {unknown}; the model has {list(available)}")
+    return [
+        (o["name"], bool((o.get("parameters") or {}).get("binary_data", default_binary)))
+        for o in asked
+    ]
+
+
+def encode_response(header: dict, outputs: dict, wanted):
+    """`(body, header_length)`: JSON, or JSON then binary tensors when any output asks for
+    binary data (`header_length` is then the JSON's size, for Inference-Header-Content-Length)."""
+    tensors, chunks = [], []
+    for name, binary in wanted:
+        array = np.asarray(outputs[name])
+        datatype = NUMPY_TO_V2.get(str(array.dtype))
+        if datatype is None:
+            raise ServingError(500, f"output {name!r} has dtype {array.dtype}, not a v2 datatype")
+        tensor = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+        if binary:
+            raw = (
+                _encode_bytes(array)
+                if datatype == "BYTES"
+                else np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
+            )
+            tensor["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        elif datatype == "BYTES":
+            tensor["data"] = [x.decode() if isinstance(x, bytes) else str(x) for x in array.ravel()]
+        else:
+            tensor["data"] = array.ravel().tolist()
+        tensors.append(tensor)
+    text = json.dumps({**header, "outputs": tensors}).encode()
+    if not chunks:
+        return text, None
+    return text + b"".join(chunks), len(text)
