@@ -68,9 +68,16 @@ class Predictor:
         value changes, e.g. INT64 ids → INT32), sequence length, and ids outside the
         vocabulary.
         """
+        return self.run_checked(self.check(feeds))
+
+    def check(self, feeds):
+        """`feeds` validated and cast to the model's dtypes, or `InputError` naming the problem."""
         if set(feeds) != set(self.inputs):
             raise InputError(f"inputs must be {sorted(self.inputs)}; received {sorted(feeds)}")
-        arrays = {name: self._checked(name, value) for name, value in feeds.items()}
+        return {name: self._checked(name, value) for name, value in feeds.items()}
+
+    def run_checked(self, arrays):
+        """The model's outputs for inputs `check` accepted."""
         outputs = self.session.run(self.output_names, arrays)
         return dict(zip(self.output_names, outputs, strict=True))
 

@@ -9,13 +9,13 @@ its `manifest.json` before the model loads; the newest version answers when none
 """
 
 import argparse
-import os
 import re
 import threading
 from pathlib import Path
 
 import numpy as np
 
+from serving.batching import Batcher
 from serving.manifest import ArtifactError
 from serving.predictor import InputError, Predictor
 from serving.protocol import (
@@ -25,20 +25,31 @@ from serving.protocol import (
     encode_response,
     requested_outputs,
 )
+from serving.settings import ModelConfig, ServerSettings
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 class ModelRepository:
     """The models under `root`, loaded on first use and kept; names and versions are checked
-    before they touch the file system, so no request reaches outside `root`."""
+    before they touch the file system, so no request reaches outside `root`.
 
-    def __init__(self, root, verify=True, num_threads=None):
+    Each loaded model gets a `Batcher`; `DIR/NAME/config.json` (a `ModelConfig`) overrides
+    the batching arguments for that model.
+    """
+
+    def __init__(
+        self, root, verify=True, num_threads=None, max_batch_size=32, max_delay_ms=0.0,
+        workers=2, on_batch=None,
+    ):  # fmt: skip
         self.root = Path(root).resolve()
         if not self.root.is_dir():
             raise ValueError(f"`model_repository` must be a folder. Received: {root}")
         self.verify = verify
         self.num_threads = num_threads
+        self.batching = {"max_batch_size": max_batch_size, "max_delay_ms": max_delay_ms,
+                         "workers": workers}  # fmt: skip
+        self.on_batch = on_batch  # `model name -> callback(rows, queue depth)`
         self._loaded = {}
         self._lock = threading.Lock()
 
@@ -70,15 +81,89 @@ class ModelRepository:
         return chosen, self.root / name / str(chosen)
 
     def get(self, name, version=None):
+        """`(version, predictor)`."""
+        chosen, loaded = self._load(name, version)
+        return chosen, loaded[0]
+
+    def batcher(self, name, version=None):
+        """`(version, predictor, batcher)`."""
+        chosen, loaded = self._load(name, version)
+        return chosen, loaded[0], loaded[1]
+
+    def _load(self, name, version):
         chosen, folder = self.resolve(name, version)
         key = (name, chosen)
         with self._lock:
             if key not in self._loaded:
                 try:
-                    self._loaded[key] = Predictor(folder, self.verify, self.num_threads)
+                    predictor = Predictor(folder, self.verify, self.num_threads)
+                    config = self._config(name)
                 except ArtifactError as error:
                     raise ServingError(500, f"model {name!r} version {chosen}: {error}") from None
+                self._loaded[key] = (predictor, self._make_batcher(name, predictor, config))
         return chosen, self._loaded[key]
+
+    def _config(self, name):
+        path = self.root / name / "config.json"
+        if not path.is_file():
+            return ModelConfig()
+        try:
+            return ModelConfig.model_validate_json(path.read_text())
+        except ValueError as error:
+            raise ArtifactError(f"config.json: {error}") from None
+
+    def _make_batcher(self, name, predictor, config):
+        sequence_inputs = [s["name"] for s in predictor.manifest["inputs"] if _sequence_axis(s)]
+        sequence_outputs = [s["name"] for s in predictor.manifest["outputs"] if _sequence_axis(s)]
+        pads = config.pad_sequences and sequence_inputs and _padding_is_safe(
+            predictor, sequence_inputs, sequence_outputs
+        )  # fmt: skip
+        options = dict(self.batching)
+        for field in ("max_batch_size", "max_delay_ms"):
+            if getattr(config, field) is not None:
+                options[field] = getattr(config, field)
+        return Batcher(
+            predictor.run_checked, **options,
+            sequence_inputs=sequence_inputs if pads else (),
+            sequence_outputs=sequence_outputs if pads else (),
+            on_batch=self.on_batch(name) if self.on_batch else None,
+        )  # fmt: skip
+
+    def close(self):
+        """Runs what is queued, then stops every model's batcher (the end of a drain)."""
+        with self._lock:
+            for _, batcher in self._loaded.values():
+                batcher.close()
+
+
+def _sequence_axis(spec):
+    return len(spec["shape"]) >= 2 and spec["shape"][1] == "sequence"
+
+
+def _padding_is_safe(predictor, sequence_inputs, sequence_outputs, tolerance=1e-4):
+    """Whether zero-padding a request changes nothing at its real positions (the model masks
+    id 0), checked once on a probe: length 5 alone vs padded to 8."""
+    rng = np.random.default_rng(0)
+    high = min(predictor.manifest.get("vocabulary_size") or 50, 50)
+    feeds = {}
+    for spec in predictor.manifest["inputs"]:
+        shape = [1, 5] + [d if isinstance(d, int) else 2 for d in spec["shape"][2:]]
+        low = 1 if spec["name"] in sequence_inputs and "segment" not in spec["name"] else 0
+        high_here = 2 if "segment" in spec["name"] else high
+        feeds[spec["name"]] = rng.integers(low, high_here, shape).astype(spec["dtype"])
+    padded = {
+        k: np.pad(v, [(0, 0), (0, 3)] + [(0, 0)] * (v.ndim - 2)) if k in sequence_inputs else v
+        for k, v in feeds.items()
+    }
+    try:
+        alone, merged = predictor.run(feeds), predictor.run(padded)
+    except (InputError, ValueError):
+        return False
+    for name, value in alone.items():
+        other = merged[name][:, :5] if name in sequence_outputs else merged[name]
+        if other.shape != value.shape or not np.allclose(other, value, atol=tolerance):
+            return False
+    return True
 
 
 def _v2_tensor_spec(spec):
@@ -87,15 +172,101 @@ def _v2_tensor_spec(spec):
     return {"name": spec["name"], "datatype": datatype, "shape": shape}
 
 
-def create_app(repository, max_body_bytes=16 << 20):
-    """The FastAPI application serving `repository` (a `ModelRepository` or a folder)."""
+def create_app(repository, settings=None, **overrides):
+    """The FastAPI application serving `repository` (a `ModelRepository` or a folder).
+
+    `settings` is a `ServerSettings` (its `model_repository` is ignored when `repository` is
+    a `ModelRepository`); keyword `overrides` replace single settings, e.g.
+    `create_app(folder, max_body_bytes=1024)`.
+    """
+    import asyncio
+    import contextlib
+    import logging
+    import time
+
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response
 
+    from serving.observability import Metrics
+
+    root = repository.root if isinstance(repository, ModelRepository) else repository
+    if settings is None:
+        settings = ServerSettings(model_repository=root, **overrides)
+    elif overrides:
+        settings = settings.model_copy(update=overrides)
+    metrics = Metrics()
     if not isinstance(repository, ModelRepository):
-        repository = ModelRepository(repository)
-    app = FastAPI(title="keras-attn-serve")
+        repository = ModelRepository(
+            repository, settings.verify_sha256, settings.session_threads,
+            settings.max_batch_size, settings.max_delay_ms, settings.batch_workers,
+        )  # fmt: skip
+    if repository.on_batch is None:
+        repository.on_batch = metrics.on_batch
+    log = logging.getLogger("keras_attn.serve")
+    max_body_bytes = settings.max_body_bytes
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        log.info("serving", extra={"repository": str(repository.root),
+                                   "models": repository.names()})  # fmt: skip
+        yield
+        # uvicorn has stopped accepting and waited for in-flight requests (SIGTERM drain);
+        # queued batches finish before the process exits.
+        await asyncio.to_thread(repository.close)
+        log.info("drained")
+
+    app = FastAPI(title="keras-attn-serve", lifespan=lifespan)
     app.state.repository = repository
+    app.state.settings = settings
+    app.state.metrics = metrics
+    in_flight = {"count": 0}
+    UNLIMITED = ("/metrics", "/v2/health/live", "/v2/health/ready")
+
+    @app.middleware("http")
+    async def limit_observe_and_log(request: Request, call_next):
+        path, started = request.url.path, time.perf_counter()
+        limited = path not in UNLIMITED
+        if limited and in_flight["count"] >= settings.max_concurrency:
+            response = JSONResponse(
+                {"error": f"server busy: {settings.max_concurrency} requests in flight"},
+                status_code=503, headers={"Retry-After": "1"},
+            )  # fmt: skip
+        else:
+            in_flight["count"] += limited
+            metrics.in_flight.set(in_flight["count"])
+            try:
+                response = await call_next(request)
+            finally:
+                in_flight["count"] -= limited
+                metrics.in_flight.set(in_flight["count"])
+        seconds = time.perf_counter() - started
+        route = request.scope.get("route")
+        template = getattr(route, "path", "unmatched")
+        metrics.observe(template, response.status_code, seconds)
+        log.info("request", extra={"method": request.method, "path": path,
+                                   "status": response.status_code,
+                                   "ms": round(1000 * seconds, 3)})  # fmt: skip
+        return response
+
+    async def predict(name, version, feeds, timeout_s=None):
+        """`(version, outputs)` through the model's batcher, within the request timeout."""
+        chosen, predictor, batcher = repository.batcher(name, version)
+        arrays = predictor.check(feeds)
+        try:
+            future = batcher.submit(arrays)
+        except RuntimeError:
+            raise ServingError(503, "server is shutting down") from None
+        timeout = min(settings.request_timeout_s, timeout_s or settings.request_timeout_s)
+        try:
+            return chosen, await asyncio.wait_for(asyncio.wrap_future(future), timeout)
+        except TimeoutError:
+            raise ServingError(504, f"request timed out after {timeout:g} s") from None
+
+    @app.get("/metrics")
+    def prometheus_metrics():
+        for (name, _), (_, batcher) in list(repository._loaded.items()):
+            metrics.queue_depth.labels(name).set(batcher.queue_depth)
+        return Response(metrics.exposition(), media_type="text/plain; version=0.0.4")
 
     @app.exception_handler(ServingError)
     async def serving_error(request, error: ServingError):
@@ -121,6 +292,9 @@ def create_app(repository, max_body_bytes=16 << 20):
         return JSONResponse({"error": f"invalid request: {error.errors()}"}, status_code=400)
 
     async def read_body(request: Request):
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > max_body_bytes:
+            raise ServingError(413, f"request body exceeds {max_body_bytes} bytes")
         body = await request.body()
         encoding = request.headers.get("content-encoding", "identity").lower()
         if encoding in ("gzip", "deflate"):  # tritonclient's request_compression_algorithm
@@ -190,9 +364,10 @@ def create_app(repository, max_body_bytes=16 << 20):
     async def infer(name: str, request: Request, version: str | None = None):
         body = await read_body(request)
         header_length = request.headers.get("inference-header-content-length")
-        chosen, predictor = repository.get(name, version)
         payload, feeds = decode_request(body, header_length)
-        outputs = predictor.run(feeds)
+        timeout_us = (payload.get("parameters") or {}).get("timeout")  # tritonclient's, in µs
+        timeout_s = timeout_us / 1e6 if isinstance(timeout_us, int | float) and timeout_us else None
+        chosen, outputs = await predict(name, version, feeds, timeout_s)
         wanted = requested_outputs(payload, list(outputs))
         header = {"model_name": name, "model_version": str(chosen)}
         if "id" in payload:
@@ -265,7 +440,7 @@ def create_app(repository, max_body_bytes=16 << 20):
                 arrays[key] = np.asarray(value)
             except ValueError as error:
                 raise ServingError(400, f"input {key!r} is not rectangular: {error}") from None
-        outputs = predictor.run(arrays)
+        _, outputs = await predict(name, version, arrays)
         if "instances" in body:
             if len(outputs) == 1:
                 (values,) = outputs.values()
@@ -280,30 +455,41 @@ def create_app(repository, max_body_bytes=16 << 20):
     return app
 
 
-def parse_args(argv=None):
+def parse_settings(argv=None) -> ServerSettings:
+    """`ServerSettings` from flags (one per field, e.g. `--max-batch-size`), then
+    `KERAS_ATTN_*` environment variables, then the defaults."""
+    import pydantic
+
     parser = argparse.ArgumentParser(
         prog="keras-attn-serve", description="Serve exported models over HTTP (onnxruntime)."
     )
-    env = os.environ.get
-    parser.add_argument("--model-repository", default=env("KERAS_ATTN_MODEL_REPOSITORY"),
-                        help="folder of NAME/VERSION/ artifact folders "
-                        "(env KERAS_ATTN_MODEL_REPOSITORY)")  # fmt: skip
-    parser.add_argument("--host", default=env("KERAS_ATTN_HOST", "127.0.0.1"))
-    parser.add_argument("--port", type=int, default=int(env("KERAS_ATTN_PORT", "8000")))
-    parser.add_argument("--max-body-bytes", type=int,
-                        default=int(env("KERAS_ATTN_MAX_BODY_BYTES", str(16 << 20))))  # fmt: skip
-    args = parser.parse_args(argv)
-    if not args.model_repository:
-        parser.error("--model-repository (or KERAS_ATTN_MODEL_REPOSITORY) is required")
-    return args
+    for name, field in ServerSettings.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        help_text = f"{field.description or ''} (env KERAS_ATTN_{name.upper()})".strip()
+        if field.annotation is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
+                                help=help_text)  # fmt: skip
+        else:
+            parser.add_argument(flag, default=None, metavar=name.upper(), help=help_text)
+    args = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
+    try:
+        return ServerSettings(**args)
+    except pydantic.ValidationError as error:
+        parser.error(str(error))
 
 
 def main(argv=None):
     import uvicorn
 
-    args = parse_args(argv)
-    app = create_app(ModelRepository(args.model_repository), args.max_body_bytes)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    from serving.observability import configure_logging
+
+    settings = parse_settings(argv)
+    configure_logging(settings.log_level)
+    app = create_app(settings.model_repository, settings)
+    uvicorn.run(
+        app, host=settings.host, port=settings.port, log_config=None, access_log=False,
+        timeout_graceful_shutdown=settings.drain_timeout_s,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

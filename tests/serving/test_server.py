@@ -17,34 +17,51 @@ from serving.server import ModelRepository, create_app
 pytestmark = pytest.mark.tf_only  # the artifact fixture exports with TensorFlow
 
 
-@pytest.fixture(scope="module")
-def server(toy_artifact, tmp_path_factory):
-    import uvicorn
-
-    folder, _ = toy_artifact
-    root = tmp_path_factory.mktemp("repository")
-    shutil.copytree(folder, root / "toy" / "1")
-    shutil.copytree(folder, root / "toy" / "3")
-    shutil.copytree(folder, root / "broken" / "1")
-    (root / "broken" / "1" / "model.onnx").write_bytes(b"tampered")
+def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    config = uvicorn.Config(create_app(ModelRepository(root)), host="127.0.0.1", port=port,
-                            log_level="warning")  # fmt: skip
-    instance = uvicorn.Server(config)
+        return s.getsockname()[1]
+
+
+def serve_in_thread(app):
+    """Runs `app` with uvicorn on a loopback port; returns `(url, stop)`."""
+    import uvicorn
+
+    port = free_port()
+    instance = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                             log_level="warning"))  # fmt: skip
     thread = threading.Thread(target=instance.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
-    for _ in range(100):
+    for _ in range(200):
         try:
             httpx.get(url + "/v2/health/live")
             break
         except httpx.TransportError:
             time.sleep(0.05)
+
+    def stop():
+        instance.should_exit = True
+        thread.join(10)
+
+    return url, stop
+
+
+def repository_folder(toy_artifact, root):
+    folder, _ = toy_artifact
+    shutil.copytree(folder, root / "toy" / "1")
+    shutil.copytree(folder, root / "toy" / "3")
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(toy_artifact, tmp_path_factory):
+    root = repository_folder(toy_artifact, tmp_path_factory.mktemp("repository"))
+    shutil.copytree(toy_artifact[0], root / "broken" / "1")
+    (root / "broken" / "1" / "model.onnx").write_bytes(b"tampered")
+    url, stop = serve_in_thread(create_app(ModelRepository(root)))
     yield url
-    instance.should_exit = True
-    thread.join(5)
+    stop()
 
 
 IDS = [[5, 9, 12, 7], [8, 8, 3, 0]]

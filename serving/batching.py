@@ -1,0 +1,164 @@
+"""Adaptive request batching for one model: never waits when the queue is short.
+
+`workers` threads each take the oldest queued request and merge into it the requests
+already waiting behind it (up to `max_batch_size` rows), padded along the sequence axis to
+the longest; results are split back and trimmed to each request's length. With an empty
+queue a request runs at once, alone, so light load pays no delay; `max_delay_ms` is only
+spent collecting more rows when others are already waiting (load is present). Several
+workers keep onnxruntime busy while results are split and the next batch is assembled.
+"""
+
+import collections
+import concurrent.futures
+import threading
+import time
+
+import numpy as np
+
+
+class _Request:
+    __slots__ = ("feeds", "future", "key", "length", "rows")
+
+    def __init__(self, feeds, sequence_axis_inputs):
+        self.feeds = feeds
+        self.future = concurrent.futures.Future()
+        first = next(iter(feeds.values()))
+        self.rows = first.shape[0] if first.ndim else 1
+        lengths = {feeds[n].shape[1] for n in sequence_axis_inputs if n in feeds}
+        self.length = lengths.pop() if len(lengths) == 1 else None
+        # Requests merge when names, dtypes and every axis but batch (and sequence) agree.
+        self.key = tuple(
+            (name, str(a.dtype), a.shape[2:] if name in sequence_axis_inputs else a.shape[1:])
+            for name, a in sorted(feeds.items())
+        )
+
+
+class Batcher:
+    """Runs `run(feeds) -> outputs` (dicts of arrays with a leading batch axis) for
+    concurrent callers, merging what is queued.
+
+    Args:
+        run: the model call, e.g. `Predictor.run_checked`.
+        max_batch_size: most rows per merged call; 1 turns merging off.
+        max_delay_ms: longest a batch waits for more rows, only while others are queued.
+        workers: threads calling `run` concurrently.
+        sequence_inputs: inputs whose axis 1 is the sequence, padded with `pad_value`.
+        sequence_outputs: outputs whose axis 1 is the sequence, trimmed back per request.
+        on_batch: optional callback `(rows, queue_depth)` for metrics.
+    """
+
+    def __init__(
+        self, run, max_batch_size=32, max_delay_ms=0.0, workers=2, sequence_inputs=(),
+        sequence_outputs=(), pad_value=0, on_batch=None,
+    ):  # fmt: skip
+        if not isinstance(max_batch_size, int) or max_batch_size < 1:
+            raise ValueError(f"`max_batch_size` must be >= 1. Received: {max_batch_size!r}")
+        if not max_delay_ms >= 0:
+            raise ValueError(f"`max_delay_ms` must be >= 0. Received: {max_delay_ms!r}")
+        if not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"`workers` must be >= 1. Received: {workers!r}")
+        self._run = run
+        self.max_batch_size = max_batch_size
+        self.max_delay = max_delay_ms / 1000.0
+        self.sequence_inputs = frozenset(sequence_inputs)
+        self.sequence_outputs = frozenset(sequence_outputs)
+        self.pad_value = pad_value
+        self._on_batch = on_batch
+        self._queue = collections.deque()
+        self._ready = threading.Condition()
+        self._closed = False
+        self._threads = [
+            threading.Thread(target=self._work, name=f"batcher-{i}", daemon=True)
+            for i in range(workers)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    @property
+    def queue_depth(self):
+        return len(self._queue)
+
+    def submit(self, feeds) -> concurrent.futures.Future:
+        """Queues one request; its future resolves to the outputs for its rows only."""
+        request = _Request(feeds, self.sequence_inputs)
+        with self._ready:
+            if self._closed:
+                raise RuntimeError("the batcher is closed")
+            self._queue.append(request)
+            self._ready.notify()
+        return request.future
+
+    def close(self, wait=True):
+        """Stops taking requests; queued ones still run (a drain)."""
+        with self._ready:
+            self._closed = True
+            self._ready.notify_all()
+        if wait:
+            for thread in self._threads:
+                thread.join()
+
+    def _take(self):
+        with self._ready:
+            while not self._queue:
+                if self._closed:
+                    return None
+                self._ready.wait()
+            batch = [self._queue.popleft()]
+            rows = batch[0].rows
+            deadline = time.monotonic() + self.max_delay if self._queue else None
+            while rows < self.max_batch_size:
+                head = self._queue[0] if self._queue else None
+                if head is not None:
+                    if head.key != batch[0].key or rows + head.rows > self.max_batch_size:
+                        break
+                    batch.append(self._queue.popleft())
+                    rows += head.rows
+                    continue
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is None or remaining <= 0 or self._closed:
+                    break
+                self._ready.wait(remaining)
+            depth = len(self._queue)
+        if self._on_batch is not None:
+            self._on_batch(rows, depth)
+        return batch
+
+    def _work(self):
+        while (batch := self._take()) is not None:
+            try:
+                self._execute(batch)
+            except Exception as error:  # every waiting caller gets the error
+                for request in batch:
+                    if not request.future.done():
+                        request.future.set_exception(error)
+
+    def _execute(self, batch):
+        if len(batch) == 1:
+            batch[0].future.set_result(self._run(batch[0].feeds))
+            return
+        longest = max((r.length or 0) for r in batch)
+        merged = {}
+        for name in batch[0].feeds:
+            parts = [r.feeds[name] for r in batch]
+            if name in self.sequence_inputs:
+                parts = [self._pad(p, longest) for p in parts]
+            merged[name] = np.concatenate(parts, axis=0)
+        outputs = self._run(merged)
+        start = 0
+        for request in batch:
+            stop = start + request.rows
+            result = {}
+            for name, value in outputs.items():
+                part = value[start:stop]
+                if name in self.sequence_outputs and request.length is not None:
+                    part = part[:, : request.length]
+                result[name] = part
+            request.future.set_result(result)
+            start = stop
+
+    def _pad(self, array, length):
+        missing = length - array.shape[1]
+        if missing <= 0:
+            return array
+        widths = [(0, 0), (0, missing)] + [(0, 0)] * (array.ndim - 2)
+        return np.pad(array, widths, constant_values=self.pad_value)

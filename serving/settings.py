@@ -1,0 +1,36 @@
+"""Server settings: flags, `KERAS_ATTN_*` environment variables, or code, in one pydantic
+object; and the optional per-model `config.json` beside the version folders."""
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ModelConfig(BaseModel):
+    """`DIR/NAME/config.json` (optional): batching for that model, overriding the server's."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_batch_size: int | None = Field(None, ge=1)
+    max_delay_ms: float | None = Field(None, ge=0)
+    pad_sequences: bool = True  # merge different lengths (only if padding is verified safe)
+
+
+class ServerSettings(BaseSettings):
+    """Everything `keras-attn-serve` can be told; each field also reads `KERAS_ATTN_<NAME>`."""
+
+    model_config = SettingsConfigDict(env_prefix="KERAS_ATTN_", protected_namespaces=())
+
+    model_repository: Path
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    max_body_bytes: int = Field(16 << 20, gt=0)
+    max_concurrency: int = Field(256, gt=0, description="in-flight requests; more get 503")
+    request_timeout_s: float = Field(30.0, gt=0, description="per request; then 504")
+    max_batch_size: int = Field(32, ge=1, description="rows per merged call; 1 = no merging")
+    max_delay_ms: float = Field(0.0, ge=0, description="wait for rows, only under load")
+    batch_workers: int = Field(2, ge=1, description="threads running each model")
+    session_threads: int | None = Field(None, ge=1, description="onnxruntime intra-op threads")
+    verify_sha256: bool = True
+    drain_timeout_s: float = Field(30.0, ge=0, description="SIGTERM: wait for in-flight")
+    log_level: str = "info"

@@ -1,0 +1,116 @@
+"""The adaptive batcher: merges what is queued, pads and trims sequences, never waits alone."""
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from serving.batching import Batcher
+
+
+class Model:
+    """Causal toy: running sums along the sequence (zero padding after a row changes nothing
+    before it) and a per-row total; records the rows of each call, can be held."""
+
+    def __init__(self):
+        self.calls = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
+
+    def __call__(self, feeds):
+        self.entered.set()
+        self.gate.wait()
+        ids = feeds["token_ids"]
+        self.calls.append(ids.shape[0])
+        return {"running": np.cumsum(ids, axis=1), "total": ids.sum(axis=1)}
+
+
+def expected(ids):
+    return {"running": np.cumsum(ids, axis=1), "total": ids.sum(axis=1)}
+
+
+def requests(n, rng):
+    return [{"token_ids": rng.integers(1, 9, (int(rng.integers(1, 3)), int(rng.integers(2, 7))))}
+            for _ in range(n)]  # fmt: skip
+
+
+def test_queued_requests_merge_pad_and_split_back_exactly():
+    model, rng = Model(), np.random.default_rng(0)
+    batcher = Batcher(model, max_batch_size=8, workers=1, sequence_inputs=["token_ids"],
+                      sequence_outputs=["running"])  # fmt: skip
+    model.gate.clear()  # the first call holds the worker; the rest queue behind it
+    feeds = requests(12, rng)
+    futures = [batcher.submit(feeds[0])]
+    assert model.entered.wait(10)  # the worker holds the first; the rest queue
+    futures += [batcher.submit(f) for f in feeds[1:]]
+    model.gate.set()
+    for f, future in zip(feeds, futures, strict=True):
+        got = future.result(timeout=10)
+        for name, value in expected(f["token_ids"]).items():
+            np.testing.assert_array_equal(got[name], value)
+    assert max(model.calls) > 1 and sum(model.calls) == sum(len(f["token_ids"]) for f in feeds)
+    assert all(rows <= 8 for rows in model.calls)
+    batcher.close()
+
+
+def test_a_lone_request_never_waits_for_company():
+    model = Model()
+    # A minute of max_delay: waiting for more rows with an empty queue would time out here.
+    batcher = Batcher(model, max_batch_size=32, max_delay_ms=60_000, workers=1)
+    out = batcher.submit({"token_ids": np.ones((1, 3), "int64")}).result(timeout=10)
+    np.testing.assert_array_equal(out["total"], [3])
+    assert model.calls == [1]
+    batcher.close()
+
+
+def test_without_sequence_inputs_only_equal_shapes_merge():
+    model = Model()
+    batcher = Batcher(model, max_batch_size=8, workers=1)  # padding not known to be safe
+    model.gate.clear()
+    first = batcher.submit({"token_ids": np.ones((1, 3), "int64")})
+    assert model.entered.wait(10)
+    futures = [batcher.submit({"token_ids": np.ones((1, n), "int64")}) for n in (3, 3, 4)]
+    model.gate.set()
+    results = [f.result(timeout=10) for f in (first, *futures)]
+    assert [r["running"].shape[1] for r in results] == [3, 3, 3, 4]
+    assert model.calls == [1, 2, 1]  # the held one; the two of length 3; the 4 alone
+    batcher.close()
+
+
+def test_errors_reach_every_caller_and_close_drains_the_queue():
+    def broken(feeds):
+        raise RuntimeError("session failed")
+
+    batcher = Batcher(broken, workers=1)
+    with pytest.raises(RuntimeError, match="session failed"):
+        batcher.submit({"token_ids": np.ones((1, 2))}).result(timeout=10)
+    batcher.close()
+    model = Model()
+    batcher = Batcher(model, max_batch_size=1, workers=2)
+    model.gate.clear()
+    futures = [batcher.submit({"token_ids": np.ones((1, 2), "int64")}) for _ in range(6)]
+    threading.Timer(0.2, model.gate.set).start()
+    batcher.close()  # returns once all six ran
+    assert all(f.done() and f.exception() is None for f in futures)
+    with pytest.raises(RuntimeError, match="closed"):
+        batcher.submit({"token_ids": np.ones((1, 2))})
+
+
+def test_concurrent_callers_get_their_own_rows():
+    model, rng = Model(), np.random.default_rng(1)
+    batcher = Batcher(model, max_batch_size=16, workers=2, sequence_inputs=["token_ids"],
+                      sequence_outputs=["running"])  # fmt: skip
+    feeds = requests(200, rng)
+    with ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(lambda f: batcher.submit(f).result(timeout=30), feeds))
+    for f, got in zip(feeds, results, strict=True):
+        np.testing.assert_array_equal(got["running"], expected(f["token_ids"])["running"])
+    batcher.close()
+
+
+@pytest.mark.parametrize("bad", [{"max_batch_size": 0}, {"max_delay_ms": -1}, {"workers": 0}])
+def test_bad_arguments_name_themselves(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        Batcher(lambda f: f, **bad)
