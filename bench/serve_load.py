@@ -1,0 +1,181 @@
+"""Benchmark: the HTTP server under N concurrent clients vs raw onnxruntime, same run.
+
+    python bench/serve_load.py                       # 64 clients, 10,000 requests per mode
+    python bench/serve_load.py --requests 2000       # quicker
+
+Exports a small classifier (2 layers, d 128, seq 32), measures raw onnxruntime sequences/s
+at several batch sizes (the best is the baseline), then starts `keras-attn-serve` in its own
+process on loopback, once with batching (max_batch_size 32) and once without (1), and sends
+KServe v2 JSON requests of one sequence each from `--clients` concurrent clients (asyncio +
+aiohttp, in this process). Prints throughput, p50/p99 latency and errors per mode, and the
+server's throughput as a fraction of raw onnxruntime; writes JSON. Loopback only; bounded
+by the request count.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+# Run as a script, this file's folder leads sys.path, and bench/export.py would shadow the
+# `export` package.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+
+import numpy as np  # noqa: E402
+
+
+def export_classifier(folder, seq):
+    import keras
+
+    from export import export_model
+    from keras_attn.models import Encoder, SequenceClassifier
+
+    keras.utils.set_random_seed(0)
+    encoder = Encoder(2000, seq, hidden_dim=128, num_layers=2, num_heads=4,
+                      intermediate_dim=512, dropout=0.0, num_segments=None)  # fmt: skip
+    model = SequenceClassifier(encoder, 3, dropout=0.0)
+    export_model(model, folder, formats=["onnx"], verbose=False)
+
+
+def raw_throughput(folder, seq, batches, seconds):
+    """Sequences/s of onnxruntime alone, per batch size (one caller, onnxruntime's threads)."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(f"{folder}/model.onnx", providers=["CPUExecutionProvider"])
+    rng, rates = np.random.default_rng(0), {}
+    for batch in batches:
+        feeds = {"token_ids": rng.integers(1, 2000, (batch, seq)).astype("int32")}
+        session.run(None, feeds)
+        count, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            session.run(None, feeds)
+            count += batch
+        rates[batch] = count / (time.perf_counter() - start)
+    return rates
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(repository, max_batch_size, clients):
+    port = free_port()
+    env = {**os.environ, "KERAS_ATTN_MODEL_REPOSITORY": str(repository),
+           "KERAS_ATTN_PORT": str(port), "KERAS_ATTN_MAX_BATCH_SIZE": str(max_batch_size),
+           "KERAS_ATTN_MAX_CONCURRENCY": str(max(256, 2 * clients)),
+           "KERAS_ATTN_LOG_LEVEL": "warning"}  # fmt: skip
+    process = subprocess.Popen([sys.executable, "-m", "serving.server"], env=env)
+    url = f"http://127.0.0.1:{port}"
+    import httpx
+
+    for _ in range(600):
+        try:
+            if httpx.get(f"{url}/v2/models/clf/ready").status_code == 200:
+                return process, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    process.kill()
+    raise RuntimeError("the server did not start")
+
+
+async def load(url, clients, requests, seq):
+    # aiohttp (installed with tritonclient[http]): the clients share this machine's cores
+    # with the server, and aiohttp costs them several times less CPU per request than httpx.
+    import aiohttp
+
+    rng = np.random.default_rng(1)
+    bodies = [json.dumps({"inputs": [{"name": "token_ids", "shape": [1, seq], "datatype": "INT32",
+                                      "data": rng.integers(1, 2000, seq).tolist()}]}).encode()
+              for _ in range(64)]  # fmt: skip
+    latencies, errors, counter = [], 0, iter(range(requests))
+    headers = {"Content-Type": "application/json"}
+    connector = aiohttp.TCPConnector(limit=clients)
+    async with aiohttp.ClientSession(connector=connector) as client:
+        infer = f"{url}/v2/models/clf/infer"
+
+        async def worker():
+            nonlocal errors
+            for i in counter:
+                start = time.perf_counter()
+                try:
+                    async with client.post(infer, data=bodies[i % len(bodies)],
+                                           headers=headers) as response:  # fmt: skip
+                        await response.read()
+                        ok = response.status == 200
+                except aiohttp.ClientError:
+                    ok = False
+                latencies.append(time.perf_counter() - start)
+                errors += not ok
+
+        for _ in range(min(clients, 32)):  # warm-up: load the model, fill the pools
+            async with client.post(infer, data=bodies[0], headers=headers) as response:
+                await response.read()
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(clients)))
+        elapsed = time.perf_counter() - start
+    return {"requests": requests, "errors": errors, "seconds": elapsed,
+            "throughput": requests / elapsed,
+            "p50_ms": 1000 * statistics.median(latencies),
+            "p99_ms": 1000 * float(np.percentile(latencies, 99))}  # fmt: skip
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=10_000)
+    parser.add_argument("--seq", type=int, default=32)
+    parser.add_argument("--raw-seconds", type=float, default=3.0)
+    parser.add_argument("--out", default="bench/results/serve_load.json")
+    args = parser.parse_args()
+
+    work = tempfile.mkdtemp()
+    export_classifier(f"{work}/clf/1", args.seq)
+    raw = raw_throughput(f"{work}/clf/1", args.seq, (1, 4, 8, 16, 32), args.raw_seconds)
+    best_batch = max(raw, key=raw.get)
+    rows = []
+    for mode, max_batch in (("batched", 32), ("unbatched", 1)):
+        process, url = start_server(work, max_batch, args.clients)
+        try:
+            result = asyncio.run(load(url, args.clients, args.requests, args.seq))
+        finally:
+            process.terminate()
+            process.wait(60)
+        result.update(mode=mode, clients=args.clients,
+                      fraction_of_raw=result["throughput"] / raw[best_batch])  # fmt: skip
+        rows.append(result)
+    shutil.rmtree(work, ignore_errors=True)
+
+    print(f"classifier: 2 layers, d 128, seq {args.seq}; {os.cpu_count()} CPUs; clients in "
+          "the same machine")  # fmt: skip
+    print("raw onnxruntime sequences/s by batch: "
+          + ", ".join(f"{b}: {r:.0f}" for b, r in raw.items())
+          + f" (best: batch {best_batch})")  # fmt: skip
+    print(f"{'mode':<10}{'clients':>8}{'requests':>9}{'errors':>7}{'seq/s':>9}{'p50 ms':>9}"
+          f"{'p99 ms':>9}{'p99/p50':>8}{'of raw':>8}")  # fmt: skip
+    for r in rows:
+        print(f"{r['mode']:<10}{r['clients']:>8}{r['requests']:>9}{r['errors']:>7}"
+              f"{r['throughput']:>9.0f}{r['p50_ms']:>9.1f}{r['p99_ms']:>9.1f}"
+              f"{r['p99_ms'] / r['p50_ms']:>8.2f}{r['fraction_of_raw']:>8.2f}")  # fmt: skip
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"benchmark": "keras-attn-serve under load vs raw onnxruntime",
+                   "config": vars(args), "raw_sequences_per_s": raw, "best_batch": best_batch,
+                   "rows": rows, "machine": {"platform": platform.platform(),
+                                             "cpus": os.cpu_count()}}, f, indent=2)  # fmt: skip
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
