@@ -9,6 +9,7 @@ its `manifest.json` before the model loads; the newest version answers when none
 """
 
 import argparse
+import logging
 import re
 import threading
 import time
@@ -130,11 +131,15 @@ class ModelRepository:
             on_batch=self.on_batch(name) if self.on_batch else None,
         )  # fmt: skip
 
+    def loaded(self):
+        """`[(name, version, predictor, batcher)]` of the models loaded so far."""
+        with self._lock:
+            return [(n, v, p, b) for (n, v), (p, b) in self._loaded.items()]
+
     def close(self):
         """Runs what is queued, then stops every model's batcher (the end of a drain)."""
-        with self._lock:
-            for _, batcher in self._loaded.values():
-                batcher.close()
+        for *_, batcher in self.loaded():
+            batcher.close()
 
 
 def _sequence_axis(spec):
@@ -214,7 +219,7 @@ class Gate:
         seconds = time.perf_counter() - started
         route = getattr(scope.get("route"), "path", "unmatched")
         self.metrics.observe(route, status[0], seconds)
-        if self.log.isEnabledFor(20):  # INFO
+        if self.log.isEnabledFor(logging.INFO):
             self.log.info("request", extra={"method": scope["method"], "path": path,
                                             "status": status[0],
                                             "ms": round(1000 * seconds, 3)})  # fmt: skip
@@ -229,7 +234,6 @@ def create_app(repository, settings=None, **overrides):
     """
     import asyncio
     import contextlib
-    import logging
 
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response
@@ -284,7 +288,7 @@ def create_app(repository, settings=None, **overrides):
 
     @app.get("/metrics")
     def prometheus_metrics():
-        for (name, _), (_, batcher) in list(repository._loaded.items()):
+        for name, _, _, batcher in repository.loaded():
             metrics.queue_depth.labels(name).set(batcher.queue_depth)
         return Response(metrics.exposition(), media_type="text/plain; version=0.0.4")
 

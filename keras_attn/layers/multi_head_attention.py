@@ -346,9 +346,7 @@ class MultiHeadAttention(keras.layers.Layer):
         k = project(self.key_dense, key)
         v = project(self.value_dense, value)
         scores = ops.matmul(split(q, (0, 2, 1, 3)), split(k, (0, 2, 3, 1)))  # (B, H, T, S)
-        if merged is not None:
-            while len(merged.shape) < 3:
-                merged = ops.expand_dims(merged, 0)
+        if merged is not None:  # (B|1, T|1, S), as `combined_mask` returns it
             # One additive bias (B|1, 1, T, S): onnxruntime's attention takes it as it is.
             full = (ops.shape(merged)[0], ops.shape(query)[1], ops.shape(key)[1])
             merged = ops.broadcast_to(merged, full)
