@@ -8,7 +8,7 @@ import keras
 from keras import ops
 
 from keras_attn.layers.initializers import fresh
-from keras_attn.layers.masks import masked_softmax, merge_masks
+from keras_attn.layers.masks import mask_value, masked_softmax, merge_masks
 from keras_attn.layers.scores import get_score, serialize_score
 
 
@@ -27,6 +27,43 @@ def attend(query, key, value, score, mask=None, dropout=None, training=None):
     weights = masked_softmax(scores, mask)
     dropped = dropout(weights, training=training) if dropout is not None else weights
     return ops.matmul(dropped, value), weights
+
+
+def attend_per_head(query, key, value, mask=None):
+    """`softmax(q kᵀ) v` for `(B, H, T, d)` heads, one `(batch, head)` pair at a time.
+
+    The same numbers as `attend` with a plain dot score, computed under `keras.ops.map` so
+    each `(T, S)` score matrix stays in the CPU cache between the matmul, the softmax and the
+    second matmul. Where no backend kernel fuses attention (TensorFlow on any device), this is
+    ~1.5x faster than one batched `(B, H, T, S)` pass at seq 2048 (`bench/attention.py`); at
+    short sequences the loop costs more than it saves, so callers use it for long ones only.
+
+    Args:
+        query: `(B, H, T, d)`, already scaled. key: `(B, H, S, d)`. value: `(B, H, S, d_v)`.
+        mask: optional bool `(B|1, T|1, S)`; `True` = may attend. Rows with no visible key
+            give zeros.
+    Returns:
+        `(B, H, T, d_v)`.
+    """
+    shape = ops.shape(query)
+    heads, length, d_v = shape[1], shape[2], ops.shape(value)[-1]
+    flat = [ops.reshape(x, (-1,) + tuple(ops.shape(x)[2:])) for x in (query, key, value)]
+    index = ops.arange(ops.shape(flat[0])[0], dtype="int32")
+    shared_mask = mask is not None and mask.shape[0] == 1
+
+    def one_head(args):
+        q, k, v, i = args
+        scores = ops.matmul(q, ops.transpose(k))  # (T, S)
+        if mask is not None:
+            row = ops.take(mask, 0 if shared_mask else i // heads, axis=0)  # (T|1, S)
+            scores = ops.where(row, scores, mask_value(scores.dtype))
+        out = ops.matmul(ops.softmax(scores, axis=-1), v)
+        if mask is not None:
+            out = out * ops.cast(ops.any(row, axis=-1, keepdims=True), out.dtype)
+        return out
+
+    out = ops.map(one_head, (*flat, index))
+    return ops.reshape(out, (-1, heads, length, d_v))
 
 
 def resolve_input_masks(value, key, query_mask, value_mask, key_mask, mask):

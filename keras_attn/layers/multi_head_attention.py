@@ -5,6 +5,7 @@ from keras import ops
 
 from keras_attn.layers.attention import (
     attend,
+    attend_per_head,
     check_rank3,
     combined_mask,
     resolve_input_masks,
@@ -14,6 +15,8 @@ from keras_attn.layers.masks import mask_value
 from keras_attn.layers.scores import get_score, serialize_score
 
 _TRACING = {"onnx": False}
+# Smallest T·S where `attend_per_head` runs instead of one batched pass (see `bench/attention.py`).
+PER_HEAD_MIN_SCORES = 1024 * 1024
 
 
 class onnx_tracing:
@@ -254,25 +257,39 @@ class MultiHeadAttention(keras.layers.Layer):
                 ops.shape(query)[1], ops.shape(key)[1],
             )  # fmt: skip
             return self._attend_for_onnx(query, key, value, merged)
+        per_head = fused and self._per_head_is_faster(query, key)
         # The fused kernel takes (B, T, H, d); scores take (B, H, T, d). Projecting straight
         # into the layout each path needs saves three transposes on the explicit path.
-        layout = "bthk" if fused else "bhtk"
+        layout = "bthk" if fused and not per_head else "bhtk"
         q = self._project(self.query_dense, query, layout)
         k = self._project(self.key_dense, key, layout)
         v = self._project(self.value_dense, value, layout)
-        k, v = self._share_kv_heads(k, v, head_axis=2 if fused else 1)
+        k, v = self._share_kv_heads(k, v, head_axis=2 if layout == "bthk" else 1)
 
         return self._attend_projected(
             q, k, v, query_mask, value_mask, key_mask, attention_mask, use_causal_mask,
-            fused, use_dropout, return_attention_scores, training,
+            fused, use_dropout, return_attention_scores, training, per_head=per_head,
         )  # fmt: skip
+
+    def _per_head_is_faster(self, query, key):
+        """Whether `attend_per_head` beats one batched pass: TensorFlow (no fused attention
+        kernel there) with static lengths and T·S >= 1024², where it measured ~1.5x faster on
+        CPU; below that the loop's overhead dominates."""
+        lengths = query.shape[1], key.shape[1]
+        return (
+            keras.backend.backend() == "tensorflow"
+            and self._kv_heads == self.num_heads
+            and None not in lengths
+            and lengths[0] * lengths[1] >= PER_HEAD_MIN_SCORES
+        )
 
     def _attend_projected(
         self, q, k, v, query_mask, value_mask, key_mask, attention_mask, use_causal_mask,
-        fused, use_dropout, return_attention_scores, training, causal_offset=0,
+        fused, use_dropout, return_attention_scores, training, causal_offset=0, per_head=False,
     ):  # fmt: skip
         """Masks, attention and W_O on projected heads, laid out as `fused` needs."""
-        seq_axis = 1 if fused else 2
+        heads_first = per_head or not fused  # (B, H, T, d) rather than (B, T, H, d)
+        seq_axis = 2 if heads_first else 1
         no_offset = isinstance(causal_offset, int) and causal_offset == 0
         only_causal = (
             no_offset
@@ -293,7 +310,9 @@ class MultiHeadAttention(keras.layers.Layer):
             # Scale the (T, d) queries, not the (T, S) scores: on backends without a fused
             # kernel that saves a full pass over the largest tensor (~10% at seq 2048 on CPU).
             q = ops.multiply(q, ops.cast(self.score.scale_for(self.key_dim), q.dtype))
-            if only_causal:
+            if per_head:
+                out = attend_per_head(q, k, v, merged)
+            elif only_causal:
                 out = ops.dot_product_attention(q, k, v, scale=1.0, is_causal=True)
             else:
                 head_mask = None if merged is None else ops.expand_dims(merged, 1)
@@ -315,7 +334,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 dropout=self.dropout_layer if use_dropout else None,
                 training=training,
             )  # (B, H, T, dv)
-        if fused:
+        if not heads_first:
             output = self.output_dense(out)
         else:
             output = ops.einsum("bhtv,hvd->btd", out, self.output_dense.kernel)

@@ -261,3 +261,52 @@ def test_onnx_tracing_path_equals_fused_path(masks):
     np.testing.assert_allclose(got, expected, atol=1e-5)
     if masks == "empty_rows":
         np.testing.assert_array_equal(got[1, 2], 0.0)
+
+
+@pytest.mark.parametrize("masks", ["none", "padding", "causal", "explicit", "empty_rows"])
+def test_attend_per_head_equals_batched_attend(masks):
+    # The loop over (batch, head) pairs computes the same softmax(q kᵀ) v as one batched pass.
+    from keras_attn.layers.attention import attend, attend_per_head
+    from keras_attn.layers.scores import get_score
+
+    q, k, v = (RNG.normal(size=(3, 2, 6, 4)).astype("float32") for _ in range(3))
+    mask = {
+        "none": None,
+        "padding": PAD[:, None, :],  # (B, 1, S)
+        "causal": np.tril(np.ones((1, 6, 6), bool)),  # (1, T, S)
+        "explicit": RNG.random((3, 6, 6)) > 0.4,
+        "empty_rows": np.eye(6, dtype=bool)[None].repeat(3, 0) & (np.arange(6) != 2)[:, None],
+    }[masks]
+    got = to_numpy(attend_per_head(q, k, v, mask))
+    head_mask = None if mask is None else mask[:, None]
+    expected, _ = attend(q, k, v, get_score("dot"), mask=head_mask)
+    expected = to_numpy(expected)
+    if masks == "empty_rows":  # the batched pass averages such rows; ours gives zeros
+        np.testing.assert_array_equal(got[:, :, 2], 0.0)
+        expected[:, :, 2] = 0.0
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+@pytest.mark.tf_only
+@pytest.mark.parametrize("masks", ["none", "padding", "causal", "explicit"])
+def test_long_sequences_take_the_per_head_path_with_the_same_values(masks, monkeypatch):
+    from keras_attn.layers import multi_head_attention as mha
+
+    layer = ka.MultiHeadAttention(4, 8, dropout=0.1)
+    kwargs = {
+        "none": {},
+        "padding": {"query_mask": PAD, "value_mask": PAD},
+        "causal": {"use_causal_mask": True},
+        "explicit": {"attention_mask": RNG.random((3, 6, 6)) > 0.4},
+    }[masks]
+    expected = to_numpy(layer(X, **kwargs))
+    calls = []
+    real = mha.attend_per_head
+    monkeypatch.setattr(mha, "attend_per_head", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(mha, "PER_HEAD_MIN_SCORES", 36)  # T·S = 36 counts as long
+    got = to_numpy(layer(X, **kwargs))
+    assert calls == [1]
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+    layer(X, return_attention_scores=True, **kwargs)
+    layer(X, training=True, **kwargs)
+    assert calls == [1]  # paths that need the weights or dropout never take it
