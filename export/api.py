@@ -67,6 +67,65 @@ def _max_sequence_length(model):
     return _smallest_layer_attribute(model, "sequence_length")
 
 
+# Model class -> the text endpoint that serves it (`serving.text`).
+TASKS = {
+    "CausalLM": "generate",
+    "SequenceClassifier": "classify",
+    "TokenClassifier": "tag",
+    "Encoder": "embed",
+    "SpanQA": "span_qa",
+    "MultipleChoice": "multiple_choice",
+    "EncoderPretrainer": "pretraining",
+    "Seq2Seq": "seq2seq",
+}
+
+
+def task_of(model):
+    """The manifest's `task`: what the model does, from its class (`None` for other models)."""
+    import keras_attn.models as models
+
+    for name, task in TASKS.items():
+        if isinstance(model, getattr(models, name)):
+            return task
+    return None
+
+
+def check_labels(model, labels):
+    if labels is None:
+        return
+    task = task_of(model)
+    if task not in ("classify", "tag"):
+        raise ValueError(
+            "`labels` names the classes of a SequenceClassifier or TokenClassifier. "
+            f"Received labels for a {type(model).__name__}"
+        )
+    classes = model.outputs[0].shape[-1]
+    if not all(isinstance(x, str) for x in labels) or len(labels) != classes:
+        raise ValueError(
+            f"`labels` must be {classes} strings, one per class. Received: labels={labels!r}"
+        )
+
+
+def packer_spec(packer):
+    """The manifest's `packer`: what the server adds around one text's ids, or `None`."""
+    from keras_attn.preprocessing import SegmentPacker, StartEndPacker
+
+    if packer is None:
+        return None
+    if not isinstance(packer, (StartEndPacker, SegmentPacker)):
+        raise ValueError(
+            "`packer` must be a StartEndPacker or a SegmentPacker. "
+            f"Received: {type(packer).__name__}"
+        )
+    return {
+        "type": "segment" if isinstance(packer, SegmentPacker) else "start_end",
+        "sequence_length": packer.sequence_length,
+        "start_value": packer.start_value,
+        "end_value": packer.end_value,
+        "pad_value": packer.pad_value,
+    }
+
+
 def _write_tokenizer(tokenizer, folder: Path) -> list[Path]:
     folder.mkdir()
     vocab = folder / "vocab.txt"
@@ -221,6 +280,7 @@ def export_model(
     sequence_lengths=DEFAULT_SEQUENCE_LENGTHS,
     input_ranges=None,
     strings_in: bool = False,
+    labels=None,
     overwrite: bool = True,
     verbose: bool = True,
 ) -> dict:
@@ -253,6 +313,8 @@ def export_model(
         strings_in: also write `model.text.onnx`, raw text `(1,)` in, the model's outputs out
             (the tokenizer as onnxruntime-extensions operators; see `export.text_onnx`).
             Needs `tokenizer`, one ids input, no `packer`, and onnxruntime-extensions.
+        labels: optional class names of a `SequenceClassifier` or `TokenClassifier`, one per
+            output class; the server's text endpoints answer with them.
         overwrite: replace an existing `out_dir`.
     Returns:
         the manifest, as a dict.
@@ -277,6 +339,7 @@ def export_model(
         )
     if not isinstance(model, keras.Model) or not hasattr(model, "inputs") or not model.inputs:
         raise ValueError(f"`model` must be a built functional keras.Model. Received: {model!r}")
+    check_labels(model, labels)
     model = as_float32(model)
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
@@ -330,6 +393,9 @@ def export_model(
                 "model_name": model.name,
                 "inputs": input_specs(model),
                 "outputs": output_specs(model),
+                "task": task_of(model),
+                "labels": labels,
+                "packer": packer_spec(packer),
                 "onnx": onnx_info or None,
                 "saved_model": (
                     {"folder": "saved_model", "signatures": signatures} if saved else None

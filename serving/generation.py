@@ -18,12 +18,23 @@ def greedy_decode(step, state, prompts, max_new_tokens, stop_token_ids=(), pad_i
     Returns:
         list of lists: the new ids of each prompt.
     """
+    new = [[] for _ in prompts]
+    for row, token in greedy_tokens(step, state, prompts, max_new_tokens, stop_token_ids,
+                                    pad_id, max_length):  # fmt: skip
+        new[row].append(token)
+    return new
+
+
+def greedy_tokens(step, state, prompts, max_new_tokens, stop_token_ids=(), pad_id=0,
+                  max_length=None):  # fmt: skip
+    """`greedy_decode` as a generator of `(row, new id)`, each as soon as it is chosen (what
+    streaming generation sends); a row's ids stop after its first stop token."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("`prompts` must be a non-empty list of non-empty id lists.")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"`max_new_tokens` must be >= 0. Received: {max_new_tokens!r}")
     if max_new_tokens == 0:
-        return [[] for _ in prompts]
+        return
     lengths = np.array([len(p) for p in prompts])
     total = int(lengths.max()) + max_new_tokens
     if max_length is not None and total > max_length:
@@ -34,8 +45,7 @@ def greedy_decode(step, state, prompts, max_new_tokens, stop_token_ids=(), pad_i
     buffer = np.full((len(prompts), total), pad_id, dtype=np.int32)
     for row, prompt in enumerate(prompts):
         buffer[row, : len(prompt)] = prompt
-    stop = set(int(t) for t in stop_token_ids)
-    stop_ids = np.asarray(sorted(stop), dtype=np.int64)
+    stop_ids = np.asarray(sorted(set(int(t) for t in stop_token_ids)), dtype=np.int64)
     done = np.zeros(len(prompts), bool)
     start = int(lengths.min())
     logits, state = step(buffer[:, :start], state, 0)
@@ -43,31 +53,33 @@ def greedy_decode(step, state, prompts, max_new_tokens, stop_token_ids=(), pad_i
         last = np.asarray(logits, np.float64)
         last[:, pad_id] = -np.inf
         chosen = np.where(done, pad_id, last.argmax(-1))
-        generated = t >= lengths
-        buffer[:, t] = np.where(generated, chosen, buffer[:, t])
-        done |= generated & np.isin(chosen, stop_ids)
+        generated = (t >= lengths) & (t < lengths + max_new_tokens)
+        buffer[:, t] = np.where(t >= lengths, chosen, buffer[:, t])
+        for row in np.flatnonzero(generated & ~done):
+            yield int(row), int(chosen[row])
+        done |= (generated & np.isin(chosen, stop_ids)) | (t + 1 >= lengths + max_new_tokens)
         if done.all() or t == total - 1:
             break
         logits, state = step(buffer[:, t : t + 1], state, t)
-    new = []
-    for row, n in enumerate(lengths):
-        ids = buffer[row, n : n + max_new_tokens].tolist()
-        cut = next((i for i, token in enumerate(ids) if token in stop), None)
-        new.append(ids if cut is None else ids[: cut + 1])
-    return new
 
 
-def greedy(logits_fn, prompts, max_new_tokens, stop_token_ids=(), pad_id=0, max_length=None):
-    """`greedy_decode` over a full-prefix `logits_fn` (int32 ids `(batch, length)` → logits
-    `(batch, length, vocab)`): the state is the prefix, recomputed every step."""
+def prefix_step(logits_fn):
+    """A step over a full-prefix `logits_fn` (int32 ids `(batch, length)` → logits
+    `(batch, length, vocab)`): its state is the prefix, recomputed every step. Start it
+    from `np.zeros((batch, 0), np.int32)`."""
 
     def step(token_ids, prefix, index):
         prefix = np.concatenate([prefix[:, :index], token_ids], axis=1)
         return np.asarray(logits_fn(prefix))[:, -1], prefix
 
+    return step
+
+
+def greedy(logits_fn, prompts, max_new_tokens, stop_token_ids=(), pad_id=0, max_length=None):
+    """`greedy_decode` over a full-prefix `logits_fn` (see `prefix_step`)."""
     empty = np.zeros((len(prompts), 0), np.int32)
-    return greedy_decode(step, empty, prompts, max_new_tokens, stop_token_ids, pad_id,
-                         max_length)  # fmt: skip
+    return greedy_decode(prefix_step(logits_fn), empty, prompts, max_new_tokens,
+                         stop_token_ids, pad_id, max_length)  # fmt: skip
 
 
 def session_step(session):
@@ -81,10 +93,15 @@ def session_step(session):
     return step
 
 
+def empty_cache(spec, batch):
+    """The zero key/value cache an exported decode graph starts from (`spec`: the
+    manifest's `decoding` entry)."""
+    shape = (batch, spec["layers"], 2, spec["max_length"], spec["kv_heads"], spec["key_dim"])
+    return np.zeros(shape, np.float32)
+
+
 def cached_greedy(step, spec, prompts, max_new_tokens, stop_token_ids=(), pad_id=0):
     """`greedy_decode` over an exported decode graph's `step` (see `session_step`), starting
     from an empty cache shaped by `spec` (the manifest's `decoding` entry)."""
-    shape = (len(prompts), spec["layers"], 2, spec["max_length"], spec["kv_heads"],
-             spec["key_dim"])  # fmt: skip
-    return greedy_decode(step, np.zeros(shape, np.float32), prompts, max_new_tokens,
+    return greedy_decode(step, empty_cache(spec, len(prompts)), prompts, max_new_tokens,
                          stop_token_ids, pad_id, spec["max_length"])  # fmt: skip

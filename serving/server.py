@@ -9,6 +9,8 @@ its `manifest.json` before the model loads; the newest version answers when none
 """
 
 import argparse
+import itertools
+import json
 import logging
 import re
 import threading
@@ -28,6 +30,7 @@ from serving.protocol import (
     requested_outputs,
 )
 from serving.settings import ModelConfig, ServerSettings
+from serving.text import TextModel
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -236,7 +239,7 @@ def create_app(repository, settings=None, **overrides):
     import contextlib
 
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, Response
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
 
     from serving.observability import Metrics
 
@@ -404,6 +407,90 @@ def create_app(repository, settings=None, **overrides):
             media_type="application/octet-stream",
             headers={"Inference-Header-Content-Length": str(json_length)},
         )
+
+    # --- Text endpoints (serving.text): raw text in, tokenized here ------------------------
+    async def text_task(name, version, task, request):
+        """`(version, TextModel, payload)` of a text request, checked for the model's task."""
+        payload = await json_body(request)
+        chosen, predictor = repository.get(name, version)
+        model = TextModel(predictor)
+        model.require(task)
+        parameters = payload.get("parameters") if isinstance(payload, dict) else None
+        if parameters is not None and not isinstance(parameters, dict):
+            raise ServingError(400, f"`parameters` must be an object; received {parameters!r}")
+        return chosen, model, payload, parameters or {}
+
+    async def text_outputs(name, version, task, request):
+        chosen, model, payload, parameters = await text_task(name, version, task, request)
+        feeds, packed = model.encode(TextModel.texts(payload))
+        _, outputs = await predict(name, version, feeds)
+        header = {"model_name": name, "model_version": str(chosen)}
+        return header, model, outputs, packed, parameters
+
+    @app.post("/v2/models/{name}/classify")
+    @app.post("/v2/models/{name}/versions/{version}/classify")
+    async def classify(name: str, request: Request, version: str | None = None):
+        header, model, outputs, _, _ = await text_outputs(name, version, "classify", request)
+        return {**header, "predictions": model.classify(outputs)}
+
+    @app.post("/v2/models/{name}/tag")
+    @app.post("/v2/models/{name}/versions/{version}/tag")
+    async def tag(name: str, request: Request, version: str | None = None):
+        header, model, outputs, packed, _ = await text_outputs(name, version, "tag", request)
+        return {**header, "predictions": model.tag(outputs, packed)}
+
+    @app.post("/v2/models/{name}/embed")
+    @app.post("/v2/models/{name}/versions/{version}/embed")
+    async def embed(name: str, request: Request, version: str | None = None):
+        header, model, outputs, packed, parameters = await text_outputs(
+            name, version, "embed", request
+        )
+        normalize = parameters.get("normalize", False)
+        if not isinstance(normalize, bool):
+            raise ServingError(400, f"`normalize` must be true or false; received {normalize!r}")
+        vectors = model.embed(outputs, packed, parameters.get("pooling", "mean"), normalize)
+        return {**header, "embeddings": vectors}
+
+    async def generation(name, version, request):
+        """`(header, first (id, delta) or None, the rest)`: the first token is computed before
+        answering, so a bad request gets its 400 rather than a broken stream."""
+        chosen, model, payload, parameters = await text_task(name, version, "generate", request)
+        text = payload.get("text_input")
+        if not isinstance(text, str):
+            raise ServingError(400, f"`text_input` must be one string; received {text!r}"[:200])
+        max_tokens = parameters.get("max_tokens", 20)
+        stop = parameters.get("stop_token_ids", [])
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            raise ServingError(400, f"`max_tokens` must be an integer >= 1; received "
+                                    f"{max_tokens!r}")  # fmt: skip
+        if not isinstance(stop, list) or not all(isinstance(t, int) for t in stop):
+            raise ServingError(400, f"`stop_token_ids` must be a list of ids; received {stop!r}")
+        tokens = model.stream(text, max_tokens, stop)
+        try:
+            first = await asyncio.to_thread(next, tokens, None)
+        except ValueError as error:  # e.g. prompt + max_tokens longer than the model allows
+            raise ServingError(400, str(error)) from None
+        return {"model_name": name, "model_version": str(chosen)}, first, tokens
+
+    @app.post("/v2/models/{name}/generate")
+    @app.post("/v2/models/{name}/versions/{version}/generate")
+    async def generate(name: str, request: Request, version: str | None = None):
+        header, first, rest = await generation(name, version, request)
+        pairs = [] if first is None else [first, *await asyncio.to_thread(list, rest)]
+        return {**header, "text_output": "".join(d for _, d in pairs),
+                "token_ids": [t for t, _ in pairs]}  # fmt: skip
+
+    @app.post("/v2/models/{name}/generate_stream")
+    @app.post("/v2/models/{name}/versions/{version}/generate_stream")
+    async def generate_stream(name: str, request: Request, version: str | None = None):
+        header, first, rest = await generation(name, version, request)
+
+        def events():  # Server-Sent Events, one per token (Triton's generate_stream)
+            for token, delta in [] if first is None else itertools.chain([first], rest):
+                event = {**header, "text_output": delta, "token_id": token}
+                yield f"data: {json.dumps(event)}\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
 
     # --- TF Serving REST -----------------------------------------------------------------
     @app.get("/v1/models/{name}")

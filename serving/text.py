@@ -1,0 +1,157 @@
+"""Text endpoints: an exported model's task run on raw text, tokenized in the server.
+
+The artifact's `manifest.json` says what the model does (`task`: `classify`, `tag`, `embed`
+or `generate`), how one text becomes ids (`tokenizer/`, and `packer`: start/end ids around
+them, as at training time) and, optionally, the class names (`labels`). `TextModel` turns
+texts into the model's inputs and its outputs back into answers; the server runs the model
+in between (through its batcher), so these functions never call onnxruntime themselves,
+except `TextModel.stream`, which drives the decode graph step by step.
+"""
+
+import numpy as np
+
+from serving.protocol import ServingError
+
+TEXT_TASKS = ("classify", "tag", "embed", "generate")
+
+
+def softmax(logits):
+    shifted = np.asarray(logits, np.float64)
+    shifted = np.exp(shifted - shifted.max(-1, keepdims=True))
+    return shifted / shifted.sum(-1, keepdims=True)
+
+
+class TextModel:
+    """Raw text in, task answers out, for one exported model (`Predictor`)."""
+
+    def __init__(self, predictor):
+        self.predictor = predictor
+        manifest = predictor.manifest
+        self.task = manifest.get("task")
+        self.labels = manifest.get("labels")
+        self.packer = manifest.get("packer") or {}
+        self.tokenizer = predictor.tokenizer
+        self.input_names = [spec["name"] for spec in manifest["inputs"]]
+
+    def require(self, task):
+        """`ServingError` 400 unless this model answers `task` from text."""
+        if self.tokenizer is None:
+            raise ServingError(400, "this model was exported without a tokenizer: text "
+                                    "endpoints need one (export_model(tokenizer=...))")  # fmt: skip
+        if self.task != task:
+            raise ServingError(
+                400, f"this model's task is {self.task!r}; it has no {task!r} endpoint "
+                     f"(text endpoints: {', '.join(TEXT_TASKS)})",
+            )  # fmt: skip
+
+    @staticmethod
+    def texts(payload):
+        """The `text_input` of a request body (one string or a list of them), as a list."""
+        text = payload.get("text_input") if isinstance(payload, dict) else None
+        texts = [text] if isinstance(text, str) else text
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            raise ServingError(
+                400, "request body must be {\"text_input\": a string or a non-empty list of "
+                     f"strings}}; received text_input={text!r}"[:300],
+            )  # fmt: skip
+        return texts
+
+    def encode(self, texts, truncate=True):
+        """`(feeds, ids)`: the model's inputs for `texts` (packed as at training time, padded
+        to the longest with 0) and each text's ids as packed, one list per text. Texts longer
+        than the model takes are cut as the packer cuts them, unless `truncate=False`."""
+        start, end = self.packer.get("start_value"), self.packer.get("end_value")
+        limit = min(
+            x for x in (self.packer.get("sequence_length"),
+                        self.predictor.max_sequence_length, 1 << 30) if x
+        )  # fmt: skip
+        room = limit - (start is not None) - (end is not None) if truncate else None
+        packed = []
+        for ids in self.tokenizer.encode(texts):
+            ids = ids[:room]  # truncated as the packer truncates
+            packed.append(([start] if start is not None else []) + ids +
+                          ([end] if end is not None else []))  # fmt: skip
+        width = max(1, max(len(ids) for ids in packed))
+        token_ids = np.zeros((len(packed), width), np.int32)
+        for row, ids in enumerate(packed):
+            token_ids[row, : len(ids)] = ids
+        feeds = {}
+        for name in self.input_names:
+            if name == "token_ids" or len(self.input_names) == 1:
+                feeds[name] = token_ids
+            elif name == "segment_ids":
+                feeds[name] = np.zeros_like(token_ids)
+            else:
+                raise ServingError(400, f"text endpoints cannot fill model input {name!r}")
+        return feeds, packed
+
+    def label(self, index):
+        return self.labels[index] if self.labels else str(index)
+
+    def classify(self, outputs):
+        """One `{label, label_id, score, scores}` per text from `(batch, classes)` logits."""
+        probabilities = softmax(next(iter(outputs.values())))
+        answers = []
+        for row in probabilities:
+            best = int(row.argmax())
+            answers.append({
+                "label": self.label(best), "label_id": best, "score": float(row[best]),
+                "scores": {self.label(i): float(p) for i, p in enumerate(row)},
+            })  # fmt: skip
+        return answers
+
+    def tag(self, outputs, packed):
+        """Per text, one `{token, label, label_id, score}` per word piece (start/end ids of
+        the packer left out) from `(batch, sequence, classes)` logits."""
+        probabilities = softmax(next(iter(outputs.values())))
+        specials = {self.packer.get("start_value"), self.packer.get("end_value")} - {None}
+        answers = []
+        for row, ids in enumerate(packed):
+            tokens = []
+            for position, token in enumerate(ids):
+                if token in specials:
+                    continue
+                best = int(probabilities[row, position].argmax())
+                tokens.append({
+                    "token": self.tokenizer.vocabulary[token], "label": self.label(best),
+                    "label_id": best, "score": float(probabilities[row, position, best]),
+                })  # fmt: skip
+            answers.append(tokens)
+        return answers
+
+    def embed(self, outputs, packed, pooling="mean", normalize=False):
+        """One vector per text: the mean of `sequence_output` over the text's positions
+        (`pooling="mean"`) or the `pooled_output` (`"cls"`), optionally L2-normalized."""
+        if pooling not in ("mean", "cls"):
+            raise ServingError(400, f"`pooling` must be 'mean' or 'cls'; received {pooling!r}")
+        if pooling == "cls":
+            if "pooled_output" not in outputs:
+                raise ServingError(400, "this encoder has no pooled_output: use pooling='mean'")
+            vectors = np.asarray(outputs["pooled_output"], np.float64)
+        else:
+            sequence = np.asarray(outputs["sequence_output"], np.float64)
+            real = np.zeros(sequence.shape[:2])
+            for row, ids in enumerate(packed):
+                real[row, : len(ids)] = 1.0
+            vectors = (sequence * real[..., None]).sum(1) / real.sum(1, keepdims=True)
+        if normalize:
+            vectors = vectors / np.linalg.norm(vectors, axis=-1, keepdims=True)
+        return vectors.tolist()
+
+    def stream(self, text, max_tokens, stop_token_ids=()):
+        """Greedy continuation of one text, yielded as `(token id, text delta)` pairs as each
+        token is chosen; the deltas join into the continuation's text."""
+        (prompt,) = self.encode([text], truncate=False)[1]  # too long: an error, not a cut
+        if self.packer.get("end_value") is not None:
+            prompt = prompt[:-1]  # a prompt continues: no end id after it
+        tokens = self.predictor.generate_tokens([prompt], max_tokens, stop_token_ids)
+        shown = self.tokenizer.decode(prompt)
+        new = []
+        for _, token in tokens:
+            new.append(token)
+            full = self.tokenizer.decode(prompt + new)
+            delta = full[len(shown) :] if full.startswith(shown) else full
+            if len(new) == 1:
+                delta = delta.lstrip()
+            shown = full
+            yield token, delta

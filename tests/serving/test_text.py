@@ -1,0 +1,216 @@
+"""Text endpoints over real HTTP: classify, tag, embed, generate and generate_stream, each
+checked against the Keras model fed by our tf-text tokenizer and packer."""
+
+import json
+import shutil
+from types import SimpleNamespace
+
+import httpx
+import keras
+import numpy as np
+import pytest
+
+from serving.protocol import ServingError
+from serving.server import ModelRepository, create_app
+from serving.text import TextModel, softmax
+from tests.conftest import TOY_TEXT, keras_greedy
+from tests.serving.test_server import serve_in_thread
+
+pytestmark = pytest.mark.tf_only  # the fixtures train and export with TensorFlow
+
+TEXTS = ["to be or not to be", "the slings and arrows of outrageous fortune", "sleep"]
+LABELS = ["negative", "neutral", "positive"]
+
+
+def packer_for(tokenizer):
+    from keras_attn.preprocessing import StartEndPacker
+
+    cls, sep = (tokenizer.token_to_id(t) for t in ("[CLS]", "[SEP]"))
+    return StartEndPacker(24, start_value=cls, end_value=sep)
+
+
+def keras_ids(tokenizer, texts):
+    """Our tf-text tokenizer and packer, trimmed to the longest row (the server pads there)."""
+    ids = keras.ops.convert_to_numpy(packer_for(tokenizer)(tokenizer.tokenize(texts)))
+    return ids[:, : int((ids != 0).sum(1).max())]
+
+
+def run(model, ids):
+    """A Keras model of the encoder family on ids (one segment), as NumPy."""
+    out = model({"token_ids": ids, "segment_ids": np.zeros_like(ids)})
+    if isinstance(out, dict):
+        return {k: keras.ops.convert_to_numpy(v) for k, v in out.items()}
+    return keras.ops.convert_to_numpy(out)
+
+
+@pytest.fixture(scope="module")
+def text_models(toy_tokenizer, toy_artifact, tmp_path_factory):
+    from export import export_model
+    from keras_attn.models import Encoder, SequenceClassifier, TokenClassifier
+
+    keras.utils.set_random_seed(0)
+    vocabulary = toy_tokenizer.vocabulary_size()
+    encoder = Encoder(vocabulary, 24, hidden_dim=16, num_layers=1, num_heads=2)
+    models = {
+        "sentiment": (SequenceClassifier(encoder, 3, pooling="mean", dropout=0.0), LABELS),
+        "tagger": (TokenClassifier(encoder, 2, dropout=0.0), ["O", "NAME"]),
+        "encoder": (encoder, None),
+    }
+    root = tmp_path_factory.mktemp("text_repository")
+    manifests = {}
+    for name, (model, labels) in models.items():
+        manifests[name] = export_model(
+            model, root / name / "1", tokenizer=toy_tokenizer, packer=packer_for(toy_tokenizer),
+            formats=["onnx"], labels=labels, verbose=False,
+        )  # fmt: skip
+    shutil.copytree(toy_artifact[0], root / "lm" / "1")
+    url, stop = serve_in_thread(create_app(ModelRepository(root)))
+    yield url, {name: model for name, (model, _) in models.items()}, manifests
+    stop()
+
+
+def post(url, path, body):
+    return httpx.post(f"{url}/v2/models/{path}", json=body, timeout=60)
+
+
+def test_manifest_names_the_task_labels_and_packer(text_models):
+    _, _, manifests = text_models
+    assert {n: m["task"] for n, m in manifests.items()} == {
+        "sentiment": "classify", "tagger": "tag", "encoder": "embed"}  # fmt: skip
+    assert manifests["sentiment"]["labels"] == LABELS and manifests["encoder"]["labels"] is None
+    assert manifests["tagger"]["packer"] == {
+        "type": "start_end", "sequence_length": 24, "start_value": 2, "end_value": 3,
+        "pad_value": 0}  # fmt: skip
+
+
+def test_classify_equals_keras_softmax(text_models, toy_tokenizer):
+    url, models, _ = text_models
+    response = post(url, "sentiment/classify", {"text_input": TEXTS})
+    assert response.status_code == 200, response.text
+    predictions = response.json()["predictions"]
+    expected = softmax(run(models["sentiment"], keras_ids(toy_tokenizer, TEXTS)))
+    got = np.array([[p["scores"][label] for label in LABELS] for p in predictions])
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+    assert [p["label"] for p in predictions] == [LABELS[i] for i in expected.argmax(1)]
+    assert [p["label_id"] for p in predictions] == expected.argmax(1).tolist()
+    # One string in, a list of one answer out; the version can be named.
+    single = post(url, "sentiment/versions/1/classify", {"text_input": TEXTS[0]}).json()
+    assert single["model_version"] == "1" and len(single["predictions"]) == 1
+    assert single["predictions"][0]["score"] == pytest.approx(expected[0].max(), abs=1e-5)
+
+
+def test_tag_labels_every_word_piece_without_the_special_ids(text_models, toy_tokenizer):
+    url, models, _ = text_models
+    response = post(url, "tagger/tag", {"text_input": TEXTS})
+    assert response.status_code == 200, response.text
+    predictions = response.json()["predictions"]
+    ids = keras_ids(toy_tokenizer, TEXTS)
+    logits = run(models["tagger"], ids)
+    for row, tokens in enumerate(predictions):
+        length = int((ids[row] != 0).sum())
+        pieces = [toy_tokenizer.id_to_token(int(i)) for i in ids[row, 1 : length - 1]]
+        assert [t["token"] for t in tokens] == pieces
+        best = logits[row, 1 : length - 1].argmax(-1)
+        assert [t["label"] for t in tokens] == [["O", "NAME"][i] for i in best]
+        scores = softmax(logits[row, 1 : length - 1]).max(-1)
+        np.testing.assert_allclose([t["score"] for t in tokens], scores, atol=1e-5)
+
+
+def test_embed_mean_and_cls_pooling_equal_keras(text_models, toy_tokenizer):
+    url, models, _ = text_models
+    ids = keras_ids(toy_tokenizer, TEXTS)
+    outputs = run(models["encoder"], ids)
+    real = (ids != 0)[..., None]
+    mean = (outputs["sequence_output"] * real).sum(1) / real.sum(1)
+    got = post(url, "encoder/embed", {"text_input": TEXTS}).json()["embeddings"]
+    np.testing.assert_allclose(got, mean, atol=1e-5)
+    body = {"text_input": TEXTS, "parameters": {"pooling": "cls", "normalize": True}}
+    got = np.array(post(url, "encoder/embed", body).json()["embeddings"])
+    cls = outputs["pooled_output"] / np.linalg.norm(outputs["pooled_output"], axis=-1,
+                                                     keepdims=True)  # fmt: skip
+    np.testing.assert_allclose(got, cls, atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(got, axis=-1), 1.0, atol=1e-6)
+
+
+def test_generate_equals_keras_greedy_and_the_stream_joins_into_it(text_models, toy_lm,
+                                                                    toy_tokenizer):  # fmt: skip
+    url, _, _ = text_models
+    prompt = "to be or not"
+    body = {"text_input": prompt, "parameters": {"max_tokens": 8}}
+    answer = post(url, "lm/generate", body).json()
+    assert "token_ids" in answer, answer
+    prompt_ids = keras.ops.convert_to_numpy(toy_tokenizer.tokenize(prompt)).tolist()
+    assert answer["token_ids"] == keras_greedy(toy_lm, prompt_ids, 8)
+    full = keras.ops.convert_to_numpy(toy_tokenizer.detokenize(prompt_ids + answer["token_ids"]))
+    assert f"{prompt} {answer['text_output']}".split() == full.item().decode().split()
+
+    with httpx.stream("POST", f"{url}/v2/models/lm/generate_stream", json=body) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = [json.loads(line[len("data: "):]) for line in response.iter_lines()
+                  if line.startswith("data: ")]  # fmt: skip
+    assert [e["token_id"] for e in events] == answer["token_ids"]
+    assert "".join(e["text_output"] for e in events) == answer["text_output"]
+    # A stop id ends generation and is the last token.
+    stop = answer["token_ids"][2]
+    body["parameters"]["stop_token_ids"] = [stop]
+    stopped = post(url, "lm/generate", body).json()["token_ids"]
+    assert stopped == answer["token_ids"][: answer["token_ids"].index(stop) + 1]
+
+
+@pytest.mark.parametrize(
+    "path, body, status, words",
+    [
+        ("lm/classify", {"text_input": "to be"}, 400, "task is 'generate'"),
+        ("sentiment/generate", {"text_input": "to be"}, 400, "task is 'classify'"),
+        ("sentiment/classify", {"text": "to be"}, 400, "text_input"),
+        ("sentiment/classify", {"text_input": []}, 400, "non-empty list"),
+        ("sentiment/classify", {"text_input": [1, 2]}, 400, "text_input"),
+        ("encoder/embed", {"text_input": "a", "parameters": {"pooling": "max"}}, 400, "pooling"),
+        ("encoder/embed", {"text_input": "a", "parameters": {"normalize": "yes"}}, 400,
+         "normalize"),
+        ("encoder/embed", {"text_input": "a", "parameters": [1]}, 400, "parameters"),
+        ("lm/generate", {"text_input": ["a", "b"]}, 400, "one string"),
+        ("lm/generate", {"text_input": "to be", "parameters": {"max_tokens": 0}}, 400,
+         "max_tokens"),
+        ("lm/generate", {"text_input": "to be", "parameters": {"max_tokens": 500}}, 400,
+         "maximum sequence length 24"),
+        ("lm/generate", {"text_input": " ".join(TOY_TEXT[:3])}, 400,
+         "maximum sequence length 24"),
+        ("lm/generate", {"text_input": "a", "parameters": {"stop_token_ids": "x"}}, 400,
+         "stop_token_ids"),
+        ("nope/classify", {"text_input": "a"}, 404, "nope"),
+    ],
+)  # fmt: skip
+def test_text_errors_name_the_problem(text_models, path, body, status, words):
+    url, _, _ = text_models
+    response = post(url, path, body)
+    assert response.status_code == status, response.text
+    assert words in response.json()["error"]
+
+
+def test_long_texts_are_truncated_as_the_packer_truncates(text_models, toy_tokenizer):
+    url, models, _ = text_models
+    long_text = " ".join(TOY_TEXT[:4])  # more than 24 pieces
+    got = post(url, "sentiment/classify", {"text_input": long_text}).json()["predictions"]
+    ids = keras.ops.convert_to_numpy(packer_for(toy_tokenizer)(toy_tokenizer.tokenize([long_text])))
+    assert (ids != 0).sum() == 24
+    expected = softmax(run(models["sentiment"], ids))[0]
+    np.testing.assert_allclose([got[0]["scores"][x] for x in LABELS], expected, atol=1e-5)
+
+
+def test_a_model_without_a_tokenizer_has_no_text_endpoints():
+    predictor = SimpleNamespace(manifest={"task": "classify", "inputs": []}, tokenizer=None)
+    with pytest.raises(ServingError, match="without a tokenizer"):
+        TextModel(predictor).require("classify")
+
+
+def test_export_checks_labels(toy_lm, tmp_path):
+    from export import export_model
+    from keras_attn.models import Encoder, SequenceClassifier
+
+    classifier = SequenceClassifier(Encoder(50, 8, hidden_dim=8, num_layers=1, num_heads=2), 3)
+    with pytest.raises(ValueError, match="`labels` must be 3 strings"):
+        export_model(classifier, tmp_path / "a", labels=["a", "b"])
+    with pytest.raises(ValueError, match="Received labels for a CausalLM"):
+        export_model(toy_lm, tmp_path / "b", labels=["a"])
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
