@@ -47,7 +47,7 @@ def attend_per_head(query, key, value, mask=None):
     """
     shape = ops.shape(query)
     heads, length, d_v = shape[1], shape[2], ops.shape(value)[-1]
-    flat = [ops.reshape(x, (-1,) + tuple(ops.shape(x)[2:])) for x in (query, key, value)]
+    flat = [ops.reshape(x, (-1, *ops.shape(x)[2:])) for x in (query, key, value)]
     index = ops.arange(ops.shape(flat[0])[0], dtype="int32")
     shared_mask = mask is not None and mask.shape[0] == 1
 
