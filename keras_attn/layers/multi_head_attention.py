@@ -271,14 +271,15 @@ class MultiHeadAttention(keras.layers.Layer):
             fused, use_dropout, return_attention_scores, training, per_head=per_head,
         )  # fmt: skip
 
-    def _per_head_is_faster(self, query, key):
+    @staticmethod
+    def _per_head_is_faster(query, key):
         """Whether `attend_per_head` beats one batched pass: TensorFlow (no fused attention
         kernel there) with static lengths and T·S >= 1024², where it measured ~1.5x faster on
-        CPU; below that the loop's overhead dominates."""
+        CPU; below that the loop's overhead dominates. (Grouped key/value heads are repeated
+        to every query head before either path.)"""
         lengths = query.shape[1], key.shape[1]
         return (
             keras.backend.backend() == "tensorflow"
-            and self._kv_heads == self.num_heads
             and None not in lengths
             and lengths[0] * lengths[1] >= PER_HEAD_MIN_SCORES
         )

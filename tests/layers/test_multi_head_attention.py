@@ -288,13 +288,15 @@ def test_attend_per_head_equals_batched_attend(masks):
 
 
 @pytest.mark.tf_only
-@pytest.mark.parametrize("masks", ["none", "padding", "causal", "explicit"])
+@pytest.mark.parametrize("masks", ["none", "padding", "causal", "explicit", "grouped_query"])
 def test_long_sequences_take_the_per_head_path_with_the_same_values(masks, monkeypatch):
     from keras_attn.layers import multi_head_attention as mha
 
-    layer = ka.MultiHeadAttention(4, 8, dropout=0.1)
+    kv_heads = 2 if masks == "grouped_query" else None
+    layer = ka.MultiHeadAttention(4, 8, dropout=0.1, num_key_value_heads=kv_heads)
     kwargs = {
         "none": {},
+        "grouped_query": {"query_mask": PAD, "value_mask": PAD},
         "padding": {"query_mask": PAD, "value_mask": PAD},
         "causal": {"use_causal_mask": True},
         "explicit": {"attention_mask": RNG.random((3, 6, 6)) > 0.4},
