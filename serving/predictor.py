@@ -9,7 +9,13 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from serving.generation import empty_cache, greedy_tokens, prefix_step, session_step
+from serving.generation import (
+    empty_cache,
+    greedy_decode,
+    greedy_tokens,
+    prefix_step,
+    session_step,
+)
 from serving.manifest import read_manifest, verify_files
 from serving.tokenizer import WordPieceTextTokenizer
 
@@ -127,23 +133,22 @@ class Predictor:
         """Greedy continuation of id prompts; returns the new ids of each (a stop token ends
         a row and is included). Uses the exported key/value-cache graph (`decode.onnx`)
         when the artifact has one, unless `use_cache=False`."""
-        new = [[] for _ in prompts]
-        for row, token in self.generate_tokens(prompts, max_new_tokens, stop_token_ids,
-                                               use_cache):  # fmt: skip
-            new[row].append(token)
-        return new
+        step, state, max_length = self._decoder(len(prompts), use_cache)
+        return greedy_decode(step, state, [list(p) for p in prompts], max_new_tokens,
+                             stop_token_ids, max_length=max_length)  # fmt: skip
 
     def generate_tokens(self, prompts, max_new_tokens=20, stop_token_ids=(), use_cache=True):
         """`generate_ids` as a generator of `(row, new id)`, each as soon as it is chosen."""
-        prompts = [list(p) for p in prompts]
+        step, state, max_length = self._decoder(len(prompts), use_cache)
+        return greedy_tokens(step, state, [list(p) for p in prompts], max_new_tokens,
+                             stop_token_ids, max_length=max_length)  # fmt: skip
+
+    def _decoder(self, batch, use_cache):
+        """`(step, initial state, max length)` of greedy decoding: the decode graph over a
+        key/value cache, or the full model over the whole prefix."""
         if use_cache and self.decode_session is not None:
-            step, state = self.decode_step, empty_cache(self.decoding, len(prompts))
-            max_length = self.decoding["max_length"]
-        else:
-            step, state = prefix_step(self.logits), np.zeros((len(prompts), 0), np.int32)
-            max_length = self.max_sequence_length
-        return greedy_tokens(step, state, prompts, max_new_tokens, stop_token_ids,
-                             max_length=max_length)  # fmt: skip
+            return self.decode_step, empty_cache(self.decoding, batch), self.decoding["max_length"]
+        return prefix_step(self.logits), np.zeros((batch, 0), np.int32), self.max_sequence_length
 
     def generate(self, prompts, max_new_tokens=20):
         """Greedy continuation of text prompts; returns prompt + continuation as text."""

@@ -452,8 +452,7 @@ def create_app(repository, settings=None, **overrides):
         return {**header, "embeddings": vectors}
 
     async def generation(name, version, request):
-        """`(header, first (id, delta) or None, the rest)`: the first token is computed before
-        answering, so a bad request gets its 400 rather than a broken stream."""
+        """`(header, TextModel, prompt ids, max_tokens, stop ids)` of a checked request."""
         chosen, model, payload, parameters = await text_task(name, version, "generate", request)
         text = payload.get("text_input")
         if not isinstance(text, str):
@@ -465,28 +464,33 @@ def create_app(repository, settings=None, **overrides):
                                     f"{max_tokens!r}")  # fmt: skip
         if not isinstance(stop, list) or not all(isinstance(t, int) for t in stop):
             raise ServingError(400, f"`stop_token_ids` must be a list of ids; received {stop!r}")
-        tokens = model.stream(text, max_tokens, stop)
-        try:
-            first = await asyncio.to_thread(next, tokens, None)
-        except ValueError as error:  # e.g. prompt + max_tokens longer than the model allows
-            raise ServingError(400, str(error)) from None
-        return {"model_name": name, "model_version": str(chosen)}, first, tokens
+        header = {"model_name": name, "model_version": str(chosen)}
+        return header, model, model.prompt(text), max_tokens, stop
 
     @app.post("/v2/models/{name}/generate")
     @app.post("/v2/models/{name}/versions/{version}/generate")
     async def generate(name: str, request: Request, version: str | None = None):
-        header, first, rest = await generation(name, version, request)
-        pairs = [] if first is None else [first, *await asyncio.to_thread(list, rest)]
-        return {**header, "text_output": "".join(d for _, d in pairs),
-                "token_ids": [t for t, _ in pairs]}  # fmt: skip
+        header, model, prompt, max_tokens, stop = await generation(name, version, request)
+        try:
+            (new,) = await asyncio.to_thread(
+                model.predictor.generate_ids, [prompt], max_tokens, stop
+            )
+        except ValueError as error:  # e.g. prompt + max_tokens longer than the model allows
+            raise ServingError(400, str(error)) from None
+        return {**header, "text_output": model.continuation(prompt, new), "token_ids": new}
 
     @app.post("/v2/models/{name}/generate_stream")
     @app.post("/v2/models/{name}/versions/{version}/generate_stream")
     async def generate_stream(name: str, request: Request, version: str | None = None):
-        header, first, rest = await generation(name, version, request)
+        header, model, prompt, max_tokens, stop = await generation(name, version, request)
+        tokens = model.stream(prompt, max_tokens, stop)
+        try:  # the first token before answering: a bad request gets a 400, not a cut stream
+            first = await asyncio.to_thread(next, tokens, None)
+        except ValueError as error:
+            raise ServingError(400, str(error)) from None
 
         def events():  # Server-Sent Events, one per token (Triton's generate_stream)
-            for token, delta in [] if first is None else itertools.chain([first], rest):
+            for token, delta in [] if first is None else itertools.chain([first], tokens):
                 event = {**header, "text_output": delta, "token_id": token}
                 yield f"data: {json.dumps(event)}\n\n"
 

@@ -61,11 +61,11 @@ class TextModel:
         to the longest with 0) and each text's ids as packed, one list per text. Texts longer
         than the model takes are cut as the packer cuts them, unless `truncate=False`."""
         start, end = self.packer.get("start_value"), self.packer.get("end_value")
-        limit = min(
-            x for x in (self.packer.get("sequence_length"),
-                        self.predictor.max_sequence_length, 1 << 30) if x
-        )  # fmt: skip
-        room = limit - (start is not None) - (end is not None) if truncate else None
+        limits = [x for x in (self.packer.get("sequence_length"),
+                              self.predictor.max_sequence_length) if x]  # fmt: skip
+        room = None
+        if truncate and limits:
+            room = min(limits) - (start is not None) - (end is not None)
         packed = []
         for ids in self.tokenizer.encode(texts):
             ids = ids[:room]  # truncated as the packer truncates
@@ -138,20 +138,25 @@ class TextModel:
             vectors = vectors / np.linalg.norm(vectors, axis=-1, keepdims=True)
         return vectors.tolist()
 
-    def stream(self, text, max_tokens, stop_token_ids=()):
-        """Greedy continuation of one text, yielded as `(token id, text delta)` pairs as each
-        token is chosen; the deltas join into the continuation's text."""
-        (prompt,) = self.encode([text], truncate=False)[1]  # too long: an error, not a cut
-        if self.packer.get("end_value") is not None:
-            prompt = prompt[:-1]  # a prompt continues: no end id after it
-        tokens = self.predictor.generate_tokens([prompt], max_tokens, stop_token_ids)
-        shown = self.tokenizer.decode(prompt)
-        new = []
-        for _, token in tokens:
+    def prompt(self, text):
+        """A generation prompt's ids: packed with the start id but no end id (it continues),
+        and never cut (too long is an error when generating)."""
+        (ids,) = self.encode([text], truncate=False)[1]
+        return ids[:-1] if self.packer.get("end_value") is not None else ids
+
+    def continuation(self, prompt, new, prompt_text=None):
+        """The text the `new` ids add after `prompt`'s text, without a leading space."""
+        shown = self.tokenizer.decode(prompt) if prompt_text is None else prompt_text
+        full = self.tokenizer.decode(prompt + new)
+        return (full[len(shown) :] if full.startswith(shown) else full).lstrip()
+
+    def stream(self, prompt, max_tokens, stop_token_ids=()):
+        """Greedy continuation of prompt ids, yielded as `(token id, text delta)` pairs as
+        each token is chosen; the deltas join into `continuation(prompt, new ids)`."""
+        prompt_text = self.tokenizer.decode(prompt)
+        new, shown = [], ""
+        for _, token in self.predictor.generate_tokens([prompt], max_tokens, stop_token_ids):
             new.append(token)
-            full = self.tokenizer.decode(prompt + new)
-            delta = full[len(shown) :] if full.startswith(shown) else full
-            if len(new) == 1:
-                delta = delta.lstrip()
-            shown = full
-            yield token, delta
+            text = self.continuation(prompt, new, prompt_text)
+            yield token, text[len(shown) :] if text.startswith(shown) else text
+            shown = text
