@@ -29,6 +29,37 @@ def attend(query, key, value, score, mask=None, dropout=None, training=None):
     return ops.matmul(dropped, value), weights
 
 
+def attend_heads_last(query, key, value, mask=None, dropout=None, training=None):
+    """`softmax(q kᵀ) v` for `(B, T, H, d)` heads, as `keras.ops.dot_product_attention` lays
+    them out, in three passes over the `(B, H, T, S)` scores: matmul, softmax, matmul.
+
+    TensorFlow's `dot_product_attention` has no fused kernel; it adds a fourth pass (the scores
+    times `scale`, also when the scale is 1.0) and its gradient. Callers scale the queries
+    instead, which touches `(T, d)` rather than `(T, S)` elements.
+
+    Args:
+        query: `(B, T, H, d)`, already scaled. key: `(B, S, H, d)`. value: `(B, S, H, d_v)`.
+        mask: optional bool `(B|1, T|1, S)`; `True` = may attend. Rows with no visible key
+            give zeros.
+        dropout: optional `keras.layers.Dropout` applied to the weights.
+    Returns:
+        `(B, T, H, d_v)`.
+    """
+    scores = ops.einsum("bthd,bshd->bhts", query, key)
+    dtype = scores.dtype
+    scores = ops.cast(scores, "float32")  # softmax in float32, as `masked_softmax`
+    if mask is not None:
+        scores = ops.where(ops.expand_dims(mask, 1), scores, mask_value("float32"))
+    weights = ops.cast(ops.softmax(scores, axis=-1), dtype)
+    if dropout is not None:
+        weights = dropout(weights, training=training)
+    out = ops.einsum("bhts,bshd->bthd", weights, value)
+    if mask is None:
+        return out
+    visible = ops.any(mask, axis=-1)  # (B|1, T|1)
+    return out * ops.cast(ops.expand_dims(ops.expand_dims(visible, -1), -1), out.dtype)
+
+
 def attend_per_head(query, key, value, mask=None):
     """`softmax(q kᵀ) v` for `(B, H, T, d)` heads, one `(batch, head)` pair at a time.
 

@@ -5,6 +5,7 @@ from keras import ops
 
 from keras_attn.layers.attention import (
     attend,
+    attend_heads_last,
     attend_per_head,
     check_rank3,
     combined_mask,
@@ -54,6 +55,10 @@ def write_cache(cache, start, new):
     return ops.scatter_update(cache, indices, updates)
 
 
+def _on_tensorflow():
+    return keras.backend.backend() == "tensorflow"
+
+
 def _positive_int(name, value, allow_none=False):
     if value is None and allow_none:
         return
@@ -73,7 +78,10 @@ class MultiHeadAttention(keras.layers.Layer):
     The default `"scaled_dot"` score runs through `keras.ops.dot_product_attention` whenever
     the weights are not needed (no `return_attention_scores`, and no dropout unless
     `training`) and `value_dim == key_dim`, so each backend's fused kernel applies; other
-    scores use the explicit path.
+    scores use the explicit path. TensorFlow has no fused kernel, and its
+    `dot_product_attention` spends a pass over the scores multiplying them by the scale: there
+    the scaled queries go through `attend_heads_last` (also with dropout, and any value
+    width), or `attend_per_head` for long sequences.
     Weights are laid out as in `keras.layers.MultiHeadAttention`, so they copy across one-to-one.
 
     Args:
@@ -243,21 +251,27 @@ class MultiHeadAttention(keras.layers.Layer):
         key = value if key is None else key
 
         use_dropout = self.dropout > 0 and bool(training)
-        # jax.nn.dot_product_attention needs value heads as wide as key heads.
+        # jax.nn.dot_product_attention needs value heads as wide as key heads and has no
+        # dropout; on TensorFlow the scaled-dot core is `attend_heads_last`, which takes both.
         same_width = (self.value_dim or self.key_dim) == self.key_dim
         fused = (
             self.score.is_scaled_dot
-            and same_width
             and not return_attention_scores
-            and not use_dropout
+            and (_on_tensorflow() or (same_width and not use_dropout))
         )
-        if fused and _TRACING["onnx"] and self._kv_heads == self.num_heads:
+        if (
+            fused
+            and _TRACING["onnx"]
+            and self._kv_heads == self.num_heads
+            and same_width
+            and not use_dropout
+        ):
             merged = combined_mask(
                 query_mask, value_mask, key_mask, attention_mask, use_causal_mask,
                 ops.shape(query)[1], ops.shape(key)[1],
             )  # fmt: skip
             return self._attend_for_onnx(query, key, value, merged)
-        per_head = fused and self._per_head_is_faster(query, key)
+        per_head = fused and not use_dropout and self._per_head_is_faster(query, key)
         # The fused kernel takes (B, T, H, d); scores take (B, H, T, d). Projecting straight
         # into the layout each path needs saves three transposes on the explicit path.
         layout = "bthk" if fused and not per_head else "bhtk"
@@ -279,7 +293,7 @@ class MultiHeadAttention(keras.layers.Layer):
         to every query head before either path.)"""
         lengths = query.shape[1], key.shape[1]
         return (
-            keras.backend.backend() == "tensorflow"
+            _on_tensorflow()
             and None not in lengths
             and lengths[0] * lengths[1] >= PER_HEAD_MIN_SCORES
         )
@@ -313,6 +327,10 @@ class MultiHeadAttention(keras.layers.Layer):
             q = ops.multiply(q, ops.cast(self.score.scale_for(self.key_dim), q.dtype))
             if per_head:
                 out = attend_per_head(q, k, v, merged)
+            elif _on_tensorflow():
+                # No fused kernel there: skip `dot_product_attention`'s pass scaling the scores.
+                dropout = self.dropout_layer if use_dropout else None
+                out = attend_heads_last(q, k, v, merged, dropout=dropout, training=training)
             elif only_causal:
                 out = ops.dot_product_attention(q, k, v, scale=1.0, is_causal=True)
             else:

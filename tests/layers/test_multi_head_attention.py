@@ -110,16 +110,24 @@ def test_fused_path_equals_explicit_path():
         np.testing.assert_allclose(fused, to_numpy(manual), atol=1e-5)
 
 
+ON_TF = keras.backend.backend() == "tensorflow"
+
+
 @pytest.fixture
 def attention_spy(monkeypatch):
+    """Calls of the fused scaled-dot core: `keras.ops.dot_product_attention`, or on TensorFlow
+    (which has no fused kernel) the three-op `attend_heads_last` that replaces it."""
+    from keras_attn.layers import multi_head_attention as mha
+
     calls = []
-    real = keras.ops.dot_product_attention
+    owner, name = (mha, "attend_heads_last") if ON_TF else (keras.ops, "dot_product_attention")
+    real = getattr(owner, name)
 
     def spy(*args, **kwargs):
         calls.append(kwargs)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(keras.ops, "dot_product_attention", spy)
+    monkeypatch.setattr(owner, name, spy)
     return calls
 
 
@@ -127,9 +135,25 @@ def test_dropout_at_inference_uses_the_fused_kernel(attention_spy):
     layer = ka.MultiHeadAttention(4, 8, dropout=0.1)
     layer(X, training=False)
     assert len(attention_spy) == 1
-    layer(X, training=True)
     layer(X, return_attention_scores=True)
-    assert len(attention_spy) == 1  # neither of those may use it: they need the weights
+    assert len(attention_spy) == 1  # the weights are asked for: the explicit path
+    layer(X, training=True)
+    # Fused kernels have no dropout; TensorFlow's three-op core applies it between its ops.
+    assert len(attention_spy) == (2 if ON_TF else 1)
+
+
+@pytest.mark.tf_only
+def test_dropout_in_the_tensorflow_core_equals_the_explicit_path():
+    # Same dropout mask on both paths: a fixed one, so the two calls can be compared.
+    keep = np.random.default_rng(3).random((3, 4, 6, 6)) > 0.25
+    layer = ka.MultiHeadAttention(4, 8, dropout=0.25)
+    layer(X)
+    layer.dropout_layer.call = lambda w, training=None: w * keras.ops.cast(keep, w.dtype) / 0.75
+    for kwargs in ({}, {"use_causal_mask": True}, {"query_mask": PAD, "value_mask": PAD}):
+        fused = to_numpy(layer(X, training=True, **kwargs))
+        manual, _ = layer(X, training=True, return_attention_scores=True, **kwargs)
+        np.testing.assert_allclose(fused, to_numpy(manual), atol=1e-5)
+        assert not np.allclose(fused, to_numpy(layer(X, **kwargs)), atol=1e-3)
 
 
 def test_other_scores_use_the_explicit_path(attention_spy):
