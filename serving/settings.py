@@ -30,7 +30,9 @@ class ServerSettings(BaseSettings):
     max_batch_size: int = Field(32, ge=1, description="rows per merged call; 1 = no merging")
     max_delay_ms: float = Field(0.0, ge=0, description="wait for rows, only under load")
     batch_workers: int = Field(2, ge=1, description="threads running each model")
-    session_threads: int | None = Field(None, ge=1, description="onnxruntime intra-op threads")
+    session_threads: int | None = Field(
+        None, ge=1, description="onnxruntime intra-op threads; default: cores // batch_workers"
+    )
     verify_sha256: bool = True
     drain_timeout_s: float = Field(30.0, ge=0, description="SIGTERM: wait for in-flight")
     log_level: str = "info"

@@ -187,3 +187,12 @@ def test_sigterm_drains_in_flight_requests_then_exits(root):
     logs = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
     assert any(e["message"] == "drained" for e in logs)
     assert any(e["message"] == "request" and e.get("status") == 200 for e in logs)
+
+
+@pytest.mark.parametrize("workers,num_threads", [(1, None), (2, None), (2, 3)])
+def test_session_threads_default_to_the_cores_shared_among_the_workers(root, workers, num_threads):
+    # Each batch worker runs its own onnxruntime call: together their threads fill the cores.
+    cores = len(os.sched_getaffinity(0))
+    _, predictor, _ = ModelRepository(root, num_threads=num_threads, workers=workers).batcher("toy")
+    expected = num_threads or max(1, cores // workers)
+    assert predictor.session.get_session_options().intra_op_num_threads == expected
