@@ -462,17 +462,52 @@ def _is_causal_lm(model):
 
 
 def _export_decoding(model, folder: Path, opset, tolerance) -> dict:
-    """`decode.onnx` for cached generation, checked two ways: its logits at every step equal
-    the Keras model's on the full prefix, and its greedy ids equal Keras `generate()`."""
+    """`decode.onnx` for cached generation (tf2onnx of the Keras decode step), and where
+    `export.decode_graph` can express the model, `decode_gqa.onnx` (onnxruntime's own
+    operators, cache updated in place), the one `serving` decodes with. Each is checked
+    two ways: its logits at every step equal the Keras model's on the full prefix, and its
+    greedy ids equal Keras `generate()`."""
     import onnxruntime as ort
 
+    from export.decode_graph import supported, write_decode_graph
     from export.decoding import write_decode_onnx
-    from serving.generation import cached_greedy, session_step
+    from keras_attn.decoding import CausalLMRunner
+    from serving.generation import BoundCache, empty_cache, gqa_step, session_step
 
-    max_length = _max_sequence_length(model)
+    # The cache holds as many positions as the learned position table; a sinusoidal model has
+    # no table, and its cache is as long as the `sequence_length` it was built with.
+    max_length = _max_sequence_length(model) or model.get_config()["sequence_length"]
     spec = write_decode_onnx(model, folder / "decode.onnx", max_length, opset)
     session = ort.InferenceSession(str(folder / "decode.onnx"), providers=["CPUExecutionProvider"])
-    step = session_step(session)
+    worst = _check_decoding(
+        model, "decode.onnx", session_step(session), lambda b: empty_cache(spec, b), max_length,
+        tolerance,
+    )  # fmt: skip
+    decoding = {"file": "decode.onnx", **spec, "step_logits_max_abs_diff": worst,
+                "greedy_equals_keras": True}  # fmt: skip
+    runner = CausalLMRunner(model)
+    reason = supported(runner)
+    if reason is not None:
+        decoding["gqa"] = {"file": None, "unsupported": reason}
+        return decoding
+    gqa_spec = write_decode_graph(runner, folder / "decode_gqa.onnx", max_length, opset)
+    session = ort.InferenceSession(
+        str(folder / "decode_gqa.onnx"), providers=["CPUExecutionProvider"]
+    )
+    worst = _check_decoding(
+        model, "decode_gqa.onnx", gqa_step(session), lambda b: BoundCache(session, gqa_spec, b),
+        max_length, tolerance,
+    )  # fmt: skip
+    decoding["gqa"] = {"file": "decode_gqa.onnx", **gqa_spec, "step_logits_max_abs_diff": worst,
+                       "greedy_equals_keras": True}  # fmt: skip
+    return decoding
+
+
+def _check_decoding(model, name, step, new_state, max_length, tolerance):
+    """Raises `ParityError` unless a decode graph's `step` (from the state `new_state(batch)`)
+    gives the Keras model's logits at every position and Keras `generate()`'s greedy ids;
+    returns the largest logits difference."""
+    from serving.generation import greedy_decode
 
     rng = np.random.default_rng(0)
     vocabulary = _max_token_id(model)
@@ -481,26 +516,20 @@ def _export_decoding(model, folder: Path, opset, tolerance) -> dict:
     ids = np.asarray([prompts[1] + [0] * new_tokens], "int32")[:, : 5 + new_tokens]
     ids[0, 5:] = rng.integers(1, vocabulary, size=ids.shape[1] - 5)
     full = keras.ops.convert_to_numpy(model(ids, training=False))
-    cache = np.zeros((1, spec["layers"], 2, max_length, spec["kv_heads"], spec["key_dim"]),
-                     np.float32)  # fmt: skip
-    logits, cache = step(ids[:, :5], cache, 0)
+    logits, state = step(ids[:, :5], new_state(1), 0)
     worst = max_abs_diff(logits, full[:, 4])
     for t in range(5, ids.shape[1]):
-        logits, cache = step(ids[:, t : t + 1], cache, t)
+        logits, state = step(ids[:, t : t + 1], state, t)
         worst = max(worst, max_abs_diff(logits, full[:, t]))
     limit = tolerance["logits"] if isinstance(tolerance, dict) else tolerance
     if worst > limit:
-        raise ParityError(
-            f"decode.onnx logits differ from Keras by {worst:.3e} > tolerance {limit}"
-        )
-    onnx_ids = cached_greedy(step, spec, prompts, new_tokens)
+        raise ParityError(f"{name} logits differ from Keras by {worst:.3e} > tolerance {limit}")
+    onnx_ids = greedy_decode(step, new_state(len(prompts)), prompts, new_tokens,
+                             max_length=max_length)  # fmt: skip
     keras_ids = model.generate(prompts, new_tokens)
     if onnx_ids != keras_ids:
-        raise ParityError(
-            f"decode.onnx greedy ids {onnx_ids} differ from Keras generate() {keras_ids}"
-        )
-    return {"file": "decode.onnx", **spec, "step_logits_max_abs_diff": worst,
-            "greedy_equals_keras": True}  # fmt: skip
+        raise ParityError(f"{name} greedy ids {onnx_ids} differ from Keras generate() {keras_ids}")
+    return worst
 
 
 def _export_text_onnx(model, folder: Path, tokenizer, packer, sessions, opset) -> dict:

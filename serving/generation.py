@@ -93,15 +93,45 @@ def session_step(session):
     return step
 
 
+class BoundCache:
+    """The key/value cache of one generation over `decode_gqa.onnx`, kept in onnxruntime.
+
+    Each block's past and present buffers are one `OrtValue` bound as both input and output,
+    so onnxruntime's `GroupQueryAttention` writes the new keys and values in place: no step
+    copies the cache in or out of Python. Pass it as the `state` of `gqa_step`'s step.
+    """
+
+    def __init__(self, session, spec, batch):
+        import onnxruntime as ort
+
+        self.binding = session.io_binding()
+        self.binding.bind_output("logits")  # first: `gqa_step` reads output 0
+        shape = (batch, spec["kv_heads"], spec["max_length"], spec["key_dim"])
+        self.buffers = []
+        for layer in range(spec["layers"]):
+            for kind in ("key", "value"):
+                buffer = ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32))
+                self.binding.bind_ortvalue_input(f"past_{kind}_{layer}", buffer)
+                self.binding.bind_ortvalue_output(f"present_{kind}_{layer}", buffer)
+                self.buffers.append(buffer)
+
+
+def gqa_step(session):
+    """The step function of an exported `decode_gqa.onnx` session; its state is a
+    `BoundCache`."""
+
+    def step(token_ids, cache, index):
+        binding = cache.binding
+        binding.bind_cpu_input("token_ids", np.ascontiguousarray(token_ids, np.int32))
+        binding.bind_cpu_input("index", np.asarray(index, np.int32))
+        session.run_with_iobinding(binding)
+        return binding.get_outputs()[0].numpy(), cache
+
+    return step
+
+
 def empty_cache(spec, batch):
     """The zero key/value cache an exported decode graph starts from (`spec`: the
     manifest's `decoding` entry)."""
     shape = (batch, spec["layers"], 2, spec["max_length"], spec["kv_heads"], spec["key_dim"])
     return np.zeros(shape, np.float32)
-
-
-def cached_greedy(step, spec, prompts, max_new_tokens, stop_token_ids=(), pad_id=0):
-    """`greedy_decode` over an exported decode graph's `step` (see `session_step`), starting
-    from an empty cache shaped by `spec` (the manifest's `decoding` entry)."""
-    return greedy_decode(step, empty_cache(spec, len(prompts)), prompts, max_new_tokens,
-                         stop_token_ids, pad_id, spec["max_length"])  # fmt: skip

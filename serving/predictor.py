@@ -10,7 +10,9 @@ import numpy as np
 import onnxruntime as ort
 
 from serving.generation import (
+    BoundCache,
     empty_cache,
+    gqa_step,
     greedy_decode,
     greedy_tokens,
     prefix_step,
@@ -60,6 +62,15 @@ class Predictor:
                 providers=["CPUExecutionProvider"],
             )  # fmt: skip
             self._decode_step = session_step(self.decode_session)
+        # `decode_gqa.onnx` (onnxruntime's GroupQueryAttention, cache updated in place) when
+        # the export could write it: the graph generation uses.
+        self.gqa = (self.decoding or {}).get("gqa") or {}
+        self.gqa_session = None
+        if self.gqa.get("file"):
+            self.gqa_session = ort.InferenceSession(
+                str(self.folder / self.gqa["file"]), options, providers=["CPUExecutionProvider"]
+            )
+            self._gqa_step = gqa_step(self.gqa_session)
         self.tokenizer = None
         if self.manifest.get("tokenizer"):
             self.tokenizer = WordPieceTextTokenizer.from_folder(
@@ -129,10 +140,16 @@ class Predictor:
         """One call of the exported decode graph: `(last logits, updated cache)`."""
         return self._decode_step(token_ids, cache, index)
 
+    def gqa_step(self, token_ids, cache, index):
+        """One call of `decode_gqa.onnx` over a `BoundCache`: `(last logits, cache)`."""
+        return self._gqa_step(token_ids, cache, index)
+
     def generate_ids(self, prompts, max_new_tokens=20, stop_token_ids=(), use_cache=True):
         """Greedy continuation of id prompts; returns the new ids of each (a stop token ends
-        a row and is included). Uses the exported key/value-cache graph (`decode.onnx`)
-        when the artifact has one, unless `use_cache=False`."""
+        a row and is included). With `use_cache` (the default) it runs an exported
+        key/value-cache graph: `decode_gqa.onnx` when the artifact has one, else
+        `decode.onnx`; `use_cache="decode.onnx"` picks the latter; `False` reruns the
+        full model over the prefix every step."""
         step, state, max_length = self._decoder(len(prompts), use_cache)
         return greedy_decode(step, state, [list(p) for p in prompts], max_new_tokens,
                              stop_token_ids, max_length=max_length)  # fmt: skip
@@ -144,8 +161,15 @@ class Predictor:
                              stop_token_ids, max_length=max_length)  # fmt: skip
 
     def _decoder(self, batch, use_cache):
-        """`(step, initial state, max length)` of greedy decoding: the decode graph over a
+        """`(step, initial state, max length)` of greedy decoding: a decode graph over a
         key/value cache, or the full model over the whole prefix."""
+        if use_cache not in (True, False, "decode.onnx"):
+            raise ValueError(
+                f"`use_cache` must be True, False or 'decode.onnx'. Received: {use_cache!r}"
+            )
+        if use_cache is True and self.gqa_session is not None:
+            state = BoundCache(self.gqa_session, self.gqa, batch)
+            return self.gqa_step, state, self.gqa["max_length"]
         if use_cache and self.decode_session is not None:
             return self.decode_step, empty_cache(self.decoding, batch), self.decoding["max_length"]
         return prefix_step(self.logits), np.zeros((batch, 0), np.int32), self.max_sequence_length

@@ -90,6 +90,8 @@ def test_opset_range_converts_and_matches(toy_lm, tmp_path, opset):
     manifest = export_model(toy_lm, tmp_path / "lm", opset=opset, verbose=False)
     assert manifest["onnx"]["opset"] == opset
     assert manifest["parity"]["max_abs_diff"] <= 1e-4
+    gqa = manifest["decoding"]["gqa"]  # LayerNormalization needs 17: never written lower
+    assert gqa["file"] == "decode_gqa.onnx" and gqa["opset"] == max(opset, 17)
 
 
 def test_serve_text_signature_takes_strings_and_matches_the_ids_signature(toy_artifact, toy_lm):

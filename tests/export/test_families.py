@@ -153,6 +153,47 @@ def test_cli_exports_a_keras_file(tmp_path):
     assert "--quantize" in help_text and "--opset" in help_text
 
 
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"normalize_first": False, "position_encoding": "sinusoidal", "activation": "relu"},
+        {"activation": "gelu_tanh", "hidden_dim": 32, "num_heads": 4},
+        {"activation": "swish", "num_layers": 1},
+    ],
+)
+def test_gqa_decode_graph_matches_keras_for_each_block_variant(tmp_path, kwargs):
+    # export_model raises unless decode_gqa.onnx gives Keras's logits at every step (<= 1e-4)
+    # and Keras generate()'s greedy ids; here every branch of the graph builder runs.
+    from serving import Predictor
+
+    keras.utils.set_random_seed(2)
+    lm = CausalLM(50, 20, **{"hidden_dim": 16, "num_layers": 2, "num_heads": 2, **kwargs})
+    gqa = export_model(lm, tmp_path / "lm", formats=["onnx"], verbose=False)["decoding"]["gqa"]
+    assert gqa["file"] == "decode_gqa.onnx" and gqa["step_logits_max_abs_diff"] <= 1e-4
+    prompts = [[4, 8, 15, 16], [23, 42]]
+    assert Predictor(tmp_path / "lm").generate_ids(prompts, 12) == lm.generate(prompts, 12)
+
+
+def test_models_the_gqa_graph_cannot_express_keep_decode_onnx(tmp_path, monkeypatch):
+    from export.decode_graph import supported
+    from keras_attn.decoding import CausalLMRunner
+    from keras_attn.layers.scores import ScaledDotScore
+    from serving import Predictor
+
+    keras.utils.set_random_seed(3)
+    lm = CausalLM(40, 16, hidden_dim=16, num_layers=1, num_heads=2)
+    assert supported(CausalLMRunner(lm)) is None
+    monkeypatch.setattr(ScaledDotScore, "is_scaled_dot", False)  # as if another score
+    assert "is not scaled dot" in supported(CausalLMRunner(lm))
+    decoding = export_model(lm, tmp_path / "lm", formats=["onnx"], verbose=False)["decoding"]
+    assert decoding["file"] == "decode.onnx" and decoding["gqa"]["file"] is None
+    assert "is not scaled dot" in decoding["gqa"]["unsupported"]
+    assert not (tmp_path / "lm" / "decode_gqa.onnx").exists()
+    predictor = Predictor(tmp_path / "lm")
+    assert predictor.gqa_session is None
+    assert predictor.generate_ids([[3, 4, 5]], 6) == lm.generate([[3, 4, 5]], 6)
+
+
 def test_cached_decoding_graph_matches_keras_generate(tmp_path):
     from serving import Predictor
 
@@ -163,17 +204,25 @@ def test_cached_decoding_graph_matches_keras_generate(tmp_path):
     assert decoding["file"] == "decode.onnx" and decoding["greedy_equals_keras"]
     assert decoding["step_logits_max_abs_diff"] <= 1e-4
     assert (decoding["layers"], decoding["kv_heads"], decoding["key_dim"]) == (2, 2, 8)
+    gqa = decoding["gqa"]
+    assert gqa["file"] == "decode_gqa.onnx" and gqa["greedy_equals_keras"]
+    assert gqa["step_logits_max_abs_diff"] <= 1e-4
+    assert (gqa["layers"], gqa["kv_heads"], gqa["key_dim"], gqa["max_length"]) == (2, 2, 8, 24)
     predictor = Predictor(tmp_path / "lm")
-    calls = []
-    step = predictor.decode_step
-    predictor.decode_step = lambda *a: calls.append(a[0].shape) or step(*a)
     prompts = [[5, 6, 7], [9, 3, 12, 4, 8], [2]]
-    cached = predictor.generate_ids(prompts, 10)
-    assert cached == lm.generate(prompts, 10)
-    assert cached == predictor.generate_ids(prompts, 10, use_cache=False)
-    # One prefill of the shortest prompt, then one token per call: the prefix is never rerun.
-    assert calls[0] == (3, 1) and all(shape == (3, 1) for shape in calls[1:])
-    assert len(calls) == 1 + (5 + 10 - 1) - 1
+    expected = lm.generate(prompts, 10)
+    for graph in ("gqa_step", "decode_step"):  # decode_gqa.onnx (the default), decode.onnx
+        calls = []
+        step = getattr(predictor, graph)
+        setattr(predictor, graph, lambda *a, s=step, c=calls: c.append(a[0].shape) or s(*a))
+        use_cache = True if graph == "gqa_step" else "decode.onnx"
+        cached = predictor.generate_ids(prompts, 10, use_cache=use_cache)
+        assert cached == expected
+        # One prefill of the shortest prompt, then one token per call: the prefix is never
+        # rerun.
+        assert calls[0] == (3, 1) and all(shape == (3, 1) for shape in calls[1:])
+        assert len(calls) == 1 + (5 + 10 - 1) - 1
+    assert expected == predictor.generate_ids(prompts, 10, use_cache=False)
     # A stop token ends its row (serving includes it); other rows go on.
     stop = cached[0][2]
     stopped = predictor.generate_ids(prompts, 10, stop_token_ids=[stop])
