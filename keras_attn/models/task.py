@@ -35,6 +35,17 @@ class Task(keras.Model):
     config_args = ()
     nested_models = ()
 
+    def __init__(self, inputs, outputs, name=None, **kwargs):
+        # keras.Model accepts and drops any keyword: a misspelt or unsupported argument
+        # (`CausalLM(..., num_key_value_heads=2)`) would silently build another model.
+        unknown = sorted(set(kwargs) - {"trainable"})
+        if unknown:
+            raise ValueError(
+                f"{type(self).__name__} got unexpected arguments {unknown}. Received: "
+                + ", ".join(f"{key}={kwargs[key]!r}" for key in unknown)
+            )
+        super().__init__(inputs, outputs, name=name, **kwargs)
+
     def compile(self, optimizer="adam", loss=None, jit_compile="auto", **kwargs):
         """`keras.Model.compile`, with `loss` defaulting to the model's `default_loss()` and
         `jit_compile="auto"` resolved by `resolve_jit_compile`."""

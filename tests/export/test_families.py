@@ -198,7 +198,7 @@ def test_cached_decoding_graph_matches_keras_generate(tmp_path):
     from serving import Predictor
 
     keras.utils.set_random_seed(1)
-    lm = CausalLM(60, 24, hidden_dim=16, num_layers=2, num_heads=2, num_key_value_heads=None)
+    lm = CausalLM(60, 24, hidden_dim=16, num_layers=2, num_heads=2)
     manifest = export_model(lm, tmp_path / "lm", formats=["onnx"], verbose=False)
     decoding = manifest["decoding"]
     assert decoding["file"] == "decode.onnx" and decoding["greedy_equals_keras"]

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from keras_attn.models import (
+    CausalLM,
     Encoder,
     EncoderPretrainer,
     MultipleChoice,
@@ -210,6 +211,10 @@ def test_best_spans_pinned():
         (lambda: SequenceClassifier(encoder(), 2, pooling="max"), "pooling"),
         (lambda: MultipleChoice(encoder(), 0), "num_choices"),
         (lambda: EncoderPretrainer(encoder(num_segments=None)), "num_segments"),
+        # keras.Model drops unknown keywords; ours name them.
+        (lambda: CausalLM(10, 8, num_key_value_heads=2), r"unexpected.*num_key_value_heads=2"),
+        (lambda: Encoder(10, hidden_dims=8), "hidden_dims"),
+        (lambda: SequenceClassifier(encoder(), 2, dropuot=0.1), "dropuot"),
     ],
 )
 def test_bad_arguments_name_the_argument(make, match):
