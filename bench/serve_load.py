@@ -5,15 +5,15 @@
 
 Exports a classifier (default: the BERT-small shape of `bench/export.py`, 4 layers, d 256,
 4 heads, ffn 1024, seq 128; `--layers 2 --dim 128 --ffn 512 --seq 32` is a tiny model whose
-run is bounded by HTTP, not by the model). Measures raw onnxruntime sequences/s (one caller,
-onnxruntime's default threads) at several batch sizes before, between and after the server
-runs; each batch's baseline is the median of those rounds, and the best batch's is the
-denominator. Starts `keras-attn-serve` in its own process on loopback, once batching (up to
-the first round's best batch, or `--max-batch-size`) and once not (1), and sends KServe v2
-JSON requests of one sequence each from `--clients` concurrent clients (asyncio + aiohttp,
-in this process). Prints throughput, p50/p99 latency and errors per mode, and the server's
-throughput as a fraction of raw onnxruntime; writes JSON. Loopback only; bounded by the
-request count.
+run is bounded by HTTP, not by the model). Starts `keras-attn-serve` twice in its own
+processes on loopback, batching (up to 32 rows, or `--max-batch-size`; the server tunes its
+cap below that) and not (1). In `--rounds` rounds it measures raw onnxruntime sequences/s
+(one caller, onnxruntime's default threads) at several batch sizes, then sends each server
+its share of the KServe v2 JSON requests (one sequence each) from `--clients` concurrent
+clients (asyncio + aiohttp, in this process). Raw rates are medians over the rounds, and the
+best batch's is the denominator; the servers' rounds are pooled. Prints throughput, p50/p99
+latency and errors per mode, and the server's throughput as a fraction of raw onnxruntime;
+writes JSON. Loopback only; bounded by the request count.
 """
 
 import argparse
@@ -132,8 +132,12 @@ async def load(url, clients, requests, seq):
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(clients)))
         elapsed = time.perf_counter() - start
-    return {"requests": requests, "errors": errors, "seconds": elapsed,
-            "throughput": requests / elapsed,
+    return latencies, errors, elapsed
+
+
+def summary(latencies, errors, seconds):
+    return {"requests": len(latencies), "errors": errors, "seconds": seconds,
+            "throughput": len(latencies) / seconds,
             "p50_ms": 1000 * statistics.median(latencies),
             "p99_ms": 1000 * float(np.percentile(latencies, 99))}  # fmt: skip
 
@@ -147,12 +151,13 @@ def main():
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--ffn", type=int, default=1024)
-    parser.add_argument("--raw-seconds", type=float, default=3.0)
+    parser.add_argument("--raw-seconds", type=float, default=2.0)
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument(
         "--max-batch-size",
         type=int,
         default=None,
-        help="the server's, batched; defaults to raw onnxruntime's best batch",
+        help="the batched server's; default 32 (the server tunes its cap below it)",
     )
     parser.add_argument(
         "--session-threads",
@@ -165,28 +170,36 @@ def main():
 
     work = tempfile.mkdtemp()
     export_classifier(f"{work}/clf/1", args)
-    # Raw onnxruntime is measured before, between and after the server runs, and each batch
-    # size's rate is the median of those rounds: on a shared machine one short window can be
-    # far off, and the best of several noisy windows would flatter the baseline.
+    # Rounds alternate raw onnxruntime, the batched server and the unbatched one, each round
+    # a share of the requests, so the minutes-long drifts of a shared machine hit all three
+    # alike. Each batch size's raw rate is the median over rounds (the best of several noisy
+    # windows would flatter the baseline); the servers' figures pool their rounds.
     batches = (1, 4, 8, 16, 32)
-    rounds = [raw_throughput(f"{work}/clf/1", args.seq, batches, args.raw_seconds)]
-    first_best = max(rounds[0], key=rounds[0].get)
-    rows = []
-    for mode, max_batch in (("batched", args.max_batch_size or first_best), ("unbatched", 1)):
-        process, url = start_server(work, max_batch, args.clients, args.session_threads)
-        try:
-            result = asyncio.run(load(url, args.clients, args.requests, args.seq))
-        finally:
+    modes = {"batched": args.max_batch_size or 32, "unbatched": 1}
+    servers = {m: start_server(work, b, args.clients, args.session_threads)
+               for m, b in modes.items()}  # fmt: skip
+    rounds, pooled = [], {m: ([], 0, 0.0) for m in modes}
+    try:
+        for r in range(args.rounds):
+            rounds.append(raw_throughput(f"{work}/clf/1", args.seq, batches, args.raw_seconds))
+            share = args.requests // args.rounds + (r < args.requests % args.rounds)
+            for mode, (_, url) in servers.items():
+                latencies, errors, seconds = asyncio.run(load(url, args.clients, share, args.seq))
+                before = pooled[mode]
+                pooled[mode] = (before[0] + latencies, before[1] + errors, before[2] + seconds)
+    finally:
+        for process, _ in servers.values():
             process.terminate()
             process.wait(60)
-        result.update(mode=mode, clients=args.clients, max_batch_size=max_batch)
-        rows.append(result)
-        rounds.append(raw_throughput(f"{work}/clf/1", args.seq, batches, args.raw_seconds))
     shutil.rmtree(work, ignore_errors=True)
     raw = {b: statistics.median(r[b] for r in rounds) for b in batches}
     best_batch = max(raw, key=raw.get)
-    for row in rows:
-        row["fraction_of_raw"] = row["throughput"] / raw[best_batch]
+    rows = []
+    for mode, max_batch in modes.items():
+        row = summary(*pooled[mode])
+        row.update(mode=mode, clients=args.clients, max_batch_size=max_batch,
+                   fraction_of_raw=row["throughput"] / raw[best_batch])  # fmt: skip
+        rows.append(row)
 
     print(f"classifier: {args.layers} layers, d {args.dim}, {args.heads} heads, ffn {args.ffn}, "
           f"seq {args.seq}; {os.cpu_count()} CPUs; clients in the same machine")  # fmt: skip

@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from serving.batching import Batcher
+from serving.batching import Batcher, CapTuner
 
 
 class Model:
@@ -114,3 +114,55 @@ def test_concurrent_callers_get_their_own_rows():
 def test_bad_arguments_name_themselves(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         Batcher(lambda f: f, **bad)
+
+
+def feed(tuner, seconds_per_row, windows):
+    """`windows` windows of batches at the tuner's cap, costing `seconds_per_row(cap)`."""
+    caps = []
+    for _ in range(windows * tuner.window):
+        cap = tuner.cap
+        caps.append(cap)
+        tuner.record(cap, cap * seconds_per_row(cap))
+    return caps
+
+
+@pytest.mark.parametrize("best", [1, 8, 32])
+def test_cap_tuner_settles_on_the_cheapest_rows(best):
+    # Per-row cost falls toward `best` rows and rises after it (cache pressure): the tuner
+    # walks from max_batch_size to `best` and stays there, apart from trials of neighbours.
+    tuner = CapTuner(32)
+    assert tuner.caps == [1, 2, 4, 8, 16, 32] and tuner.cap == 32
+    cost = {1: 4.0, 2: 3.0, 4: 2.4, 8: 2.0, 16: 2.2, 32: 2.6}
+    if best == 1:
+        cost = {c: 1.0 + 0.1 * c for c in cost}
+    if best == 32:
+        cost = {c: 5.0 / c for c in cost}
+    caps = feed(tuner, cost.get, 60)
+    assert tuner.cap == best or tuner.trial is not None
+    tail = caps[-20 * tuner.window :]
+    assert tail.count(best) / len(tail) > 0.7  # trials of neighbours only now and then
+
+
+def test_cap_tuner_ignores_noise_within_the_margin_and_one_row_caps():
+    tuner = CapTuner(16)
+    feed(tuner, lambda cap: 1.0 + 0.01 * (cap % 3), 40)  # within 5%: never worth moving
+    assert tuner.index == len(tuner.caps) - 1
+    single = CapTuner(1)
+    feed(single, lambda cap: 1.0, 5)
+    assert single.caps == [1] and single.cap == 1 and single.trial is None
+    assert CapTuner(12).caps == [1, 2, 4, 8, 12]
+
+
+def test_batcher_merges_up_to_the_tuned_cap():
+    model = Model()
+    batcher = Batcher(model, max_batch_size=8, workers=1)
+    batcher.tuner.index = 1  # as if tuned down to 2 rows
+    model.gate.clear()
+    first = batcher.submit({"token_ids": np.ones((1, 3), "int64")})
+    assert model.entered.wait(10)
+    futures = [batcher.submit({"token_ids": np.ones((1, 3), "int64")}) for _ in range(5)]
+    model.gate.set()
+    for future in (first, *futures):
+        future.result(timeout=10)
+    assert model.calls == [1, 2, 2, 1]
+    batcher.close()
