@@ -29,6 +29,7 @@ def test_main_job_toy_pipeline(tmp_path):
          "--new-tokens", "4", "--out", str(tmp_path / "lm")]
     )  # fmt: skip
     assert summary["parity_max_abs_diff"] <= 1e-4
+    assert summary["decoding_step_max_abs_diff"] <= 1e-4
     assert 1.0 < summary["held_out_perplexity"] < 400  # trained at least a little
     assert summary["sample"].startswith("to be or not to be")
     assert (tmp_path / "lm" / "model.onnx").is_file() and (tmp_path / "lm.keras").is_file()
