@@ -157,6 +157,21 @@ def test_generate_equals_keras_greedy_and_the_stream_joins_into_it(text_models, 
     assert stopped == answer["token_ids"][: answer["token_ids"].index(stop) + 1]
 
 
+def test_concurrent_generations_keep_their_own_caches(text_models, toy_lm, toy_tokenizer):
+    # Each generation binds its own key/value buffers (decode_gqa.onnx updates them in
+    # place): answers given side by side equal Keras greedy for each prompt alone.
+    from concurrent.futures import ThreadPoolExecutor
+
+    url, _, _ = text_models
+    prompts = ["to be", "or not to", "that is the", "be or", "the question", "not", "is", "to"]
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda p: post(url, "lm/generate", {
+            "text_input": p, "parameters": {"max_tokens": 10}}).json(), prompts * 2))  # fmt: skip
+    for prompt, answer in zip(prompts * 2, answers, strict=True):
+        prompt_ids = keras.ops.convert_to_numpy(toy_tokenizer.tokenize(prompt)).tolist()
+        assert answer["token_ids"] == keras_greedy(toy_lm, prompt_ids, 10), prompt
+
+
 @pytest.mark.parametrize(
     "path, body, status, words",
     [
