@@ -105,7 +105,7 @@ class Batcher:
         workers: threads calling `run` concurrently.
         sequence_inputs: inputs whose axis 1 is the sequence, padded with `pad_value`.
         sequence_outputs: outputs whose axis 1 is the sequence, trimmed back per request.
-        on_batch: optional callback `(rows, queue_depth)` for metrics.
+        on_batch: optional callback `(rows, queue_depth, cap)` for metrics.
     """
 
     def __init__(
@@ -183,7 +183,7 @@ class Batcher:
                 self._ready.wait(remaining)
             depth = len(self._queue)
         if self._on_batch is not None:
-            self._on_batch(rows, depth)
+            self._on_batch(rows, depth, cap)
         return batch, rows, depth > 0  # limited by the cap: others were left waiting
 
     def _work(self):

@@ -30,6 +30,8 @@ class Metrics:
                                     registry=self.registry)  # fmt: skip
         self.queue_depth = Gauge("keras_attn_queue_depth", "requests waiting for a batch",
                                  ("model",), registry=self.registry)  # fmt: skip
+        self.batch_cap = Gauge("keras_attn_batch_cap", "rows merged at most, tuned under load",
+                               ("model",), registry=self.registry)  # fmt: skip
 
     def observe(self, route, status, seconds):
         self.requests.labels(route, str(status)).inc()
@@ -38,9 +40,10 @@ class Metrics:
         self.latency.labels(route).observe(seconds)
 
     def on_batch(self, model):
-        def record(rows, depth):
+        def record(rows, depth, cap):
             self.batch_size.labels(model).observe(rows)
             self.queue_depth.labels(model).set(depth)
+            self.batch_cap.labels(model).set(cap)
 
         return record
 

@@ -63,7 +63,7 @@ class ModelRepository:
         self.num_threads = num_threads or max(1, _cores() // workers)
         self.batching = {"max_batch_size": max_batch_size, "max_delay_ms": max_delay_ms,
                          "workers": workers}  # fmt: skip
-        self.on_batch = on_batch  # `model name -> callback(rows, queue depth)`
+        self.on_batch = on_batch  # `model name -> callback(rows, queue depth, cap)`
         self._loaded = {}
         self._lock = threading.Lock()
 

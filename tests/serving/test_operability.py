@@ -60,6 +60,8 @@ def test_batched_answers_equal_one_request_at_a_time(root, toy_artifact):
         )
         assert "keras_attn_request_latency_seconds_bucket" in text
         assert "keras_attn_queue_depth" in text and "keras_attn_in_flight_requests" in text
+        cap = float(text.split('keras_attn_batch_cap{model="toy"} ')[1].split()[0])
+        assert cap in batcher.tuner.caps == [1, 2, 4, 8, 16]  # the cap the last batch had
         httpx.get(f"{url}/v2/models/nope")
         assert 'keras_attn_errors_total{route="/v2/models/{name}",status="404"} 1.0' in httpx.get(
             f"{url}/metrics").text  # fmt: skip
