@@ -40,11 +40,11 @@ class CapTuner:
 
     Merging more rows is not always cheaper per row: on 2 CPU cores a BERT-small batch of 32
     ran fewer sequences/s than batches of 8 (`bench/serve_load.py`). Starting at
-    `max_batch_size`, the tuner measures the median seconds per row over `window` batches
-    that the cap cut short (others queued behind them), then tries the neighbouring cap (half
-    or double, within `1..max_batch_size`) for a window, and moves there if it is at least
-    `margin` cheaper. After a failed trial it tries the other side, `rest` windows later.
-    Batches run while the queue is short say nothing about the cap and are not counted.
+    `max_batch_size`, the tuner measures the median seconds per row over `window` batches run
+    under load (merged with others, or leaving others queued), then tries the neighbouring
+    cap (half or double, within `1..max_batch_size`) for a window, and moves there if it is
+    at least `margin` cheaper. After a failed trial it tries the other side, `rest` windows
+    later. Lone requests on an empty queue say nothing about the cap and are not counted.
     """
 
     def __init__(self, max_batch_size, window=16, margin=0.05, rest=4):
@@ -67,7 +67,7 @@ class CapTuner:
         return self.caps[self.index if self.trial is None else self.trial]
 
     def record(self, rows, seconds):
-        """One batch of `rows` that the cap limited took `seconds`."""
+        """One batch of `rows`, run under load, took `seconds`."""
         if len(self.caps) == 1 or rows < 1:
             return
         with self._lock:
@@ -184,15 +184,17 @@ class Batcher:
             depth = len(self._queue)
         if self._on_batch is not None:
             self._on_batch(rows, depth, cap)
-        return batch, rows, depth > 0  # limited by the cap: others were left waiting
+        # Under load: it merged company, or left others waiting. A lone request on an empty
+        # queue says nothing about which cap serves load best.
+        return batch, rows, len(batch) > 1 or depth > 0
 
     def _work(self):
         while (taken := self._take()) is not None:
-            batch, rows, limited = taken
+            batch, rows, loaded = taken
             start = time.perf_counter()
             try:
                 self._execute(batch)
-                if limited:
+                if loaded:
                     self.tuner.record(rows, time.perf_counter() - start)
             except Exception as error:  # every waiting caller gets the error
                 for request in batch:
