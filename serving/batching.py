@@ -44,7 +44,9 @@ class CapTuner:
     under load (merged with others, or leaving others queued), then tries the neighbouring
     cap (half or double, within `1..max_batch_size`) for a window, and moves there if it is
     at least `margin` cheaper. After a failed trial it tries the other side, `rest` windows
-    later. Lone requests on an empty queue say nothing about the cap and are not counted.
+    later. A cap well above the batches the queue forms is first lowered to the smallest cap
+    holding them (it changed nothing), so trials compare sizes that really run. Lone
+    requests on an empty queue say nothing about the cap and are not counted.
     """
 
     def __init__(self, max_batch_size, window=16, margin=0.05, rest=4):
@@ -71,10 +73,11 @@ class CapTuner:
         if len(self.caps) == 1 or rows < 1:
             return
         with self._lock:
-            self._samples.append(seconds / rows)
+            self._samples.append((seconds / rows, rows))
             if len(self._samples) < self.window:
                 return
-            cost = sorted(self._samples)[len(self._samples) // 2]
+            cost = sorted(c for c, _ in self._samples)[len(self._samples) // 2]
+            typical = sorted(r for _, r in self._samples)[len(self._samples) // 2]
             self._samples = []
             if self.trial is not None:
                 if cost < self.settled_cost * (1 - self.margin):
@@ -84,6 +87,10 @@ class CapTuner:
                 self.trial = None
                 return
             self.settled_cost = cost
+            # A cap far above the batches the queue actually forms changes nothing: start
+            # from the smallest cap that still holds them, so trials compare real sizes.
+            while self.index > 0 and self.caps[self.index - 1] >= typical:
+                self.index -= 1
             if self.wait:
                 self.wait -= 1
                 return

@@ -116,13 +116,15 @@ def test_bad_arguments_name_themselves(bad):
         Batcher(lambda f: f, **bad)
 
 
-def feed(tuner, seconds_per_row, windows):
-    """`windows` windows of batches at the tuner's cap, costing `seconds_per_row(cap)`."""
+def feed(tuner, seconds_per_row, windows, queued=None):
+    """`windows` windows of batches at the tuner's cap (or the `queued` rows, if fewer),
+    costing `seconds_per_row(rows)`."""
     caps = []
     for _ in range(windows * tuner.window):
         cap = tuner.cap
         caps.append(cap)
-        tuner.record(cap, cap * seconds_per_row(cap))
+        rows = min(cap, queued or cap)
+        tuner.record(rows, rows * seconds_per_row(rows))
     return caps
 
 
@@ -166,3 +168,14 @@ def test_batcher_merges_up_to_the_tuned_cap():
         future.result(timeout=10)
     assert model.calls == [1, 2, 2, 1]
     batcher.close()
+
+
+def test_cap_tuner_starts_from_the_batches_the_queue_forms():
+    # Only ~12 rows are ever queued: caps 16 and 32 form the same batches, so a trial of 16
+    # against 32 would see no difference. The tuner drops to 16 (it holds the batches) and
+    # its trials reach the cheaper 4.
+    tuner = CapTuner(32)
+    cost = {1: 3.0, 2: 2.0, 4: 1.0, 8: 1.5, 12: 2.0, 16: 2.0}
+    caps = feed(tuner, lambda rows: cost[rows], 60, queued=12)
+    tail = caps[-20 * tuner.window :]
+    assert tail.count(4) / len(tail) > 0.7
