@@ -39,7 +39,9 @@ def main():
     parser.add_argument("--hidden-dim", type=int, default=128)
     parser.add_argument("--num-layers", type=int, default=2)
     parser.add_argument(
-        "--onnx", action="store_true", help="also time the exported decode.onnx in onnxruntime"
+        "--onnx",
+        action="store_true",
+        help="also time the exported decode_gqa.onnx and decode.onnx in onnxruntime",
     )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default="bench/results/generation.json")

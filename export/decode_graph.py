@@ -1,4 +1,4 @@
-"""A causal LM's decode step written directly as onnxruntime operators (`decode.gqa.onnx`).
+"""A causal LM's decode step written directly as onnxruntime operators (`decode_gqa.onnx`).
 
 tf2onnx's `decode.onnx` spells each block's attention as dozens of Shape/Gather/Concat/
 ScatterND nodes and copies the whole key/value cache in and out every step (~0.6–0.8 ms a
@@ -14,13 +14,12 @@ onnxruntime's own transformer operators, from the Keras weights:
 Inputs: `token_ids (batch, new) int32`, `index () int32` (position of the first new token),
 `past_key_N`/`past_value_N (batch, kv_heads, max_length, key_dim)` per block. Outputs:
 `logits (batch, vocab)` of the last new token, `present_key_N`/`present_value_N`, the same
-shape as the past ones. With `past_present_share_buffer`, onnxruntime writes the new keys and
-values into the bound past buffer in place (`serving.generation.GQADecoder` binds them so),
-and no step copies the cache. Every row decodes the same positions, as `greedy_decode` runs.
+shape as the past ones. When past and present are bound to one buffer
+(`serving.generation.BoundCache`), onnxruntime writes the new keys and values in place, and
+no step copies the cache. Every row decodes the same positions, as `greedy_decode` runs.
 
 `export_model` checks this graph's greedy output against Keras and records it in the
-manifest; models it cannot express (scores other than scaled dot, cross-attention blocks)
-keep `decode.onnx` only.
+manifest; models it cannot express (see `supported`) keep `decode.onnx` only.
 """
 
 import numpy as np
@@ -142,16 +141,18 @@ def write_decode_graph(runner, path, max_length, opset=17):
         runner.positions(np.zeros((1, max_length, hidden), np.float32), start_index=0)
     ).reshape(max_length, hidden)
     tokens = g.op("Gather", [g.const("token_embedding", embeddings), "token_ids"])
-    new = g.op("Gather", [g.op("Shape", ["token_ids"]), g.const("one", np.array(1))])
-    index = "index"
-    end = g.op("Add", [index, g.op("Cast", [new], to=TensorProto.INT32)])
-    steps = g.op("Range", [index, end, g.const("one_i32", np.array(1, np.int32))])
+    shape = g.op("Shape", ["token_ids"])  # (batch, new)
+    new = g.op("Gather", [shape, g.const("one", np.array(1))])
+    one = g.const("one_i32", np.array(1, np.int32))
+    end = g.op("Add", ["index", g.op("Cast", [new], to=TensorProto.INT32)])
+    steps = g.op("Range", ["index", end, one])
     x = g.op("Add", [tokens, g.op("Gather", [g.const("position_table", table), steps])])
     # GroupQueryAttention: seqlens_k = total length - 1 for every row; total length.
-    batch = g.op("Gather", [g.op("Shape", ["token_ids"]), g.const("zero", np.array(0))])
-    batch = g.op("Unsqueeze", [batch, g.const("axes0", np.array([0]))])
-    last = g.op("Sub", [end, g.const("one_i32b", np.array(1, np.int32))])
-    seqlens = g.op("Expand", [g.op("Unsqueeze", [last, g.const("axes0b", np.array([0]))]), batch])
+    batch = g.op(
+        "Slice", [shape, g.const("zero_1d", np.array([0])), g.const("one_1d", np.array([1]))]
+    )
+    last = g.op("Unsqueeze", [g.op("Sub", [end, one]), "zero_1d"])
+    seqlens = g.op("Expand", [last, batch])
 
     inputs = [
         helper.make_tensor_value_info("token_ids", TensorProto.INT32, ["batch", "new"]),
