@@ -135,6 +135,22 @@ async def load(url, clients, requests, seq):
     return latencies, errors, elapsed
 
 
+def batch_metrics(url):
+    """`(cap, rows, batches)` from the server's `/metrics`: its current row cap and the rows
+    and batches it has run so far."""
+    import httpx
+
+    found = {}
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        name, _, value = line.rpartition(" ")
+        for metric in ("keras_attn_batch_cap", "keras_attn_batch_size_sum",
+                       "keras_attn_batch_size_count"):  # fmt: skip
+            if name.startswith(metric + "{"):
+                found[metric] = float(value)
+    return (found.get("keras_attn_batch_cap"), found.get("keras_attn_batch_size_sum", 0.0),
+            found.get("keras_attn_batch_size_count", 0.0))  # fmt: skip
+
+
 def summary(latencies, errors, seconds):
     return {"requests": len(latencies), "errors": errors, "seconds": seconds,
             "throughput": len(latencies) / seconds,
@@ -178,15 +194,23 @@ def main():
     modes = {"batched": args.max_batch_size, "unbatched": 1}
     servers = {m: start_server(work, b, args.clients, args.session_threads)
                for m, b in modes.items()}  # fmt: skip
-    rounds, pooled = [], {m: ([], 0, 0.0) for m in modes}
+    rounds, server_rounds, pooled = [], [], {m: ([], 0, 0.0) for m in modes}
     try:
         for r in range(args.rounds):
-            rounds.append(raw_throughput(f"{work}/clf/1", args.seq, batches, args.raw_seconds))
+            raw_round = raw_throughput(f"{work}/clf/1", args.seq, batches, args.raw_seconds)
+            rounds.append(raw_round)
             share = args.requests // args.rounds + (r < args.requests % args.rounds)
+            detail = {"raw_best": max(raw_round.values())}
             for mode, (_, url) in servers.items():
+                _, rows_before, batches_before = batch_metrics(url)
                 latencies, errors, seconds = asyncio.run(load(url, args.clients, share, args.seq))
                 before = pooled[mode]
                 pooled[mode] = (before[0] + latencies, before[1] + errors, before[2] + seconds)
+                cap, rows_after, batches_after = batch_metrics(url)
+                detail[mode] = {"throughput": len(latencies) / seconds, "cap_after": cap,
+                                "mean_rows": (rows_after - rows_before)
+                                / max(1.0, batches_after - batches_before)}  # fmt: skip
+            server_rounds.append(detail)
     finally:
         for process, _ in servers.values():
             process.terminate()
@@ -212,10 +236,17 @@ def main():
         print(f"{r['mode']:<10}{r['clients']:>8}{r['requests']:>9}{r['errors']:>7}"
               f"{r['throughput']:>9.0f}{r['p50_ms']:>9.1f}{r['p99_ms']:>9.1f}"
               f"{r['p99_ms'] / r['p50_ms']:>8.2f}{r['fraction_of_raw']:>8.2f}")  # fmt: skip
+    print("per round: raw best, then each mode's seq/s (rows per batch, cap after)")
+    for i, d in enumerate(server_rounds):
+        print(f"  round {i + 1}: raw {d['raw_best']:.0f}; " + "; ".join(
+            f"{m} {d[m]['throughput']:.0f} ({d[m]['mean_rows']:.1f}, {d[m]['cap_after']:.0f})"
+            for m in modes) + f"; batched/unbatched "
+            f"{d['batched']['throughput'] / d['unbatched']['throughput']:.2f}")  # fmt: skip
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"benchmark": "keras-attn-serve under load vs raw onnxruntime",
                    "config": vars(args), "raw_sequences_per_s": raw, "raw_rounds": rounds,
+                   "server_rounds": server_rounds,
                    "best_batch": best_batch,
                    "rows": rows, "machine": {"platform": platform.platform(),
                                              "cpus": os.cpu_count()}}, f, indent=2)  # fmt: skip

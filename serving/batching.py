@@ -44,18 +44,23 @@ class CapTuner:
     under load (merged with others, or leaving others queued), then tries the neighbouring
     cap (half or double, within `1..max_batch_size`) for a window, and moves there if it is
     at least `margin` cheaper. After a failed trial it tries the other side, `rest` windows
-    later. A cap well above the batches the queue forms is first lowered to the smallest cap
+    later; each further failed trial doubles that wait (up to `max_rest` windows), so once
+    the cap has settled, trials of worse caps cost a shrinking share of the batches. A move,
+    or a change in the batch sizes the queue forms (the load changed), resets the wait to
+    `rest`. A cap well above the batches the queue forms is first lowered to the smallest cap
     holding them (it changed nothing), so trials compare sizes that really run. Lone
     requests on an empty queue say nothing about the cap and are not counted.
     """
 
-    def __init__(self, max_batch_size, window=16, margin=0.05, rest=4):
+    def __init__(self, max_batch_size, window=16, margin=0.05, rest=4, max_rest=64):
         caps, cap = [], 1
         while cap < max_batch_size:
             caps.append(cap)
             cap *= 2
         self.caps = [*caps, max_batch_size]
-        self.window, self.margin, self.rest = window, margin, rest
+        self.window, self.margin, self.rest, self.max_rest = window, margin, rest, max_rest
+        self.backoff = rest  # windows to wait after the next failed trial
+        self.typical = None  # median rows per batch in the last window
         self.index = len(self.caps) - 1
         self.trial = None  # index of the cap on trial, if any
         self.direction = -1
@@ -82,11 +87,16 @@ class CapTuner:
             if self.trial is not None:
                 if cost < self.settled_cost * (1 - self.margin):
                     self.index, self.settled_cost = self.trial, cost  # keep going that way
+                    self.backoff = self.rest
                 else:
-                    self.direction, self.wait = -self.direction, self.rest
+                    self.direction, self.wait = -self.direction, self.backoff
+                    self.backoff = min(2 * self.backoff, self.max_rest)
                 self.trial = None
                 return
             self.settled_cost = cost
+            if self.typical is not None and not 0.5 <= typical / self.typical <= 2:
+                self.backoff, self.wait = self.rest, min(self.wait, self.rest)
+            self.typical = typical
             # A cap far above the batches the queue actually forms changes nothing: start
             # from the smallest cap that still holds them, so trials compare real sizes.
             while self.index > 0 and self.caps[self.index - 1] >= typical:

@@ -142,7 +142,25 @@ def test_cap_tuner_settles_on_the_cheapest_rows(best):
     caps = feed(tuner, cost.get, 60)
     assert tuner.cap == best or tuner.trial is not None
     tail = caps[-20 * tuner.window :]
-    assert tail.count(best) / len(tail) > 0.7  # trials of neighbours only now and then
+    assert tail.count(best) / len(tail) > 0.9  # trials of neighbours only now and then
+
+
+def test_cap_tuner_backs_off_failed_trials_and_resets_when_the_load_changes():
+    tuner = CapTuner(32)
+    cost = {1: 4.0, 2: 3.0, 4: 2.4, 8: 2.0, 16: 2.2, 32: 2.6}
+    caps = feed(tuner, cost.get, 200)
+    windows = [caps[i] for i in range(0, len(caps), tuner.window)]
+    assert windows[:5] == [32, 16, 16, 8, 8]  # settled on 8 after two moves
+    trials = [i for i, c in enumerate(windows) if c != 8 and i >= 5]
+    gaps = [b - a for a, b in zip(trials, trials[1:])]
+    # Each failed trial doubles the wait before the next (4, 8, 16, 32, then 64 windows at
+    # most), plus the trial window and the window that measures the settled cap.
+    assert gaps == [6, 10, 18, 34, 66]
+    assert tuner.backoff == tuner.max_rest
+    # The queue now forms batches of 2 (lighter load): the tuner drops to 2 and waits only
+    # `rest` windows again before its next trial.
+    feed(tuner, cost.get, 2, queued=2)
+    assert tuner.cap in (2, 4) and tuner.backoff <= 2 * tuner.rest
 
 
 def test_cap_tuner_ignores_noise_within_the_margin_and_one_row_caps():
