@@ -39,16 +39,17 @@ class CapTuner:
     """The row cap a `Batcher` merges up to, tuned under load from measured seconds per row.
 
     Merging more rows is not always cheaper per row: on 2 CPU cores a BERT-small batch of 32
-    ran fewer sequences/s than batches of 8 (`bench/serve_load.py`). Starting at
+    ran fewer sequences/s than batches of 4 (`bench/serve_load.py`). Starting at
     `max_batch_size`, the tuner measures the median seconds per row over `window` batches run
     under load (merged with others, or leaving others queued), then tries the neighbouring
     cap (half or double, within `1..max_batch_size`) for a window, and moves there if it is
-    at least `margin` cheaper. After a failed trial it tries the other side, `rest` windows
-    later; each further failed trial doubles that wait (up to `max_rest` windows), so once
-    the cap has settled, trials of worse caps cost a shrinking share of the batches. A move,
-    or a change in the batch sizes the queue forms (the load changed), resets the wait to
-    `rest`. A cap well above the batches the queue forms is first lowered to the smallest cap
-    holding them (it changed nothing), so trials compare sizes that really run. Lone
+    at least `margin` cheaper, trying the next cap that way at once. After a failed trial it
+    tries the other side, `rest` windows later; each further failed trial doubles that wait
+    (up to `max_rest` windows), so once the cap has settled, trials of worse caps cost a
+    shrinking share of the batches. A move, or a change in the batch sizes the queue forms
+    (the load changed), resets the wait to `rest`. A cap well above the batches the queue
+    forms is first lowered to the smallest cap holding them (it changed nothing), so trials
+    compare sizes that really run. Lone
     requests on an empty queue say nothing about the cap and are not counted.
     """
 
@@ -60,7 +61,7 @@ class CapTuner:
         self.caps = [*caps, max_batch_size]
         self.window, self.margin, self.rest, self.max_rest = window, margin, rest, max_rest
         self.backoff = rest  # windows to wait after the next failed trial
-        self.typical = None  # median rows per batch in the last window
+        self.typical = None  # median rows per batch, last settled window at this cap
         self.index = len(self.caps) - 1
         self.trial = None  # index of the cap on trial, if any
         self.direction = -1
@@ -86,12 +87,15 @@ class CapTuner:
             self._samples = []
             if self.trial is not None:
                 if cost < self.settled_cost * (1 - self.margin):
-                    self.index, self.settled_cost = self.trial, cost  # keep going that way
-                    self.backoff = self.rest
+                    # Moved; the trial measured this cap's cost: try the next one that way.
+                    self.index, self.settled_cost = self.trial, cost
+                    self.backoff, self.typical = self.rest, None
+                    step = self.index + self.direction
+                    self.trial = step if 0 <= step < len(self.caps) else None
                 else:
                     self.direction, self.wait = -self.direction, self.backoff
                     self.backoff = min(2 * self.backoff, self.max_rest)
-                self.trial = None
+                    self.trial = None
                 return
             self.settled_cost = cost
             if self.typical is not None and not 0.5 <= typical / self.typical <= 2:

@@ -1,5 +1,6 @@
 """The adaptive batcher: merges what is queued, pads and trims sequences, never waits alone."""
 
+import itertools
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -150,9 +151,9 @@ def test_cap_tuner_backs_off_failed_trials_and_resets_when_the_load_changes():
     cost = {1: 4.0, 2: 3.0, 4: 2.4, 8: 2.0, 16: 2.2, 32: 2.6}
     caps = feed(tuner, cost.get, 200)
     windows = [caps[i] for i in range(0, len(caps), tuner.window)]
-    assert windows[:5] == [32, 16, 16, 8, 8]  # settled on 8 after two moves
-    trials = [i for i, c in enumerate(windows) if c != 8 and i >= 5]
-    gaps = [b - a for a, b in zip(trials, trials[1:])]
+    assert windows[:5] == [32, 16, 8, 4, 8]  # two moves in a row, then a failed trial of 4
+    trials = [i for i, c in enumerate(windows) if c != 8 and i >= 3]
+    gaps = [b - a for a, b in itertools.pairwise(trials)]
     # Each failed trial doubles the wait before the next (4, 8, 16, 32, then 64 windows at
     # most), plus the trial window and the window that measures the settled cap.
     assert gaps == [6, 10, 18, 34, 66]
