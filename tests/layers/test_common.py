@@ -122,3 +122,37 @@ def test_keras_save_and_load_in_a_fresh_process(tmp_path):
     diffs = run_in_fresh_process(_LOAD_AND_RUN, json.dumps(CASE_IDS), tmp_path)
     assert set(diffs) == set(CASE_IDS)
     assert max(diffs.values()) <= 1e-6, diffs
+
+
+_WITHOUT_TENSORFLOW = """
+import json, sys
+
+
+class NoTensorFlow:  # as on a machine with JAX or PyTorch only
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("tensorflow", "tensorflow_text", "tf_keras"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+
+sys.meta_path.insert(0, NoTensorFlow())
+import numpy as np
+import keras
+import keras_attn
+
+keras.utils.set_random_seed(0)
+model = keras_attn.models.CausalLM(50, 8, hidden_dim=16, num_layers=1, num_heads=2)
+ids = np.arange(1, 9, dtype="int32")[None]
+out = keras.ops.convert_to_numpy(model(ids))
+model.save(sys.argv[1] + "/lm.keras")
+loaded = keras.saving.load_model(sys.argv[1] + "/lm.keras")
+diff = float(np.abs(keras.ops.convert_to_numpy(loaded(ids)) - out).max())
+print("RESULT " + json.dumps({"diff": diff, "backend": keras.backend.backend(),
+                              "tensorflow": "tensorflow" in sys.modules}))
+"""
+
+
+def test_import_keras_attn_registers_models_and_needs_no_tensorflow_on_jax(tmp_path):
+    # `import keras_attn` alone lets `load_model` find our models (no custom_objects), and
+    # on a JAX-only machine (the GPU machines) it imports without TensorFlow.
+    result = run_in_fresh_process(_WITHOUT_TENSORFLOW, tmp_path, backend="jax")
+    assert result == {"diff": 0.0, "backend": "jax", "tensorflow": False}

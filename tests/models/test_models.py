@@ -67,7 +67,7 @@ _LOAD = """
 import json, pickle, sys
 import numpy as np
 import keras
-import keras_attn.models  # noqa: F401  registers the classes; no custom_objects
+import keras_attn  # noqa: F401  registers every class of ours; no custom_objects
 folder = sys.argv[1]
 with open(f"{folder}/cases.pkl", "rb") as f:
     cases = pickle.load(f)

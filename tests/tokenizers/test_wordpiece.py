@@ -99,7 +99,7 @@ def test_bad_inputs():
 
 _LOAD = """
 import sys, numpy as np, keras, tensorflow as tf
-import keras_attn.tokenizers  # noqa: F401  registers the tokenizer classes
+import keras_attn  # noqa: F401  registers every class of ours, tokenizers included
 model = keras.saving.load_model(sys.argv[1])
 print("IDS", model.layers[1].tokenize(["hello worlds"]).numpy().tolist())
 print("OUT", float(np.asarray(model(tf.constant(["hello world"]))).sum()))
