@@ -9,6 +9,11 @@ optimize=True, quantize="int8")`, then times, at batch 1 and batch 32: the Saved
 TensorFlow path), and onnxruntime on `model.onnx`, `model.opt.onnx` and `model.int8.onnx`.
 Rounds alternate between the paths; the median of each is reported, with ratios against the
 SavedModel (batch 1) and against XLA (batch 32). Writes JSON with the fused-operator counts.
+
+The row `matmuls only (floor)` is a graph of the model's matrix products alone (per block:
+the q, k, v and output projections, q·kᵀ and weights·v per head, the two FFN layers, with
+the head split and merge), no softmax, LayerNorm, GELU, bias or embedding: what any fp32
+graph of this model must compute. Its ratio bounds the ratio a fused fp32 graph can reach.
 """
 
 import argparse
@@ -42,6 +47,50 @@ def timer(fn, repeats):
         fn()
         samples.append(time.perf_counter() - start)
     return samples
+
+
+def matmul_floor(path, batch, seq, hidden, heads, ffn, layers):
+    """Writes the model's matrix products alone as an ONNX graph (`x (batch, seq, hidden)`)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, weights = [], []
+
+    def node(op, inputs, **attributes):
+        out = f"t{len(nodes)}"
+        nodes.append(helper.make_node(op, inputs, [out], **attributes))
+        return out
+
+    def weight(rows, cols):
+        name = f"w{len(weights)}"
+        array = (0.05 * rng.standard_normal((rows, cols))).astype("float32")
+        weights.append(numpy_helper.from_array(array, name))
+        return name
+
+    def split(x, perm):  # (B, T, H·d) -> (B, H, T, d), or (B, H, d, T) for keys
+        return node("Transpose", [node("Reshape", [x, "heads"])], perm=perm)
+
+    x = "x"
+    for _ in range(layers):
+        q, k, v = (node("MatMul", [x, weight(hidden, hidden)]) for _ in range(3))
+        scores = node("MatMul", [split(q, [0, 2, 1, 3]), split(k, [0, 2, 3, 1])])
+        out = node("MatMul", [scores, split(v, [0, 2, 1, 3])])
+        out = node("Reshape", [node("Transpose", [out], perm=[0, 2, 1, 3]), "merged"])
+        x = node("MatMul", [out, weight(hidden, hidden)])
+        x = node("MatMul", [node("MatMul", [x, weight(hidden, ffn)]), weight(ffn, hidden)])
+    weights += [
+        numpy_helper.from_array(np.array([batch, seq, heads, hidden // heads]), "heads"),
+        numpy_helper.from_array(np.array([batch, seq, hidden]), "merged"),
+    ]
+    graph = helper.make_graph(
+        nodes, "matmul_floor",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, seq, hidden])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, None)], weights,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
 
 
 def main():
@@ -87,6 +136,11 @@ def main():
         feeds = {"token_ids": rng.integers(1, 8000, (batch, args.seq)).astype("int32"),
                  "segment_ids": np.zeros((batch, args.seq), "int32")}  # fmt: skip
         tensors = {k: tf.constant(v) for k, v in feeds.items()}
+        floor_path = f"{folder}/floor_{batch}.onnx"
+        matmul_floor(floor_path, batch, args.seq, args.hidden_dim, args.heads,
+                     args.intermediate_dim, args.layers)  # fmt: skip
+        floor = ort.InferenceSession(floor_path, options, providers=["CPUExecutionProvider"])
+        floor_feeds = {"x": rng.standard_normal((batch, args.seq, args.hidden_dim), "float32")}
         paths = {
             "saved_model": lambda t=tensors: signature(**t),
             "xla_tf_function": lambda t=tensors: xla(t["token_ids"], t["segment_ids"]),
@@ -94,6 +148,7 @@ def main():
                 f"onnxruntime {f}": (lambda s=s, x=feeds: s.run(None, x))
                 for f, s in sessions.items()
             },
+            "matmuls only (floor)": lambda s=floor, x=floor_feeds: s.run(None, x),
         }
         samples = {name: [] for name in paths}
         repeats = args.repeats if batch == 1 else max(2, args.repeats // 4)
