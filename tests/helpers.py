@@ -174,6 +174,30 @@ def to_numpy(x):
     return keras.ops.convert_to_numpy(x)
 
 
+def gradients(fn, *inputs):
+    """The gradients of the scalar `fn(*inputs)` with respect to every input, as numpy arrays,
+    by the backend's own automatic differentiation (TensorFlow tape, `jax.grad`, autograd)."""
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        xs = [tf.constant(x) for x in inputs]
+        with tf.GradientTape() as tape:
+            tape.watch(xs)
+            y = fn(*xs)
+        return [g.numpy() for g in tape.gradient(y, xs)]
+    if backend == "jax":
+        import jax
+
+        grads = jax.grad(fn, argnums=tuple(range(len(inputs))))(*inputs)
+        return [np.asarray(g) for g in grads]
+    import torch
+
+    xs = [torch.tensor(x, requires_grad=True) for x in inputs]
+    fn(*xs).backward()
+    return [x.grad.numpy() for x in xs]
+
+
 def run_in_fresh_process(script, *args, backend=None):
     """Runs `python -c script args...` in a new interpreter; returns the JSON it printed on a
     line starting with `RESULT ` (fresh-process loading, logical devices, other backends)."""

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import keras_attn as ka
-from tests.helpers import to_numpy
+from tests.helpers import gradients, to_numpy
 from tests.layers import reference
 
 RNG = np.random.default_rng(0)
@@ -309,6 +309,41 @@ def test_attend_per_head_equals_batched_attend(masks):
         np.testing.assert_array_equal(got[:, :, 2], 0.0)
         expected[:, :, 2] = 0.0
     np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("masks", ["none", "padding", "causal", "explicit", "empty_rows"])
+def test_attend_per_head_gradient_equals_automatic_differentiation_of_batched_attend(masks):
+    # The per-head path writes its gradient out (recomputed weights, rowsum(dO ∘ O)); it must
+    # equal what the backend's autodiff gives for the batched softmax(q kᵀ) v, every mask.
+    from keras_attn.layers.attention import attend, attend_per_head
+    from keras_attn.layers.scores import get_score
+
+    rng = np.random.default_rng(7)
+    q, k, v, upstream = (rng.normal(size=(3, 2, 6, 4)).astype("float32") for _ in range(4))
+    mask = {
+        "none": None,
+        "padding": PAD[:, None, :],
+        "causal": np.tril(np.ones((1, 6, 6), bool)),
+        "explicit": rng.random((3, 6, 6)) > 0.4,
+        "empty_rows": (rng.random((3, 6, 6)) > 0.4) & (np.arange(6) != 2)[:, None],
+    }[masks]
+    # The batched pass averages rows with no visible key; the per-head path gives zeros there.
+    visible = 1.0 if mask is None else mask.any(-1)[:, None, :, None].astype("float32")
+
+    def ours(q, k, v):
+        return keras.ops.sum(attend_per_head(q, k, v, mask) * upstream)
+
+    def batched(q, k, v):
+        head_mask = None if mask is None else mask[:, None]
+        out, _ = attend(q, k, v, get_score("dot"), mask=head_mask)
+        return keras.ops.sum(out * visible * upstream)
+
+    got, expected = gradients(ours, q, k, v), gradients(batched, q, k, v)
+    for name, g, e in zip("qkv", got, expected, strict=True):
+        np.testing.assert_allclose(g, e, atol=1e-5, err_msg=f"d{name}")
+    assert np.abs(got[0]).max() > 0.01  # the mask leaves something to differentiate
+    if masks == "empty_rows":
+        np.testing.assert_array_equal(got[0][:, :, 2], 0.0)
 
 
 @pytest.mark.tf_only
