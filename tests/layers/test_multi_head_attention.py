@@ -360,7 +360,16 @@ def test_long_sequences_take_the_per_head_path_with_the_same_values(masks, monke
         "causal": {"use_causal_mask": True},
         "explicit": {"attention_mask": RNG.random((3, 6, 6)) > 0.4},
     }[masks]
+
+    def weight_gradients():  # of Σ out², through the layer's whole inference path
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(layer(X, **kwargs) ** 2)
+        return [g.numpy() for g in tape.gradient(loss, layer.trainable_variables)]
+
     expected = to_numpy(layer(X, **kwargs))
+    expected_gradients = weight_gradients()
     calls = []
     real = mha.attend_per_head
     monkeypatch.setattr(mha, "attend_per_head", lambda *a: calls.append(1) or real(*a))
@@ -368,6 +377,12 @@ def test_long_sequences_take_the_per_head_path_with_the_same_values(masks, monke
     got = to_numpy(layer(X, **kwargs))
     assert calls == [1]
     np.testing.assert_allclose(got, expected, atol=1e-5)
+    got_gradients = weight_gradients()
+    for variable, g, e in zip(
+        layer.trainable_variables, got_gradients, expected_gradients, strict=True
+    ):
+        np.testing.assert_allclose(g, e, atol=1e-4, err_msg=variable.path)
+    assert calls == [1, 1]
     layer(X, return_attention_scores=True, **kwargs)
     layer(X, training=True, **kwargs)
-    assert calls == [1]  # paths that need the weights or dropout never take it
+    assert calls == [1, 1]  # paths that need the weights or dropout never take it
