@@ -43,7 +43,9 @@ class CapTuner:
     `max_batch_size`, the tuner measures the median seconds per row over `window` batches run
     under load (merged with others, or leaving others queued), then tries the neighbouring
     cap (half or double, within `1..max_batch_size`) for a window, and moves there if it is
-    at least `margin` cheaper, trying the next cap that way at once. After a failed trial it
+    at least `margin` cheaper (a larger cap) or no dearer (a smaller cap: less latency, and
+    where costs are flat the walk goes on toward unbatched), trying the next cap that way at
+    once. After a failed trial it
     tries the other side, `rest` windows later; each further failed trial doubles that wait
     (up to `max_rest` windows), so once the cap has settled, trials of worse caps cost a
     shrinking share of the batches. A move, or a change in the batch sizes the queue forms
@@ -86,7 +88,11 @@ class CapTuner:
             typical = sorted(r for _, r in self._samples)[len(self._samples) // 2]
             self._samples = []
             if self.trial is not None:
-                if cost < self.settled_cost * (1 - self.margin):
+                # A larger cap must be `margin` cheaper; a smaller one only no dearer: the
+                # same throughput at lower latency, and a flat stretch of the cost curve
+                # (8 rows as dear as 16) does not hide a cheaper cap beyond it (4).
+                smaller = self.trial < self.index
+                if cost <= self.settled_cost * (1 if smaller else 1 - self.margin):
                     # Moved; the trial measured this cap's cost: try the next one that way.
                     self.index, self.settled_cost = self.trial, cost
                     self.backoff, self.typical = self.rest, None
