@@ -65,6 +65,8 @@ def main(argv=None):
     order = np.random.default_rng(args.seed).permutation(len(x))
     split = max(1, len(x) // 20)
     val, train = order[:split], order[split:]
+    # Whole batches only: a last short batch would recompile the XLA train step (~5 s).
+    train = train[: max(args.batch_size, len(train) // args.batch_size * args.batch_size)]
     print(
         f"vocabulary: {len(vocabulary)} WordPiece tokens; {sum(map(len, ids)):,} tokens; "
         f"{len(train)} training / {len(val)} held-out windows "
