@@ -38,21 +38,19 @@ class _Request:
 class CapTuner:
     """The row cap a `Batcher` merges up to, tuned under load from measured seconds per row.
 
-    Merging more rows is not always cheaper per row: on 2 CPU cores a BERT-small batch of 32
-    ran fewer sequences/s than batches of 4 (`bench/serve_load.py`). Starting at
-    `max_batch_size`, the tuner measures the median seconds per row over `window` batches run
-    under load (merged with others, or leaving others queued), then tries the neighbouring
-    cap (half or double, within `1..max_batch_size`) for a window, and moves there if it is
-    at least `margin` cheaper (a larger cap) or no dearer (a smaller cap: less latency, and
-    where costs are flat the walk goes on toward unbatched), trying the next cap that way at
-    once. After a failed trial it
-    tries the other side, `rest` windows later; each further failed trial doubles that wait
-    (up to `max_rest` windows), so once the cap has settled, trials of worse caps cost a
-    shrinking share of the batches. A move, or a change in the batch sizes the queue forms
-    (the load changed), resets the wait to `rest`. A cap well above the batches the queue
-    forms is first lowered to the smallest cap holding them (it changed nothing), so trials
-    compare sizes that really run. Lone
-    requests on an empty queue say nothing about the cap and are not counted.
+    Merging more rows is not always cheaper per row: on 2 CPU cores a BERT-small batch of 32 ran
+    fewer sequences/s than batches of 4 (`bench/serve_load.py`). Starting at `max_batch_size`,
+    the tuner measures the median seconds per row over `window` batches run under load (merged
+    with others, or leaving others queued), then tries the neighbouring cap (half or double,
+    within `1..max_batch_size`) for a window, and moves there if it is at least `margin` cheaper
+    (a larger cap) or no dearer (a smaller cap: less latency, and where costs are flat the walk
+    goes on toward unbatched), trying the next cap that way at once. After a failed trial it
+    tries the other side, `rest` windows later; each further failed trial doubles that wait (up
+    to `max_rest` windows), so once the cap has settled, trials of worse caps cost a shrinking
+    share of the batches. A move, or a change in the batch sizes the queue forms (the load
+    changed), resets the wait to `rest`. A cap well above the batches the queue forms is first
+    lowered to the smallest cap holding them (it changed nothing), so trials compare sizes that
+    really run. Lone requests on an empty queue say nothing about the cap and are not counted.
     """
 
     def __init__(self, max_batch_size, window=16, margin=0.05, rest=4, max_rest=64):
