@@ -8,6 +8,17 @@ Rows: sequence length x dropout x mode, where mode is
   fwd+bwd train  the same with `training=True` (dropout active), for dropout > 0
 Prints a table with the ratio keras_time / our_time (> 1 means ours is faster) and writes JSON.
 
+Forward rows on TensorFlow also time a floor in the same rounds: our forward's kernels with
+nothing between them (the q, k, v and output projections as plain matmuls, then q·kᵀ, softmax
+and weights·v per (batch, head) pair, or batched below `PER_HEAD_MIN_SCORES`, as the layer
+chooses), with reshapes where the layer transposes and no bias, scale or mask. Its numbers are
+not attention's, but every kernel has attention's shapes, so `keras / floor` is about the best
+ratio any composition of these kernels can reach on this machine. Only a fused attention
+kernel, which TensorFlow does not have, could go below the floor.
+
+Each row takes the median of at least `--repeats` interleaved rounds, and of more where rounds
+are short, so that every row spans ~`--min-seconds`.
+
     python bench/attention.py                      # batch 8, d 256, 8 heads, seq 128/512/2048
     KERAS_BACKEND=jax python bench/attention.py --seq 128 512 --out bench/results/jax.json
 """
@@ -21,8 +32,10 @@ import time
 
 import keras
 import numpy as np
+from keras import ops
 
 import keras_attn as ka
+from keras_attn.layers.multi_head_attention import PER_HEAD_MIN_SCORES
 
 
 def compile_fns(layer, x, training, backend):
@@ -61,20 +74,55 @@ def compile_fns(layer, x, training, backend):
     raise SystemExit(f"unsupported backend {backend!r}: use tensorflow or jax")
 
 
-def time_pair(fn_a, fn_b, repeats, warmup=2):
-    """Median seconds of two callables, run alternately so noise affects both alike."""
-    for _ in range(warmup):
-        fn_a()
-        fn_b()
-    a, b = [], []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn_a()
-        a.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        fn_b()
-        b.append(time.perf_counter() - t)
-    return statistics.median(a), statistics.median(b)
+def floor_forward(layer, x):
+    """A callable running the floor (module docstring) of `layer`'s forward on `x`, TensorFlow."""
+    import tensorflow as tf
+
+    batch, seq, dim = x.shape
+    pairs = batch * layer.num_heads
+    kernels = [
+        ops.reshape(dense.kernel, (dim, -1))
+        for dense in (layer.query_dense, layer.key_dense, layer.value_dense)
+    ]
+    out_kernel = ops.reshape(layer.output_dense.kernel, (-1, dim))
+
+    def core(q, k, v):
+        return ops.matmul(ops.softmax(ops.matmul(q, ops.swapaxes(k, -1, -2)), axis=-1), v)
+
+    @tf.function(jit_compile=False)
+    def forward(x):
+        rows = ops.reshape(x, (-1, dim))
+        q, k, v = (ops.reshape(ops.matmul(rows, w), (pairs, seq, -1)) for w in kernels)
+        if seq * seq >= PER_HEAD_MIN_SCORES:
+            out = ops.map(lambda qkv: core(*qkv), (q, k, v))
+        else:
+            out = core(q, k, v)
+        return ops.matmul(ops.reshape(out, (batch * seq, -1)), out_kernel)
+
+    return lambda: forward(x).numpy()
+
+
+def time_interleaved(fns, repeats, min_seconds, warmup=2):
+    """Median seconds of each callable, run in turn each round so noise affects all alike.
+
+    Runs at least `repeats` rounds, and more where rounds are short, until the rounds add up
+    to ~`min_seconds`: a median of 20 rounds of a few milliseconds spans well under a second,
+    and one slow spell on a shared machine can move it.
+    Returns `(medians, rounds)`.
+    """
+    for _ in range(warmup):  # the first round traces; the last one times a round
+        start = time.perf_counter()
+        for fn in fns:
+            fn()
+    per_round = time.perf_counter() - start
+    rounds = max(repeats, min(int(min_seconds / per_round), 50 * repeats))
+    samples = [[] for _ in fns]
+    for _ in range(rounds):
+        for fn, times in zip(fns, samples, strict=True):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+    return [statistics.median(times) for times in samples], rounds
 
 
 def bench_row(seq, dropout, mode, args, backend):
@@ -93,8 +141,11 @@ def bench_row(seq, dropout, mode, args, backend):
     pick = 0 if mode == "forward" else 1
     ours_fn, ref_fn = (ours_fwd, ours_bwd)[pick], (ref_fwd, ref_bwd)[pick]
     repeats = args.repeats if seq < 2048 else max(3, args.repeats // 2)
-    t_ours, t_ref = time_pair(ours_fn, ref_fn, repeats)
-    return {
+    fns = [ours_fn, ref_fn]
+    if mode == "forward" and backend == "tensorflow":
+        fns.append(floor_forward(ours, x))
+    (t_ours, t_ref, *t_floor), repeats = time_interleaved(fns, repeats, args.min_seconds)
+    row = {
         "seq": seq,
         "dropout": dropout,
         "mode": mode,
@@ -103,6 +154,10 @@ def bench_row(seq, dropout, mode, args, backend):
         "ratio": t_ref / t_ours,
         "repeats": repeats,
     }
+    if t_floor:
+        row["floor_ms"] = 1000 * t_floor[0]
+        row["keras_over_floor"] = t_ref / t_floor[0]
+    return row
 
 
 def main():
@@ -112,7 +167,16 @@ def main():
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--seq", type=int, nargs="+", default=[128, 512, 2048])
     parser.add_argument(
-        "--repeats", type=int, default=20, help="interleaved pairs per row (half at seq 2048)"
+        "--repeats",
+        type=int,
+        default=20,
+        help="fewest interleaved rounds per row (half at seq 2048)",
+    )
+    parser.add_argument(
+        "--min-seconds",
+        type=float,
+        default=4.0,
+        help="rounds are added to short rows until they take about this long",
     )
     parser.add_argument("--out", default="bench/results/attention.json")
     args = parser.parse_args()
@@ -120,7 +184,10 @@ def main():
 
     rows = []
     print(f"backend={backend} batch={args.batch} dim={args.dim} heads={args.heads}")
-    header = f"{'seq':>5} {'dropout':>7} {'mode':<14} {'ours ms':>9} {'keras ms':>9} {'ratio':>6}"
+    header = (
+        f"{'seq':>5} {'dropout':>7} {'mode':<14} {'ours ms':>9} {'keras ms':>9} {'ratio':>6}"
+        f" {'floor ms':>9} {'keras/floor':>11}"
+    )
     print(header)
     print("-" * len(header))
     for seq in args.seq:
@@ -129,9 +196,14 @@ def main():
             for mode in modes:
                 row = bench_row(seq, dropout, mode, args, backend)
                 rows.append(row)
+                floor = (
+                    f" {row['floor_ms']:>9.2f} {row['keras_over_floor']:>10.2f}x"
+                    if "floor_ms" in row
+                    else f" {'-':>9} {'-':>11}"
+                )
                 print(
                     f"{seq:>5} {dropout:>7} {mode:<14} {row['ours_ms']:>9.2f} "
-                    f"{row['keras_ms']:>9.2f} {row['ratio']:>5.2f}x",
+                    f"{row['keras_ms']:>9.2f} {row['ratio']:>5.2f}x" + floor,
                     flush=True,
                 )
     result = {
