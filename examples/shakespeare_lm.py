@@ -17,6 +17,7 @@ from pathlib import Path
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from export import export_model
 from keras_attn.callbacks import TimeBudget
@@ -65,8 +66,7 @@ def main(argv=None):
     order = np.random.default_rng(args.seed).permutation(len(x))
     split = max(1, len(x) // 20)
     val, train = order[:split], order[split:]
-    # Whole batches only: a last short batch would recompile the XLA train step (~5 s).
-    train = train[: max(args.batch_size, len(train) // args.batch_size * args.batch_size)]
+    batch_size = min(args.batch_size, len(train))
     print(
         f"vocabulary: {len(vocabulary)} WordPiece tokens; {sum(map(len, ids)):,} tokens; "
         f"{len(train)} training / {len(val)} held-out windows "
@@ -88,11 +88,19 @@ def main(argv=None):
         jit_compile=True,  # Keras's "auto" skips XLA on CPU; here it is ~30% faster per step
     )
     budget = TimeBudget(args.minutes * 60)
-    steps = max(1, len(train) // args.batch_size)
+    steps = len(train) // batch_size
+    # One endless shuffled stream: `fit` never exhausts its iterator and builds a new one
+    # (a pass that ended mid-epoch printed "ran out of data" and once stalled ~34-55 s), and
+    # whole batches only (a last short batch would recompile the XLA train step, ~5 s).
+    stream = (
+        tf.data.Dataset.from_tensor_slices((x[train], y[train]))
+        .shuffle(len(train), seed=args.seed)
+        .batch(batch_size, drop_remainder=True)
+        .repeat()
+        .prefetch(tf.data.AUTOTUNE)
+    )
     model.fit(
-        x[train],
-        y[train],
-        batch_size=args.batch_size,
+        stream,
         epochs=1000,
         callbacks=[budget],
         steps_per_epoch=min(steps, 100),
@@ -101,7 +109,7 @@ def main(argv=None):
     held_out = model.evaluate(x[val], y[val], batch_size=64, verbose=0, return_dict=True)
     trained_steps = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
     print(
-        f"trained {budget.elapsed:.0f} s ({trained_steps} steps of {args.batch_size}); "
+        f"trained {budget.elapsed:.0f} s ({trained_steps} steps of {batch_size}); "
         f"held-out perplexity {held_out['perplexity']:.1f} (uniform guess: {len(vocabulary)})"
     )
 
