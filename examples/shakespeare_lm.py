@@ -89,9 +89,9 @@ def main(argv=None):
     )
     budget = TimeBudget(args.minutes * 60)
     steps = len(train) // batch_size
-    # One endless shuffled stream: `fit` never exhausts its iterator and builds a new one
-    # (a pass that ended mid-epoch printed "ran out of data" and once stalled ~34-55 s), and
-    # whole batches only (a last short batch would recompile the XLA train step, ~5 s).
+    # One endless stream, reshuffled each pass: `fit` never exhausts its iterator mid-epoch
+    # ("ran out of data") and rebuilds it, the step after which stalled 34-55 s in 3 of 6
+    # runs. Whole batches only: a last short batch would recompile the XLA train step (~5 s).
     stream = (
         tf.data.Dataset.from_tensor_slices((x[train], y[train]))
         .shuffle(len(train), seed=args.seed)
