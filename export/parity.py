@@ -11,8 +11,11 @@ class ParityError(ValueError):
 
 
 def default_range(name, max_token_id, sequence_length):
-    """Values an integer input takes in the sweep, from its name: segment ids are 0 or 1,
-    positions index the sequence, anything else is a token id in `[1, max_token_id)`."""
+    """Values an integer input takes in the sweep, from its name: segment ids are 0 or 1, a
+    padding mask is 1 (its padded tail is 0), positions index the sequence, anything else is a
+    token id in `[1, max_token_id)`."""
+    if "mask" in name:
+        return 1, 2
     if "segment" in name:
         return 0, 2
     if "position" in name:

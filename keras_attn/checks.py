@@ -19,3 +19,9 @@ def check_rate(name, value):
 def check_choice(name, value, choices):
     if value not in choices:
         raise ValueError(f"`{name}` must be one of {tuple(choices)}. Received: {name}={value!r}")
+
+
+def check_non_negative_ints(**values):
+    for name, value in values.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"`{name}` must be a non-negative integer. Received: {name}={value!r}")

@@ -33,6 +33,10 @@ class CausalLM(Task):
         normalize_first: bool. Pre-norm blocks plus a final LayerNorm (GPT-2), or post-norm.
         activation: feed-forward activation. Defaults to `"gelu"`.
         position_encoding: `"learned"` or `"sinusoidal"`.
+        mask_zero: bool. Id 0 is padding, masked in attention and in the loss. GPT-2's id 0
+            is a real token (`"!"`): there pad on the right, where the causal mask already
+            keeps padding out of every real position. Defaults to `True`.
+        layer_norm_epsilon: float. Defaults to `1e-5` (GPT-2's).
     Example:
         >>> lm = CausalLM(vocabulary_size=100, sequence_length=32, hidden_dim=16)
         >>> lm.generate([[5, 6, 7]], max_new_tokens=4)  # four new ids
@@ -41,6 +45,7 @@ class CausalLM(Task):
     config_args = (
         "vocabulary_size", "sequence_length", "hidden_dim", "num_layers", "num_heads",
         "intermediate_dim", "dropout", "normalize_first", "activation", "position_encoding",
+        "mask_zero", "layer_norm_epsilon",
     )  # fmt: skip
 
     def __init__(
@@ -55,6 +60,8 @@ class CausalLM(Task):
         normalize_first=True,
         activation="gelu",
         position_encoding="learned",
+        mask_zero=True,
+        layer_norm_epsilon=1e-5,
         name="causal_lm",
         **kwargs,
     ):
@@ -69,7 +76,7 @@ class CausalLM(Task):
         check_choice("position_encoding", position_encoding, POSITION_ENCODINGS)
         token_ids = keras.Input((None,), dtype="int32", name="token_ids")
         token_embedding = TokenEmbedding(
-            vocabulary_size, hidden_dim, mask_zero=True, name="token_embedding"
+            vocabulary_size, hidden_dim, mask_zero=mask_zero, name="token_embedding"
         )
         x = token_embedding(token_ids)
         positions = position_encoding_layer(
@@ -84,16 +91,34 @@ class CausalLM(Task):
                 dropout=dropout,
                 activation=activation,
                 normalize_first=normalize_first,
+                layer_norm_epsilon=layer_norm_epsilon,
                 name=f"decoder_block_{i}",
             )(x)
         if normalize_first:
-            x = keras.layers.LayerNormalization(epsilon=1e-5, name="final_layer_norm")(x)
+            x = keras.layers.LayerNormalization(
+                epsilon=layer_norm_epsilon, name="final_layer_norm"
+            )(x)
         logits = float32_logits(token_embedding(x, reverse=True), "logits")
         super().__init__(token_ids, logits, name=name, **kwargs)
         self._set_config_args(locals())
 
     def default_loss(self):
         return lm_loss()
+
+    @classmethod
+    def from_pretrained(cls, folder, strict=True, **kwargs):
+        """A causal LM with the weights of a Hugging Face GPT-2 folder (`config.json`,
+        `model.safetensors`); `kwargs` override constructor arguments. See
+        `keras_attn.pretrained.load_pretrained`."""
+        from keras_attn.pretrained import load_pretrained
+
+        return load_pretrained(folder, cls, strict=strict, **kwargs)
+
+    def save_pretrained(self, folder, tokenizer=None):
+        """Writes the Hugging Face GPT-2 layout; see `keras_attn.pretrained.save_pretrained`."""
+        from keras_attn.pretrained import save_pretrained
+
+        save_pretrained(self, folder, tokenizer=tokenizer)
 
     def generate(self, prompts, max_new_tokens, **kwargs):
         """Continues id prompts of any lengths; see `keras_attn.decoding.generate`.

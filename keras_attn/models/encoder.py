@@ -2,7 +2,12 @@
 
 import keras
 
-from keras_attn.checks import check_choice, check_positive_ints, check_rate
+from keras_attn.checks import (
+    check_choice,
+    check_non_negative_ints,
+    check_positive_ints,
+    check_rate,
+)
 from keras_attn.layers.token_and_position_embedding import (
     POSITION_ENCODINGS,
     TokenAndPositionEmbedding,
@@ -35,6 +40,15 @@ class Encoder(Task):
             (the default).
         layer_norm_epsilon: float. Defaults to `1e-12` (BERT's).
         position_encoding: `"learned"` (BERT) or `"sinusoidal"`.
+        pad_token_id: int. Id of padding: positions holding it are masked. Defaults to `0`
+            (BERT, DistilBERT); RoBERTa pads with `1`.
+        padding_mask_input: bool. Take the padding mask from an input named `padding_mask`
+            (`(batch, seq)`, 1 = real token, Hugging Face's `attention_mask`) instead of from
+            the ids. Defaults to `False`.
+        position_offset: int. Position of the first token in the position table; RoBERTa's
+            tables start at `2`. Defaults to `0`.
+        use_pooler: bool. BERT's tanh pooler; without it (DistilBERT) `pooled_output` is the
+            first position's hidden state. Defaults to `True`.
     Example:
         >>> encoder = Encoder(vocabulary_size=1000, hidden_dim=64)
         >>> encoder({"token_ids": ids, "segment_ids": segments})["pooled_output"].shape
@@ -44,7 +58,8 @@ class Encoder(Task):
     config_args = (
         "vocabulary_size", "max_sequence_length", "hidden_dim", "num_layers", "num_heads",
         "intermediate_dim", "dropout", "num_segments", "activation", "normalize_first",
-        "layer_norm_epsilon", "position_encoding",
+        "layer_norm_epsilon", "position_encoding", "pad_token_id", "padding_mask_input",
+        "position_offset", "use_pooler",
     )  # fmt: skip
 
     def __init__(
@@ -61,6 +76,10 @@ class Encoder(Task):
         normalize_first=False,
         layer_norm_epsilon=1e-12,
         position_encoding="learned",
+        pad_token_id=0,
+        padding_mask_input=False,
+        position_offset=0,
+        use_pooler=True,
         name="encoder",
         **kwargs,
     ):
@@ -75,15 +94,19 @@ class Encoder(Task):
             check_positive_ints(num_segments=num_segments)
         check_rate("dropout", dropout)
         check_choice("position_encoding", position_encoding, POSITION_ENCODINGS)
+        check_non_negative_ints(pad_token_id=pad_token_id, position_offset=position_offset)
         token_ids = keras.Input((None,), dtype="int32", name="token_ids")
         inputs = {"token_ids": token_ids}
+        # BERT's padding (id 0, no mask input) travels by Keras mask propagation; any other
+        # rule computes the mask once and hands it to every block.
+        mask_zero = pad_token_id == 0 and not padding_mask_input
         embeddings = TokenAndPositionEmbedding(
             vocabulary_size,
             max_sequence_length,
             hidden_dim,
             num_segments=num_segments,
             position_encoding=position_encoding,
-            mask_zero=True,
+            mask_zero=mask_zero,
             use_layer_norm=True,
             layer_norm_epsilon=layer_norm_epsilon,
             dropout=dropout,
@@ -91,9 +114,13 @@ class Encoder(Task):
         )
         if num_segments:
             inputs["segment_ids"] = keras.Input((None,), dtype="int32", name="segment_ids")
-            x = embeddings(token_ids, inputs["segment_ids"])
-        else:
-            x = embeddings(token_ids)
+        if padding_mask_input:
+            inputs["padding_mask"] = keras.Input((None,), dtype="int32", name="padding_mask")
+        segments = (inputs["segment_ids"],) if num_segments else ()
+        x = embeddings(token_ids, *segments, start_index=position_offset)
+        block_kwargs = {}
+        if not mask_zero:
+            block_kwargs["padding_mask"] = padding_of(inputs, pad_token_id)
         for i in range(num_layers):
             x = TransformerEncoder(
                 num_heads=num_heads,
@@ -103,20 +130,56 @@ class Encoder(Task):
                 normalize_first=normalize_first,
                 layer_norm_epsilon=layer_norm_epsilon,
                 name=f"encoder_block_{i}",
-            )(x)
+            )(x, **block_kwargs)
         if normalize_first:
             x = keras.layers.LayerNormalization(
                 epsilon=layer_norm_epsilon, name="final_layer_norm"
             )(x)
-        pooled = keras.layers.Dense(hidden_dim, activation="tanh", name="pooler")(x[:, 0])
+        pooled = x[:, 0]
+        if use_pooler:
+            pooled = keras.layers.Dense(hidden_dim, activation="tanh", name="pooler")(pooled)
         outputs = {"sequence_output": x, "pooled_output": pooled}
         super().__init__(inputs, outputs, name=name, **kwargs)
         self._set_config_args(locals())
+
+    def padding_mask(self, inputs):
+        """Bool `(batch, seq)` padding mask (`True` = real token) of a dict of inputs built
+        like this encoder's, by its rule (`padding_mask` input, or ids against `pad_token_id`)."""
+        return padding_of(inputs, self.pad_token_id)
+
+    @classmethod
+    def from_pretrained(cls, folder, strict=True, **kwargs):
+        """An encoder with the weights of a Hugging Face folder (`config.json`,
+        `model.safetensors`): BERT, MiniLM, sentence-transformers, RoBERTa or DistilBERT.
+
+        `kwargs` override the constructor arguments read from `config.json` (`dropout`, …);
+        see `keras_attn.pretrained.load_pretrained`.
+        """
+        from keras_attn.pretrained import load_pretrained
+
+        return load_pretrained(folder, cls, strict=strict, **kwargs)
+
+    def save_pretrained(self, folder, tokenizer=None):
+        """Writes `config.json`, `model.safetensors` (and `vocab.txt`) in the Hugging Face
+        layout; see `keras_attn.pretrained.save_pretrained`."""
+        from keras_attn.pretrained import save_pretrained
+
+        save_pretrained(self, folder, tokenizer=tokenizer)
 
     @property
     def token_embedding(self):
         """The `TokenEmbedding` layer (a masked-LM head ties its output projection to it)."""
         return self.get_layer("embeddings").token_embedding
+
+
+def padding_of(inputs, pad_token_id=0):
+    """Bool padding mask of a dict of encoder inputs: its `padding_mask` input when it has one,
+    else `token_ids != pad_token_id`."""
+    from keras import ops
+
+    if "padding_mask" in inputs:
+        return ops.cast(inputs["padding_mask"], "bool")
+    return ops.not_equal(inputs["token_ids"], pad_token_id)
 
 
 def encoder_inputs(encoder, leading_shape=()):

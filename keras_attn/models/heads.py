@@ -19,9 +19,18 @@ class Head(Task):
     def default_loss(self):
         return SparseCrossEntropy()
 
+    @classmethod
+    def from_pretrained(cls, folder, strict=True, encoder_kwargs=None, **kwargs):
+        """This head on `Encoder.from_pretrained(folder, **encoder_kwargs)`; `kwargs` are the
+        head's own (`num_classes`, …). The head's layers start from fresh weights.
 
-def _padding(token_ids):
-    return ops.not_equal(token_ids, 0)
+        Example:
+            >>> SequenceClassifier.from_pretrained("all-MiniLM-L6-v2", num_classes=3)
+        """
+        from keras_attn.models.encoder import Encoder
+
+        encoder = Encoder.from_pretrained(folder, strict=strict, **(encoder_kwargs or {}))
+        return cls(encoder, **kwargs)
 
 
 def _classify(x, num_classes, dropout, name, output_name="logits"):
@@ -56,7 +65,7 @@ class SequenceClassifier(Head):
             x = outputs["pooled_output"]
         else:
             x = keras.layers.GlobalAveragePooling1D(name="mean_pooling")(
-                outputs["sequence_output"], mask=_padding(inputs["token_ids"])
+                outputs["sequence_output"], mask=encoder.padding_mask(inputs)
             )
         logits = _classify(x, num_classes, dropout, "classifier")
         super().__init__(inputs, logits, name=name or "sequence_classifier", **kwargs)
@@ -113,7 +122,7 @@ class SpanQA(Head):
         inputs = encoder_inputs(encoder)
         x = encoder(inputs)["sequence_output"]
         x = keras.layers.Dense(2, name="span_logits")(x)
-        x = ops.where(ops.expand_dims(_padding(inputs["token_ids"]), -1), x, mask_value(x.dtype))
+        x = ops.where(ops.expand_dims(encoder.padding_mask(inputs), -1), x, mask_value(x.dtype))
         outputs = {
             "start_logits": float32_logits(x[..., 0], "start_logits"),
             "end_logits": float32_logits(x[..., 1], "end_logits"),

@@ -137,6 +137,16 @@ class WordPieceTokenizer(Tokenizer):
         if vocabulary is not None:
             self.set_vocabulary(vocabulary)
 
+    @classmethod
+    def from_pretrained(cls, folder, **kwargs):
+        """The tokenizer of a Hugging Face folder: `vocab.txt` (or the WordPiece vocabulary in
+        `tokenizer.json`), lower-casing from `tokenizer_config.json`'s `do_lower_case`.
+        `kwargs` go to the constructor (`sequence_length`, …)."""
+        from keras_attn.pretrained.folder import read_vocabulary
+
+        vocabulary, lowercase = read_vocabulary(folder)
+        return cls(vocabulary, **{"lowercase": lowercase, **kwargs})
+
     # Vocabulary --------------------------------------------------------------------------
     def set_vocabulary(self, vocabulary):
         """Sets the vocabulary from a list of tokens or a `vocab.txt` path."""

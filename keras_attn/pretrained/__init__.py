@@ -1,0 +1,151 @@
+"""Pretrained checkpoints in and out, in the Hugging Face folder layout, with no network.
+
+`load_pretrained(folder)` (also `Encoder.from_pretrained`, each head's `from_pretrained`,
+`CausalLM.from_pretrained`) builds our model from `config.json` and copies every tensor of
+`model.safetensors` into it; `save_pretrained(model, folder)` writes the same layout back.
+Layouts: BERT (MiniLM, sentence-transformers folders), RoBERTa and DistilBERT into `Encoder`;
+GPT-2 into `CausalLM` (see `keras_attn.pretrained.layouts`).
+
+Every checkpoint tensor is either copied, a known buffer (position ids, GPT-2's causal mask),
+a tied copy (GPT-2's `lm_head.weight`), or named in a `ValueError`; a tensor whose shape
+disagrees with `config.json` is named with both shapes.
+"""
+
+import keras
+import numpy as np
+
+from keras_attn.pretrained.folder import read_config, read_pooling, read_vocabulary, read_weights
+from keras_attn.pretrained.layouts import (
+    IGNORED_SUFFIXES,
+    architecture_for_config,
+    architecture_for_model,
+)
+
+__all__ = ["load_pretrained", "read_pooling", "read_vocabulary", "save_pretrained"]
+
+
+def _strip_prefixes(weights, prefixes):
+    """Keys of a task checkpoint (`bert.encoder…`) as the base model's (`encoder…`)."""
+    out = {}
+    for key, value in weights.items():
+        for prefix in prefixes:
+            if key.startswith(prefix):
+                key = key[len(prefix) :]
+                break
+        out[key] = value
+    return out
+
+
+def _model_class(name):
+    from keras_attn.models import CausalLM, Encoder
+
+    return {"Encoder": Encoder, "CausalLM": CausalLM}[name]
+
+
+def _listed(keys, limit=12):
+    keys = sorted(keys)
+    more = f" and {len(keys) - limit} more" if len(keys) > limit else ""
+    return ", ".join(keys[:limit]) + more
+
+
+def load_pretrained(folder, model_class=None, strict=True, **overrides):
+    """Builds our model for a Hugging Face folder and copies its weights in.
+
+    Args:
+        folder: path of a folder with `config.json` and `model.safetensors` (or a sharded
+            index). `pytorch_model.bin` is refused: it is a pickle.
+        model_class: `Encoder` or `CausalLM`; defaults to the one the architecture needs.
+        strict: bool. Checkpoint tensors the model does not use (a pretraining head's
+            `cls.*`, a classifier) raise a `ValueError` naming them; `False` drops them.
+        **overrides: constructor arguments that replace those read from `config.json`
+            (e.g. `dropout=0.0`); they must keep every weight's shape.
+    Returns:
+        the model, its weights equal to the checkpoint's.
+    Raises:
+        ValueError: unsupported architecture or config, a missing or unused tensor, or a
+            tensor whose shape disagrees with `config.json` (key and both shapes named).
+    """
+    config = read_config(folder)
+    architecture = architecture_for_config(config)
+    if model_class is not None and model_class.__name__ != architecture.model_class:
+        raise ValueError(
+            f"model_type {config.get('model_type')!r} loads into {architecture.model_class}. "
+            f"Received: model_class={model_class.__name__}"
+        )
+    weights = _strip_prefixes(read_weights(folder), architecture.prefixes)
+    kwargs = {**architecture.model_kwargs(config, weights), **overrides}
+    model = (model_class or _model_class(architecture.model_class))(**kwargs)
+    _copy_in(model, architecture, weights, strict)
+    return model
+
+
+def _copy_in(model, architecture, weights, strict):
+    tensors = architecture.tensors(model)
+    unmapped = [v.path for v in model.weights if v.path not in tensors]
+    if unmapped:
+        raise ValueError(f"No checkpoint key is known for the model's variables {unmapped}.")
+    missing = [tensors[v.path].key for v in model.weights if tensors[v.path].key not in weights]
+    if missing:
+        raise ValueError(f"The checkpoint lacks tensors the model needs: {_listed(set(missing))}")
+    consumed = set()
+    for variable in model.weights:
+        entry = tensors[variable.path]
+        value = entry.to_ours(weights[entry.key], tuple(variable.shape))
+        variable.assign(value.astype(variable.dtype))
+        consumed.add(entry.key)
+    for key, source in getattr(architecture, "tied", ()):
+        if key in weights:
+            if not np.array_equal(weights[key], weights.get(source)):
+                raise ValueError(
+                    f"Checkpoint tensor {key!r} differs from {source!r}; only tied output "
+                    "embeddings are supported."
+                )
+            consumed.add(key)
+    unused = {
+        key
+        for key in weights
+        if key not in consumed and not any(key.endswith(s) for s in IGNORED_SUFFIXES)
+    }
+    if unused and strict:
+        raise ValueError(
+            f"The checkpoint has tensors the model does not use: {_listed(unused)}. "
+            "Pass strict=False to drop them (e.g. a pretraining or classification head)."
+        )
+
+
+def save_pretrained(model, folder, tokenizer=None, model_type=None):
+    """Writes `model` as a Hugging Face folder: `config.json`, `model.safetensors` and, with a
+    `WordPieceTokenizer`, `vocab.txt` and `tokenizer_config.json`.
+
+    Args:
+        model: an `Encoder` (written as BERT, RoBERTa or DistilBERT, inferred from its
+            arguments) or a `CausalLM` (GPT-2).
+        folder: path; created if needed, files in it overwritten.
+        tokenizer: optional `WordPieceTokenizer`.
+        model_type: optional `"bert"`, `"roberta"`, `"distilbert"` or `"gpt2"`.
+    Raises:
+        ValueError: the model has an argument the layout cannot express (naming it).
+    """
+    architecture = architecture_for_model(model, model_type)
+    config = architecture.hf_config(model)
+    tensors = architecture.tensors(model)
+    stored, fused = {}, {}
+    for variable in model.weights:
+        entry = tensors[variable.path]
+        value = entry.to_stored(keras.ops.convert_to_numpy(variable))
+        if entry.parts > 1:
+            fused.setdefault(entry.key, [None] * entry.parts)[entry.part] = (entry, value)
+        else:
+            stored[entry.key] = value
+    for key, pieces in fused.items():
+        stored[key] = np.concatenate([v for _, v in pieces], axis=0 if pieces[0][0].linear else -1)
+    from keras_attn.pretrained.folder import write_folder
+
+    vocabulary, extra = None, {}
+    if tokenizer is not None:
+        vocabulary = tokenizer.get_vocabulary()
+        extra["tokenizer_config.json"] = {
+            "do_lower_case": bool(tokenizer.lowercase),
+            "tokenizer_class": "BertTokenizer",
+        }
+    write_folder(folder, config, stored, vocabulary=vocabulary, extra_json=extra)

@@ -1,0 +1,147 @@
+"""The Hugging Face folder layout on disk: `config.json`, `model.safetensors` (one file or an
+index of shards), `vocab.txt` / `tokenizer.json`, and sentence-transformers' pooling config.
+
+Only safetensors are read: `pytorch_model.bin` is a pickle, and loading a pickle runs code.
+"""
+
+import json
+import os
+
+import numpy as np
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
+VOCABULARY_FILE = "vocab.txt"
+PICKLED_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model.h5")
+
+
+def _path(folder, name):
+    return os.path.join(os.fspath(folder), name)
+
+
+def _read_json(folder, name, argument="folder"):
+    try:
+        with open(_path(folder, name), encoding="utf-8") as f:
+            value = json.load(f)
+    except FileNotFoundError:
+        raise ValueError(
+            f"`{argument}` has no {name}. Received: {argument}={os.fspath(folder)!r}"
+        ) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{name} is not valid JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must hold a JSON object. Received: {type(value).__name__}")
+    return value
+
+
+def read_config(folder):
+    """`config.json` of a Hugging Face model folder, as a dict."""
+    if not os.path.isdir(os.fspath(folder)):
+        raise ValueError(
+            f"`folder` must be a model folder (config.json, model.safetensors). "
+            f"Received: folder={os.fspath(folder)!r}"
+        )
+    return _read_json(folder, CONFIG_FILE)
+
+
+def read_weights(folder):
+    """Every tensor of `model.safetensors` (or of the shards its index lists), as NumPy."""
+    from safetensors.numpy import load_file
+
+    if os.path.exists(_path(folder, WEIGHTS_FILE)):
+        return load_file(_path(folder, WEIGHTS_FILE))
+    if os.path.exists(_path(folder, WEIGHTS_INDEX_FILE)):
+        index = _read_json(folder, WEIGHTS_INDEX_FILE)
+        shards = sorted(set(index.get("weight_map", {}).values()))
+        weights = {}
+        for shard in shards:
+            if os.path.basename(shard) != shard:
+                raise ValueError(
+                    f"{WEIGHTS_INDEX_FILE} names a shard outside the folder: {shard!r}"
+                )
+            weights.update(load_file(_path(folder, shard)))
+        return weights
+    pickled = [name for name in PICKLED_FILES if os.path.exists(_path(folder, name))]
+    if pickled:
+        raise ValueError(
+            f"The folder holds {pickled[0]}, a pickled checkpoint, which is never loaded here "
+            "(unpickling runs code). Convert it to model.safetensors first, e.g. with "
+            "`transformers`: model.save_pretrained(folder, safe_serialization=True)."
+        )
+    raise ValueError(f"`folder` has no {WEIGHTS_FILE}. Received: folder={os.fspath(folder)!r}")
+
+
+def write_folder(folder, config, weights, vocabulary=None, extra_json=None):
+    """Writes `config.json`, `model.safetensors` (and `vocab.txt`, and other JSON files given
+    as `{relative path: object}`), creating the folder."""
+    from safetensors.numpy import save_file
+
+    os.makedirs(os.fspath(folder), exist_ok=True)
+    with open(_path(folder, CONFIG_FILE), "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2, sort_keys=True, allow_nan=False)
+    arrays = {key: np.ascontiguousarray(value) for key, value in weights.items()}
+    save_file(arrays, _path(folder, WEIGHTS_FILE), metadata={"format": "pt"})
+    if vocabulary is not None:
+        with open(_path(folder, VOCABULARY_FILE), "w", encoding="utf-8") as f:
+            f.write("\n".join(vocabulary) + "\n")
+    for name, value in (extra_json or {}).items():
+        os.makedirs(os.path.dirname(_path(folder, name)), exist_ok=True)
+        with open(_path(folder, name), "w", encoding="utf-8") as f:
+            json.dump(value, f, indent=2, allow_nan=False)
+
+
+def read_vocabulary(folder):
+    """`(tokens, lowercase)` of a WordPiece folder: `vocab.txt`, or the vocabulary inside
+    `tokenizer.json`; `lowercase` from `tokenizer_config.json` (`do_lower_case`, default True).
+    """
+    lowercase = True
+    if os.path.exists(_path(folder, "tokenizer_config.json")):
+        lowercase = bool(_read_json(folder, "tokenizer_config.json").get("do_lower_case", True))
+    if os.path.exists(_path(folder, VOCABULARY_FILE)):
+        with open(_path(folder, VOCABULARY_FILE), encoding="utf-8") as f:
+            return [line.rstrip("\n") for line in f], lowercase
+    if os.path.exists(_path(folder, "tokenizer.json")):
+        model = _read_json(folder, "tokenizer.json").get("model") or {}
+        if model.get("type") != "WordPiece":
+            raise ValueError(
+                "tokenizer.json must describe a WordPiece model for `WordPieceTokenizer`. "
+                f"Received: model type {model.get('type')!r}"
+            )
+        vocab = model.get("vocab") or {}
+        tokens = sorted(vocab, key=vocab.get)
+        if [vocab[t] for t in tokens] != list(range(len(tokens))):
+            raise ValueError("tokenizer.json's vocabulary ids are not 0..n-1.")
+        return tokens, lowercase
+    raise ValueError(
+        f"`folder` has neither {VOCABULARY_FILE} nor tokenizer.json. "
+        f"Received: folder={os.fspath(folder)!r}"
+    )
+
+
+def read_pooling(folder):
+    """Sentence-transformers' pooling of a folder, from `modules.json` and the pooling module's
+    `config.json`: `{"pooling": "mean" | "cls" | "max", "normalize": bool}`; `None` for a plain
+    model folder."""
+    if not os.path.exists(_path(folder, "modules.json")):
+        return None
+    with open(_path(folder, "modules.json"), encoding="utf-8") as f:
+        modules = json.load(f)
+    pooling, normalize = None, False
+    for module in modules if isinstance(modules, list) else []:
+        kind = str(module.get("type", ""))
+        if kind.endswith(".Pooling"):
+            path = str(module.get("path", ""))
+            if os.path.basename(path) != path:
+                raise ValueError(f"modules.json names a module outside the folder: {path!r}")
+            config = _read_json(_path(folder, path), CONFIG_FILE)
+            for mode in ("cls", "mean", "max"):
+                if config.get(f"pooling_mode_{mode}_token") or config.get(
+                    f"pooling_mode_{mode}_tokens"
+                ):
+                    pooling = mode
+        elif kind.endswith(".Normalize"):
+            normalize = True
+    if pooling is None:
+        return None
+    return {"pooling": pooling, "normalize": normalize}

@@ -1,0 +1,465 @@
+"""Checkpoint key layouts: which Hugging Face tensor each of our variables is, per architecture.
+
+An architecture answers three questions: the constructor arguments of our model for a
+`config.json` (`model_kwargs`), the `config.json` of one of our models (`hf_config`), and the
+checkpoint key of every variable (`tensors`). `Tensor` says how one variable is stored:
+PyTorch's `nn.Linear` keeps `(out, in)` (transposed against a Keras kernel), GPT-2's `Conv1D`
+keeps `(in, out)` as Keras does and packs q|k|v into one tensor; our per-head kernels
+`(in, heads, head_dim)` and `(heads, head_dim, out)` are flattened to two axes.
+"""
+
+import dataclasses
+import math
+
+import numpy as np
+
+# Buffers some checkpoints carry that are not weights (position ids, GPT-2's causal mask).
+IGNORED_SUFFIXES = ("embeddings.position_ids", "attn.bias", "attn.masked_bias")
+
+
+@dataclasses.dataclass(frozen=True)
+class Tensor:
+    """Where and how one of our variables is stored in a checkpoint.
+
+    Attributes:
+        key: the checkpoint key.
+        linear: stored as `nn.Linear` does, `(out, in)`: transposed against our kernel.
+        in_axes: leading axes of our variable that form the input dimension (kernels: 1, or 2
+            for an attention output `(heads, head_dim, out)`); 0 for a vector (bias, norm).
+        part, parts: this variable is slice `part` of `parts` equal slices of the stored
+            tensor's last axis (GPT-2's fused q|k|v).
+    """
+
+    key: str
+    linear: bool = False
+    in_axes: int = 0
+    part: int = 0
+    parts: int = 1
+
+    def stored_shape(self, shape):
+        """The checkpoint shape holding a variable of `shape` (the whole fused tensor)."""
+        if self.in_axes == 0:
+            flat = (math.prod(shape),)
+        else:
+            flat = (math.prod(shape[: self.in_axes]), math.prod(shape[self.in_axes :]))
+        flat = (*flat[:-1], flat[-1] * self.parts)
+        return flat[::-1] if self.linear else flat
+
+    def to_ours(self, array, shape):
+        """Our variable's value of `shape` from the stored tensor."""
+        expected = self.stored_shape(shape)
+        if tuple(array.shape) != expected:
+            raise ValueError(
+                f"Checkpoint tensor {self.key!r} has shape {tuple(array.shape)}; the model "
+                f"needs {expected} (config.json and the weights disagree)."
+            )
+        if self.linear:
+            array = array.T
+        if self.parts > 1:
+            array = np.split(array, self.parts, axis=-1)[self.part]
+        return np.reshape(array, shape)
+
+    def to_stored(self, value):
+        """The stored form of our variable's value (one slice, for a fused tensor)."""
+        shape = value.shape
+        if self.in_axes == 0:
+            return np.reshape(value, (-1,))
+        value = np.reshape(value, (math.prod(shape[: self.in_axes]), -1))
+        return value.T if self.linear else value
+
+
+def _table(key):
+    """An embedding table `(rows, dim)`, stored as it is."""
+    return Tensor(key, in_axes=1)
+
+
+def _linear(prefix, in_axes=1, bias_key=None):
+    """Kernel and bias of a PyTorch `nn.Linear` named `prefix`."""
+    return {
+        "kernel": Tensor(f"{prefix}.weight", linear=True, in_axes=in_axes),
+        "bias": Tensor(bias_key or f"{prefix}.bias"),
+    }
+
+
+def _norm(prefix):
+    return {"gamma": Tensor(f"{prefix}.weight"), "beta": Tensor(f"{prefix}.bias")}
+
+
+def _flatten(tree, prefix=""):
+    """`{"a": {"b": x}}` -> `{"a/b": x}`: our variable paths."""
+    out = {}
+    for name, value in tree.items():
+        path = f"{prefix}/{name}" if prefix else name
+        out.update(_flatten(value, path) if isinstance(value, dict) else {path: value})
+    return out
+
+
+def _attention_block(names):
+    """Our block's variables (attention + feed-forward + two norms) from the checkpoint's
+    names of each part."""
+    return {
+        "self_attention": {
+            "query": _linear(names["query"]),
+            "key": _linear(names["key"]),
+            "value": _linear(names["value"]),
+            "attention_output": _linear(names["output"], in_axes=2),
+        },
+        "self_attention_layer_norm": _norm(names["attention_norm"]),
+        "feed_forward": {
+            "intermediate": _linear(names["intermediate"]),
+            "output": _linear(names["ffn_output"]),
+        },
+        "feed_forward_layer_norm": _norm(names["ffn_norm"]),
+    }
+
+
+ACTIVATIONS = {  # Hugging Face's name -> ours
+    "gelu": "gelu",
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",
+    "relu": "relu",
+    "silu": "swish",
+    "swish": "swish",
+}
+HF_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "swish": "silu"}
+
+
+def _activation(name):
+    if name not in ACTIVATIONS:
+        raise ValueError(
+            f"config.json's activation is not supported. Received: {name!r}; supported: "
+            f"{sorted(ACTIVATIONS)}"
+        )
+    return ACTIVATIONS[name]
+
+
+def _hf_activation(model):
+    if model.activation not in HF_ACTIVATIONS:
+        raise ValueError(
+            "`activation` has no Hugging Face name. Received: "
+            f"activation={model.activation!r}; supported: {sorted(HF_ACTIVATIONS)}"
+        )
+    return HF_ACTIVATIONS[model.activation]
+
+
+def _require(config, *names):
+    missing = [name for name in names if name not in config]
+    if missing:
+        raise ValueError(f"config.json lacks {missing} (model_type {config.get('model_type')!r}).")
+    return [config[name] for name in names]
+
+
+def _check_exportable(model, **expected):
+    """`save_pretrained` writes only what the architecture can express."""
+    for name, value in expected.items():
+        if getattr(model, name) != value:
+            raise ValueError(
+                f"This model cannot be written as a Hugging Face checkpoint: `{name}` must be "
+                f"{value!r}. Received: {name}={getattr(model, name)!r}"
+            )
+
+
+class Bert:
+    """BERT, and every checkpoint in its key layout (MiniLM, sentence-transformers)."""
+
+    model_types = ("bert",)
+    prefixes = ("bert.",)
+    model_class = "Encoder"
+
+    def model_kwargs(self, config, weights):
+        vocab, hidden, layers, heads, inner, positions = _require(
+            config, "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+            "intermediate_size", "max_position_embeddings",
+        )  # fmt: skip
+        kind = config.get("position_embedding_type", "absolute")
+        if kind != "absolute":
+            raise ValueError(
+                f"Only absolute position embeddings are supported. Received: "
+                f"position_embedding_type={kind!r}"
+            )
+        return {
+            "vocabulary_size": vocab,
+            "max_sequence_length": positions,
+            "hidden_dim": hidden,
+            "num_layers": layers,
+            "num_heads": heads,
+            "intermediate_dim": inner,
+            "dropout": config.get("hidden_dropout_prob", 0.1),
+            "num_segments": config.get("type_vocab_size", 2),
+            "activation": _activation(config.get("hidden_act", "gelu")),
+            "layer_norm_epsilon": config.get("layer_norm_eps", 1e-12),
+            "pad_token_id": config.get("pad_token_id") or 0,
+            "use_pooler": "pooler.dense.weight" in weights,
+        }
+
+    architecture = "BertModel"
+
+    def _position_offset(self, model):
+        return 0
+
+    def hf_config(self, model):
+        _check_exportable(
+            model,
+            normalize_first=False,
+            position_encoding="learned",
+            position_offset=self._position_offset(model),
+        )
+        return {
+            "architectures": [self.architecture],
+            "model_type": self.model_types[0],
+            "vocab_size": model.vocabulary_size,
+            "hidden_size": model.hidden_dim,
+            "num_hidden_layers": model.num_layers,
+            "num_attention_heads": model.num_heads,
+            "intermediate_size": model.intermediate_dim or 4 * model.hidden_dim,
+            "max_position_embeddings": model.max_sequence_length,
+            "type_vocab_size": model.num_segments or 0,
+            "hidden_act": _hf_activation(model),
+            "hidden_dropout_prob": model.dropout,
+            "attention_probs_dropout_prob": model.dropout,
+            "layer_norm_eps": model.layer_norm_epsilon,
+            "pad_token_id": model.pad_token_id,
+            "position_embedding_type": "absolute",
+        }
+
+    def _block_names(self, i):
+        layer = f"encoder.layer.{i}"
+        return {
+            "query": f"{layer}.attention.self.query",
+            "key": f"{layer}.attention.self.key",
+            "value": f"{layer}.attention.self.value",
+            "output": f"{layer}.attention.output.dense",
+            "attention_norm": f"{layer}.attention.output.LayerNorm",
+            "intermediate": f"{layer}.intermediate.dense",
+            "ffn_output": f"{layer}.output.dense",
+            "ffn_norm": f"{layer}.output.LayerNorm",
+        }
+
+    def _embeddings(self):
+        return {
+            "token_embedding": {"embeddings": _table("embeddings.word_embeddings.weight")},
+            "position_embedding": {"embeddings": _table("embeddings.position_embeddings.weight")},
+            "segment_embedding": {"embeddings": _table("embeddings.token_type_embeddings.weight")},
+            "embeddings_layer_norm": _norm("embeddings.LayerNorm"),
+        }
+
+    def tensors(self, model):
+        tree = {"embeddings": self._embeddings(), "pooler": _linear("pooler.dense")}
+        for i in range(model.num_layers):
+            tree[f"encoder_block_{i}"] = _attention_block(self._block_names(i))
+        return _flatten(tree)
+
+
+class Roberta(Bert):
+    """RoBERTa: BERT's keys under `roberta.`; padding id 1, positions counted from 2."""
+
+    model_types = ("roberta", "xlm-roberta", "camembert")
+    prefixes = ("roberta.",)
+
+    def model_kwargs(self, config, weights):
+        kwargs = super().model_kwargs(config, weights)
+        pad = config.get("pad_token_id", 1)
+        kwargs.update(pad_token_id=pad, position_offset=pad + 1)
+        return kwargs
+
+    architecture = "RobertaModel"
+
+    def _position_offset(self, model):
+        return model.pad_token_id + 1
+
+
+class DistilBert:
+    """DistilBERT: no segments, no pooler, its own key names."""
+
+    model_types = ("distilbert",)
+    prefixes = ("distilbert.",)
+    model_class = "Encoder"
+
+    def model_kwargs(self, config, weights):
+        vocab, hidden, layers, heads, inner, positions = _require(
+            config, "vocab_size", "dim", "n_layers", "n_heads", "hidden_dim",
+            "max_position_embeddings",
+        )  # fmt: skip
+        if config.get("sinusoidal_pos_embds"):
+            raise ValueError("DistilBERT with sinusoidal_pos_embds=true is not supported.")
+        return {
+            "vocabulary_size": vocab,
+            "max_sequence_length": positions,
+            "hidden_dim": hidden,
+            "num_layers": layers,
+            "num_heads": heads,
+            "intermediate_dim": inner,
+            "dropout": config.get("dropout", 0.1),
+            "num_segments": None,
+            "activation": _activation(config.get("activation", "gelu")),
+            "layer_norm_epsilon": 1e-12,
+            "pad_token_id": config.get("pad_token_id") or 0,
+            "use_pooler": False,
+        }
+
+    def hf_config(self, model):
+        _check_exportable(
+            model, normalize_first=False, position_encoding="learned", position_offset=0,
+            num_segments=None, use_pooler=False, layer_norm_epsilon=1e-12,
+        )  # fmt: skip
+        return {
+            "architectures": ["DistilBertModel"],
+            "model_type": "distilbert",
+            "vocab_size": model.vocabulary_size,
+            "dim": model.hidden_dim,
+            "n_layers": model.num_layers,
+            "n_heads": model.num_heads,
+            "hidden_dim": model.intermediate_dim or 4 * model.hidden_dim,
+            "max_position_embeddings": model.max_sequence_length,
+            "activation": _hf_activation(model),
+            "dropout": model.dropout,
+            "attention_dropout": model.dropout,
+            "pad_token_id": model.pad_token_id,
+            "sinusoidal_pos_embds": False,
+        }
+
+    def tensors(self, model):
+        tree = {
+            "embeddings": {
+                "token_embedding": {"embeddings": _table("embeddings.word_embeddings.weight")},
+                "position_embedding": {
+                    "embeddings": _table("embeddings.position_embeddings.weight")
+                },
+                "embeddings_layer_norm": _norm("embeddings.LayerNorm"),
+            }
+        }
+        for i in range(model.num_layers):
+            layer = f"transformer.layer.{i}"
+            tree[f"encoder_block_{i}"] = _attention_block(
+                {
+                    "query": f"{layer}.attention.q_lin",
+                    "key": f"{layer}.attention.k_lin",
+                    "value": f"{layer}.attention.v_lin",
+                    "output": f"{layer}.attention.out_lin",
+                    "attention_norm": f"{layer}.sa_layer_norm",
+                    "intermediate": f"{layer}.ffn.lin1",
+                    "ffn_output": f"{layer}.ffn.lin2",
+                    "ffn_norm": f"{layer}.output_layer_norm",
+                }
+            )
+        return _flatten(tree)
+
+
+class Gpt2:
+    """GPT-2: pre-norm blocks, a final norm, tanh GELU, `Conv1D` weights `(in, out)` with q|k|v
+    fused, token embedding tied to the output."""
+
+    model_types = ("gpt2",)
+    prefixes = ("transformer.",)
+    model_class = "CausalLM"
+    tied = (("lm_head.weight", "wte.weight"),)  # (key, the key it must equal)
+
+    def model_kwargs(self, config, weights):
+        vocab, hidden, layers, heads, positions = _require(
+            config, "vocab_size", "n_embd", "n_layer", "n_head", "n_positions"
+        )
+        for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
+            if config.get(flag):
+                raise ValueError(f"GPT-2 with {flag}=true is not supported.")
+        if config.get("scale_attn_weights") is False:
+            raise ValueError("GPT-2 with scale_attn_weights=false is not supported.")
+        return {
+            "vocabulary_size": vocab,
+            "sequence_length": positions,
+            "hidden_dim": hidden,
+            "num_layers": layers,
+            "num_heads": heads,
+            "intermediate_dim": config.get("n_inner") or 4 * hidden,
+            "dropout": config.get("resid_pdrop", 0.1),
+            "normalize_first": True,
+            "activation": _activation(config.get("activation_function", "gelu_new")),
+            "position_encoding": "learned",
+            "mask_zero": False,
+            "layer_norm_epsilon": config.get("layer_norm_epsilon", 1e-5),
+        }
+
+    def hf_config(self, model):
+        _check_exportable(model, normalize_first=True, position_encoding="learned")
+        return {
+            "architectures": ["GPT2LMHeadModel"],
+            "model_type": "gpt2",
+            "vocab_size": model.vocabulary_size,
+            "n_embd": model.hidden_dim,
+            "n_layer": model.num_layers,
+            "n_head": model.num_heads,
+            "n_inner": model.intermediate_dim or 4 * model.hidden_dim,
+            "n_positions": model.sequence_length,
+            "activation_function": _hf_activation(model),
+            "resid_pdrop": model.dropout,
+            "embd_pdrop": model.dropout,
+            "attn_pdrop": model.dropout,
+            "layer_norm_epsilon": model.layer_norm_epsilon,
+        }
+
+    def tensors(self, model):
+        def conv1d(prefix, in_axes=1, part=0, parts=1):
+            return {
+                "kernel": Tensor(f"{prefix}.weight", in_axes=in_axes, part=part, parts=parts),
+                "bias": Tensor(f"{prefix}.bias", part=part, parts=parts),
+            }
+
+        tree = {
+            "token_embedding": {"embeddings": _table("wte.weight")},
+            "position_embedding": {"embeddings": _table("wpe.weight")},
+            "final_layer_norm": _norm("ln_f"),
+        }
+        for i in range(model.num_layers):
+            block = f"h.{i}"
+            tree[f"decoder_block_{i}"] = {
+                "self_attention_layer_norm": _norm(f"{block}.ln_1"),
+                "self_attention": {
+                    name: conv1d(f"{block}.attn.c_attn", part=part, parts=3)
+                    for part, name in enumerate(("query", "key", "value"))
+                }
+                | {"attention_output": conv1d(f"{block}.attn.c_proj", in_axes=2)},
+                "feed_forward_layer_norm": _norm(f"{block}.ln_2"),
+                "feed_forward": {
+                    "intermediate": conv1d(f"{block}.mlp.c_fc"),
+                    "output": conv1d(f"{block}.mlp.c_proj"),
+                },
+            }
+        return _flatten(tree)
+
+
+ARCHITECTURES = (Bert(), Roberta(), DistilBert(), Gpt2())
+
+
+def architecture_for_config(config):
+    """The layout of a `config.json`, by its `model_type`."""
+    model_type = config.get("model_type")
+    for architecture in ARCHITECTURES:
+        if model_type in architecture.model_types:
+            return architecture
+    supported = sorted(t for a in ARCHITECTURES for t in a.model_types)
+    raise ValueError(
+        f"config.json's model_type is not supported. Received: model_type={model_type!r}; "
+        f"supported: {supported}"
+    )
+
+
+def architecture_for_model(model, model_type=None):
+    """The layout to write `model` in: `model_type` if given, else inferred from the model
+    (a `CausalLM` is GPT-2; an encoder with a position offset RoBERTa, without segments and
+    pooler DistilBERT, else BERT)."""
+    if model_type is not None:
+        architecture = architecture_for_config({"model_type": model_type})
+    elif type(model).__name__ == "CausalLM":
+        architecture = ARCHITECTURES[3]
+    elif getattr(model, "position_offset", 0):
+        architecture = ARCHITECTURES[1]
+    elif model.num_segments is None and not model.use_pooler:
+        architecture = ARCHITECTURES[2]
+    else:
+        architecture = ARCHITECTURES[0]
+    if architecture.model_class != type(model).__name__:
+        raise ValueError(
+            f"model_type {architecture.model_types[0]!r} is a {architecture.model_class}. "
+            f"Received: a {type(model).__name__}"
+        )
+    return architecture
