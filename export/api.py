@@ -9,6 +9,7 @@ from pathlib import Path
 import keras
 import numpy as np
 
+from export.functional import check_task, split_text_model
 from export.manifest import write_manifest
 from export.onnx import check_opset, run_onnx, write_onnx
 from export.parity import (
@@ -90,14 +91,14 @@ def task_of(model):
     return None
 
 
-def check_labels(model, labels):
+def check_labels(model, labels, task):
     if labels is None:
         return
-    task = task_of(model)
     if task not in ("classify", "tag"):
         raise ValueError(
-            "`labels` names the classes of a SequenceClassifier or TokenClassifier. "
-            f"Received labels for a {type(model).__name__}"
+            "`labels` names the classes of a model whose task is 'classify' or 'tag' (a "
+            "SequenceClassifier, a TokenClassifier, or any model exported with that `task`). "
+            f"Received labels for a {type(model).__name__} with task={task!r}"
         )
     classes = model.outputs[0].shape[-1]
     if not all(isinstance(x, str) for x in labels) or len(labels) != classes:
@@ -281,6 +282,7 @@ def export_model(
     input_ranges=None,
     strings_in: bool = False,
     labels=None,
+    task=None,
     overwrite: bool = True,
     verbose: bool = True,
 ) -> dict:
@@ -294,7 +296,10 @@ def export_model(
     failed export leaves nothing behind. Mixed-precision models export as float32.
 
     Args:
-        model: a functional Keras model (any `keras_attn.models` family or head).
+        model: a functional Keras model (any `keras_attn.models` family or head, or the
+            user's own). A model whose string input goes through our `WordPieceTokenizer`
+            (and packer) is exported as its ids part with that tokenizer and packer
+            (`export.functional.split_text_model`).
         out_dir: destination folder.
         tokenizer: optional `WordPieceTokenizer`; its vocabulary is exported with the model,
             and the SavedModel gets a `serve_text` signature taking raw strings.
@@ -313,8 +318,11 @@ def export_model(
         strings_in: also write `model.text.onnx`, raw text `(1,)` in, the model's outputs out
             (the tokenizer as onnxruntime-extensions operators; see `export.text_onnx`).
             Needs `tokenizer`, one ids input, no `packer`, and onnxruntime-extensions.
-        labels: optional class names of a `SequenceClassifier` or `TokenClassifier`, one per
+        labels: optional class names of a model whose task is `classify` or `tag`, one per
             output class; the server's text endpoints answer with them.
+        task: optional `"classify"`, `"tag"`, `"embed"` or `"generate"`: what the outputs
+            are, for a model that is not one of our classes (checked against its outputs;
+            see `export.functional`). Defaults to the class's task, or `None`.
         overwrite: replace an existing `out_dir`.
     Returns:
         the manifest, as a dict.
@@ -339,7 +347,15 @@ def export_model(
         )
     if not isinstance(model, keras.Model) or not hasattr(model, "inputs") or not model.inputs:
         raise ValueError(f"`model` must be a built functional keras.Model. Received: {model!r}")
-    check_labels(model, labels)
+    task = check_task(model, task, task_of(model))
+    text_model = split_text_model(model)
+    if text_model is not None:
+        if tokenizer is not None or packer is not None:
+            raise ValueError(
+                "`model` tokenizes its string input itself; do not pass `tokenizer` or `packer`."
+            )
+        model, tokenizer, packer = text_model
+    check_labels(model, labels, task)
     model = as_float32(model)
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
@@ -393,7 +409,7 @@ def export_model(
                 "model_name": model.name,
                 "inputs": input_specs(model),
                 "outputs": output_specs(model),
-                "task": task_of(model),
+                "task": task,
                 "labels": labels,
                 "packer": packer_spec(packer),
                 "onnx": onnx_info or None,

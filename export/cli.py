@@ -1,6 +1,10 @@
 """`keras-attn-export MODEL.keras OUT_DIR`: the command-line face of `export_model`."""
 
 import argparse
+import importlib
+import json
+import os
+import re
 import sys
 
 from export.parity import ParityError
@@ -26,26 +30,116 @@ def parse_args(argv=None):
         "--quantize", choices=["int8"], default=None, help="also write model.int8.onnx"
     )
     parser.add_argument("--tolerance", type=float, default=1e-4)
+    parser.add_argument(
+        "--task",
+        choices=["classify", "tag", "embed", "generate"],
+        default=None,
+        help="what the model's outputs are, for a model that is not a keras_attn class "
+        "(the server's text endpoint follows it)",
+    )
+    parser.add_argument(
+        "--labels",
+        default=None,
+        help="class names, comma-separated (or a JSON list), one per output class",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        default=None,
+        help="WordPiece vocabulary for the text endpoints: a vocab.txt, or a Hugging Face "
+        "folder holding vocab.txt / tokenizer.json",
+    )
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE before loading (it registers custom layers); repeatable",
+    )
     return parser.parse_args(argv)
+
+
+def parse_labels(text):
+    """`a,b,c` or a JSON list of strings -> list of str (None stays None)."""
+    if text is None:
+        return None
+    if text.lstrip().startswith("["):
+        try:
+            labels = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"`--labels` is not a valid JSON list: {error}") from None
+    else:
+        labels = [label.strip() for label in text.split(",")]
+    if not isinstance(labels, list) or not all(isinstance(x, str) and x for x in labels):
+        raise ValueError(f"`--labels` must name non-empty labels. Received: --labels={text!r}")
+    return labels
+
+
+def load_tokenizer(path):
+    """A `WordPieceTokenizer` from a vocab.txt or a Hugging Face folder (None stays None)."""
+    if path is None:
+        return None
+    from keras_attn.tokenizers import WordPieceTokenizer
+
+    if os.path.isdir(path):
+        return WordPieceTokenizer.from_pretrained(path)
+    return WordPieceTokenizer(path)
+
+
+def load_model(path):
+    """`keras.saving.load_model`, its unknown-class error turned into a hint at `--import`."""
+    import keras
+
+    if not os.path.isfile(path):
+        raise ValueError(f"no such model file: {path!r}")
+    try:
+        return keras.saving.load_model(path)
+    except TypeError as error:
+        missing = re.search(r"Could not locate class '([^']+)'", str(error))
+        if missing is None:
+            raise
+        name = missing.group(1)
+        module = re.search(rf"'module': '([^']+)', 'class_name': '{re.escape(name)}'", str(error))
+        where = f" (saved from module {module.group(1)!r})" if module else ""
+        raise ValueError(
+            f"the model uses class {name!r}{where}, which no imported module registers. Pass "
+            "`--import MODULE` naming the module that defines and registers it."
+        ) from None
+
+
+def import_modules(names):
+    """Imports each module (custom layers register themselves on import); the current folder
+    is searched first, as `python -m` would."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError as error:
+            raise ValueError(f"`--import {name}` failed: {error}") from None
 
 
 def main(argv=None):
     args = parse_args(argv)
-    import keras
-
     import keras_attn  # noqa: F401  registers the layers and models for loading
     from export.api import export_model
 
-    model = keras.saving.load_model(args.model)
     try:
+        import_modules(args.imports)
+        labels = parse_labels(args.labels)
+        tokenizer = load_tokenizer(args.tokenizer)
+        model = load_model(args.model)
         manifest = export_model(
             model,
             args.out_dir,
+            tokenizer=tokenizer,
             formats=[f.strip() for f in args.formats.split(",") if f.strip()],
             opset=args.opset,
             optimize=args.optimize,
             quantize=args.quantize,
             tolerance=args.tolerance,
+            labels=labels,
+            task=args.task,
         )
     except (ParityError, ValueError) as error:
         print(f"keras-attn-export: {error}", file=sys.stderr)

@@ -32,6 +32,10 @@ class TextModel:
         self.packer = manifest.get("packer") or {}
         self.tokenizer = predictor.tokenizer
         self.input_names = [spec["name"] for spec in manifest["inputs"]]
+        # A model exported with a fixed sequence axis (a packer inside a user's model) takes
+        # rows of exactly that length.
+        axes = manifest["inputs"][0].get("shape", []) if manifest["inputs"] else []
+        self.fixed_length = axes[1] if len(axes) == 2 and isinstance(axes[1], int) else None
 
     def require(self, task):
         """`ServingError` 400 unless this model answers `task` from text."""
@@ -61,7 +65,7 @@ class TextModel:
         to the longest with 0) and each text's ids as packed, one list per text. Texts longer
         than the model takes are cut as the packer cuts them, unless `truncate=False`."""
         start, end = self.packer.get("start_value"), self.packer.get("end_value")
-        limits = [x for x in (self.packer.get("sequence_length"),
+        limits = [x for x in (self.packer.get("sequence_length"), self.fixed_length,
                               self.predictor.max_sequence_length) if x]  # fmt: skip
         room = None
         if truncate and limits:
@@ -71,7 +75,7 @@ class TextModel:
             ids = ids[:room]  # truncated as the packer truncates
             packed.append(([start] if start is not None else []) + ids +
                           ([end] if end is not None else []))  # fmt: skip
-        width = max(1, max(len(ids) for ids in packed))
+        width = self.fixed_length or max(1, max(len(ids) for ids in packed))
         token_ids = np.zeros((len(packed), width), np.int32)
         for row, ids in enumerate(packed):
             token_ids[row, : len(ids)] = ids
@@ -81,6 +85,9 @@ class TextModel:
                 feeds[name] = token_ids
             elif name == "segment_ids":
                 feeds[name] = np.zeros_like(token_ids)
+            elif name == "padding_mask":
+                lengths = np.array([len(ids) for ids in packed])
+                feeds[name] = (np.arange(width) < lengths[:, None]).astype(np.int32)
             else:
                 raise ServingError(400, f"text endpoints cannot fill model input {name!r}")
         return feeds, packed
@@ -121,10 +128,20 @@ class TextModel:
 
     def embed(self, outputs, packed, pooling="mean", normalize=False):
         """One vector per text: the mean of `sequence_output` over the text's positions
-        (`pooling="mean"`) or the `pooled_output` (`"cls"`), optionally L2-normalized."""
+        (`pooling="mean"`) or the `pooled_output` (`"cls"`), optionally L2-normalized.
+
+        A model with one output (exported with `task="embed"`) gives its vectors itself when
+        that output is `(batch, dim)`, or has them mean-pooled when it is `(batch, seq, dim)`.
+        """
         if pooling not in ("mean", "cls"):
             raise ServingError(400, f"`pooling` must be 'mean' or 'cls'; received {pooling!r}")
-        if pooling == "cls":
+        if "sequence_output" not in outputs and len(outputs) == 1:
+            (single,) = outputs.values()
+            if np.ndim(single) == 2:
+                outputs = {"pooled_output": single}
+            else:
+                outputs = {"sequence_output": single}
+        if pooling == "cls" or "sequence_output" not in outputs:
             if "pooled_output" not in outputs:
                 raise ServingError(400, "this encoder has no pooled_output: use pooling='mean'")
             vectors = np.asarray(outputs["pooled_output"], np.float64)

@@ -1,5 +1,7 @@
 """Base of the TensorFlow-op preprocessing layers (tokenizers, packers, masking)."""
 
+import inspect
+
 import keras
 import tensorflow as tf
 
@@ -20,7 +22,18 @@ class PreprocessingLayer(keras.layers.Layer):
     def __call__(self, inputs, *args, **kwargs):
         if any(isinstance(x, keras.KerasTensor) for x in tf.nest.flatten(inputs)):
             return super().__call__(inputs, *args, **kwargs)
-        return self.call(inputs, *args, **kwargs)
+        return self.call(inputs, *args, **_accepted(self.call, kwargs))
+
+
+@tf.autograph.experimental.do_not_convert
+def _accepted(call, kwargs):
+    """The `kwargs` that `call` declares. A functional model runs its layers with Keras's call
+    context (`training`, `mask`), which `keras.layers.Layer.__call__` passes only to a `call`
+    that takes it; so do we, on the direct path."""
+    parameters = inspect.signature(call).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        return kwargs
+    return {key: value for key, value in kwargs.items() if key in parameters}
 
 
 def to_ragged(ids, name="inputs"):

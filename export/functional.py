@@ -1,0 +1,88 @@
+"""A user's functional model, exported like ours: its task, and its tokenizer taken out of the
+graph.
+
+The contract (README, "Your own functional model"):
+- `task=` names what the outputs are: `classify` (one output `(batch, classes)`), `tag` (one
+  output `(batch, sequence, classes)`), `embed` (`sequence_output`/`pooled_output` outputs, or
+  one output `(batch, sequence, dim)` mean-pooled by the server, or `(batch, dim)` served as
+  it is). Our own classes need no `task=`: it comes from the class.
+- A model whose one input is a string tensor feeding a `WordPieceTokenizer` (then optionally a
+  `StartEndPacker` or `SegmentPacker`) is exported as its ids part, input `token_ids`, with
+  that tokenizer and packer: the SavedModel's `serve_text` and the server tokenize raw text
+  exactly as the model did.
+"""
+
+import keras
+
+TASK_OUTPUT_RANKS = {"classify": (2,), "tag": (3,), "embed": (2, 3)}
+
+
+def _outputs(model):
+    """`{name: KerasTensor}` of a functional model's outputs."""
+    if isinstance(model.output, dict):
+        return dict(model.output)
+    return dict(zip(model.output_names, model.outputs, strict=True))
+
+
+def check_task(model, task, inferred):
+    """The manifest's task: `task` if given (checked against the outputs), else `inferred`."""
+    if task is None:
+        return inferred
+    known = (*TASK_OUTPUT_RANKS, "generate")
+    if task not in known:
+        raise ValueError(f"`task` must be one of {known}. Received: task={task!r}")
+    if task == "generate":
+        if inferred != "generate":
+            raise ValueError(
+                "`task='generate'` needs a keras_attn CausalLM (its decode graph is exported "
+                f"with it). Received: a {type(model).__name__}"
+            )
+        return task
+    outputs = _outputs(model)
+    if task == "embed" and "sequence_output" in outputs:
+        return task
+    ranks = TASK_OUTPUT_RANKS[task]
+    if len(outputs) != 1 or len(next(iter(outputs.values())).shape) not in ranks:
+        shapes = {name: tuple(t.shape) for name, t in outputs.items()}
+        raise ValueError(
+            f"`task={task!r}` needs one output of rank {' or '.join(map(str, ranks))}. "
+            f"Received outputs {shapes}"
+        )
+    return task
+
+
+def split_text_model(model):
+    """`(ids_model, tokenizer, packer)` for a model taking strings through our tokenizer (and
+    packer); `None` for a model taking ids.
+
+    Raises:
+        ValueError: a string input that does not go through exactly one `WordPieceTokenizer`
+            into dense ids (give the tokenizer `sequence_length`, or follow it by a packer).
+    """
+    if len(model.inputs) != 1 or model.inputs[0].dtype != "string":
+        return None
+    from keras_attn.preprocessing import SegmentPacker, StartEndPacker
+    from keras_attn.tokenizers import WordPieceTokenizer
+
+    tokenizers = [layer for layer in model.layers if isinstance(layer, WordPieceTokenizer)]
+    packers = [
+        layer for layer in model.layers if isinstance(layer, (StartEndPacker, SegmentPacker))
+    ]
+    if len(tokenizers) != 1 or len(packers) > 1:
+        raise ValueError(
+            "A model with a string input must tokenize it with one WordPieceTokenizer "
+            f"(and at most one packer). Received: {len(tokenizers)} tokenizers, "
+            f"{len(packers)} packers"
+        )
+    tokenizer, packer = tokenizers[0], (packers[0] if packers else None)
+    ids = (packer or tokenizer).output
+    if isinstance(ids, (list, tuple, dict)):
+        ids = ids["token_ids"] if isinstance(ids, dict) else ids[0]
+    if getattr(ids, "ragged", False) or len(ids.shape) != 2:
+        raise ValueError(
+            "The tokenizer's ids must be dense (batch, sequence): give the tokenizer "
+            "`sequence_length` or follow it by a StartEndPacker."
+        )
+    body = keras.Model(ids, _outputs(model), name=f"{model.name}_ids")
+    token_ids = keras.Input(ids.shape[1:], dtype="int32", name="token_ids")
+    return keras.Model(token_ids, body(token_ids), name=model.name), tokenizer, packer

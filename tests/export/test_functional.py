@@ -1,0 +1,177 @@
+"""A user's own functional model, first-class: tokenizer and packer inside the graph, a custom
+layer from the user's module, `fit` → `.keras` → CLI export with `--task/--labels/--import` →
+`/classify` over HTTP, equal to the Keras model's own probabilities."""
+
+import json
+import os
+import subprocess
+import sys
+
+import httpx
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_attn as ka
+from serving.server import ModelRepository, create_app
+from serving.text import softmax
+from tests.serving.test_server import serve_in_thread
+
+pytestmark = pytest.mark.tf_only
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LINES = ["a fine play", "a dull play", "fine and good", "dull and bad", "good fine play"] * 8
+TARGETS = np.array([1, 0, 1, 0, 1] * 8)
+USER_MODULE = '''
+import keras
+
+
+@keras.saving.register_keras_serializable(package="user_layers")
+class Scale(keras.layers.Layer):
+    """The user's own layer: multiplies by a constant."""
+
+    def __init__(self, factor=2.0, **kwargs):
+        super().__init__(**kwargs)
+        self.factor = factor
+
+    def call(self, inputs):
+        return inputs * self.factor
+
+    def get_config(self):
+        return {**super().get_config(), "factor": self.factor}
+'''
+
+
+def text_classifier(tokenizer, scale_layer=None):
+    """strings → WordPieceTokenizer → StartEndPacker → our embedding and encoder → 2 logits."""
+    from keras_attn.preprocessing import StartEndPacker
+
+    packer = StartEndPacker(
+        10, start_value=tokenizer.token_to_id("[CLS]"), end_value=tokenizer.token_to_id("[SEP]")
+    )
+    text = keras.Input((), dtype="string", name="text")
+    ids = packer(tokenizer(text))
+    x = ka.TokenAndPositionEmbedding(tokenizer.vocabulary_size(), 10, 16, mask_zero=True)(ids)
+    x = ka.TransformerEncoder(num_heads=2, intermediate_dim=32)(x)
+    x = keras.layers.GlobalAveragePooling1D()(x)
+    if scale_layer is not None:
+        x = scale_layer(x)
+    return keras.Model(text, keras.layers.Dense(2, name="logits")(x))
+
+
+@pytest.fixture(scope="module")
+def trained(toy_tokenizer):
+    from keras_attn.tokenizers import WordPieceTokenizer, train_wordpiece_vocabulary
+
+    keras.utils.set_random_seed(0)
+    tokenizer = WordPieceTokenizer(train_wordpiece_vocabulary(LINES, 60))
+    model = text_classifier(tokenizer)
+    model.compile(
+        keras.optimizers.Adam(1e-2),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    history = model.fit(tf.constant(LINES), TARGETS, batch_size=8, epochs=4, verbose=0)
+    return model, tokenizer, history
+
+
+def test_tokenizer_inside_the_model_predicts_fits_and_evaluates(trained):
+    model, tokenizer, history = trained
+    losses = history.history["loss"]
+    assert losses[-1] < losses[0]
+    loss, accuracy = model.evaluate(tf.constant(LINES), TARGETS, verbose=0)
+    assert accuracy == 1.0 and loss < losses[0]
+    predicted = model.predict(tf.constant(LINES[:5]), verbose=0)
+    np.testing.assert_array_equal(predicted.argmax(-1), TARGETS[:5])
+    # predict on strings = the ids part on the same text, tokenized outside.
+    from export.functional import split_text_model
+
+    ids_model, found_tokenizer, packer = split_text_model(model)
+    assert found_tokenizer is tokenizer
+    ids = packer(tokenizer(tf.constant(LINES[:5])))
+    np.testing.assert_allclose(ids_model(ids)["logits"], predicted, atol=1e-6)
+
+
+def test_tokenizer_inside_the_model_saves_and_loads(trained, tmp_path):
+    model, _, _ = trained
+    model.save(tmp_path / "m.keras")
+    loaded = keras.saving.load_model(tmp_path / "m.keras")
+    expected = model.predict(tf.constant(LINES[:5]), verbose=0)
+    np.testing.assert_allclose(
+        loaded.predict(tf.constant(LINES[:5]), verbose=0), expected, atol=1e-6
+    )
+
+
+def test_export_refuses_a_task_the_outputs_do_not_fit(trained, tmp_path):
+    from export import export_model
+
+    model, _, _ = trained
+    with pytest.raises(ValueError, match=r"`task='tag'` needs one output of rank 3"):
+        export_model(model, tmp_path / "x", task="tag", verbose=False)
+    with pytest.raises(ValueError, match=r"`task` must be one of"):
+        export_model(model, tmp_path / "x", task="summarize", verbose=False)
+    with pytest.raises(ValueError, match=r"`labels` must be 2 strings"):
+        export_model(model, tmp_path / "x", task="classify", labels=["a"], verbose=False)
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.slow
+def test_new_user_path_fit_cli_export_and_classify_over_http(trained, tmp_path):
+    _, tokenizer, _ = trained
+    (tmp_path / "user_layers.py").write_text(USER_MODULE)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import user_layers
+
+        keras.utils.set_random_seed(1)
+        model = text_classifier(tokenizer, user_layers.Scale(0.5))
+        model.compile(
+            keras.optimizers.Adam(1e-2),
+            keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+        model.fit(tf.constant(LINES), TARGETS, batch_size=8, epochs=4, verbose=0)
+        model.save(tmp_path / "sentiment.keras")
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("user_layers", None)
+    env = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    cli = [sys.executable, "-m", "export.cli", "sentiment.keras", "repo/sentiment/1"]
+    options = ["--formats", "onnx", "--task", "classify", "--labels", "negative,positive"]
+    # Without --import the custom layer cannot load: a one-line error naming the way out.
+    failed = subprocess.run(cli + options, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert failed.returncode == 1
+    assert "Scale" in failed.stderr and "--import MODULE" in failed.stderr
+    assert "Traceback" not in failed.stderr
+    done = subprocess.run(
+        [*cli, *options, "--import", "user_layers"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    manifest = json.loads((tmp_path / "repo/sentiment/1/manifest.json").read_text())
+    assert manifest["task"] == "classify" and manifest["labels"] == ["negative", "positive"]
+    assert manifest["inputs"] == [{"name": "token_ids", "dtype": "int32", "shape": ["batch", 10]}]
+    assert manifest["packer"]["sequence_length"] == 10
+    url, stop = serve_in_thread(create_app(ModelRepository(tmp_path / "repo")))
+    try:
+        texts = ["a fine play", "dull and bad", "good"]
+        response = httpx.post(
+            f"{url}/v2/models/sentiment/classify", json={"text_input": texts}, timeout=60
+        )
+    finally:
+        stop()
+    assert response.status_code == 200, response.text
+    expected = softmax(model.predict(tf.constant(texts), verbose=0))
+    for answer, row in zip(response.json()["predictions"], expected, strict=True):
+        assert answer["label"] == ["negative", "positive"][int(row.argmax())]
+        assert abs(answer["scores"]["positive"] - row[1]) <= 1e-5
+
+
+def test_cli_reports_bad_labels_and_missing_files(tmp_path, capsys):
+    from export.cli import main
+
+    assert main(["nope.keras", str(tmp_path / "out")]) == 1
+    assert "no such model file: 'nope.keras'" in capsys.readouterr().err
+    (tmp_path / "m.keras").write_bytes(b"")
+    assert main([str(tmp_path / "m.keras"), str(tmp_path / "out"), "--labels", "a,,b"]) == 1
+    assert "`--labels` must name non-empty labels" in capsys.readouterr().err
