@@ -56,6 +56,14 @@ class Task(keras.Model):
             **kwargs,
         )
 
+    def compile_from_config(self, config):
+        """Compiles a loaded model as it was saved. Keras skips this for a model whose
+        `compile` is overridden (ours only fills defaults), which left a reloaded model with no
+        optimizer and no loss; `load_model` then restores the optimizer's state."""
+        self.compile(**keras.saving.deserialize_keras_object(config))
+        if self.built:
+            self.optimizer.build(self.trainable_variables)
+
     def _set_config_args(self, values):
         """Keeps each constructor argument named in `config_args` (taken from the caller's
         `locals()`) as an attribute of the same name."""
