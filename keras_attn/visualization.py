@@ -33,8 +33,9 @@ def attention_maps(model, inputs):
     softmax path, so weights exist even where inference uses a fused kernel).
 
     Args:
-        model: a `CausalLM`, `Encoder`, `Seq2Seq`, or a head whose `encoder` is an `Encoder`
-            (for `MultipleChoice`, pass its encoder and one choice's inputs).
+        model: a `CausalLM`, `Encoder`, `Seq2Seq`, a head whose `encoder` is an `Encoder`
+            (for `MultipleChoice`, pass its encoder and one choice's inputs), or a functional
+            causal LM of our layers (the contract of `keras_attn.decoding.stack`).
         inputs: what `model` takes.
     Returns:
         dict `{block name: {"self": (batch, heads, T, T)[, "cross": (batch, heads, T, S)]}}`
@@ -45,23 +46,16 @@ def attention_maps(model, inputs):
     model = getattr(model, "encoder", model)
     maps = {}
     if isinstance(model, Encoder):
-        token_ids = ops.convert_to_tensor(inputs["token_ids"])
+        inputs = {key: ops.convert_to_tensor(value) for key, value in inputs.items()}
         embeddings = model.get_layer("embeddings")
-        x = embeddings(token_ids, inputs.get("segment_ids"))
+        segments = (inputs["segment_ids"],) if "segment_ids" in inputs else ()
+        x = embeddings(inputs["token_ids"], *segments, start_index=model.position_offset)
         _run_encoder_blocks(
             _blocks(model, TransformerEncoder, "encoder_block"),
             x,
-            ops.not_equal(token_ids, 0),
+            model.padding_mask(inputs),
             maps,
         )
-    elif isinstance(model, CausalLM):
-        token_ids = ops.convert_to_tensor(inputs)
-        x = model.get_layer("token_embedding")(token_ids)
-        x = x + model.get_layer("position_embedding")(x)
-        mask = ops.not_equal(token_ids, 0)
-        for block in _blocks(model, TransformerDecoder, "decoder_block"):
-            x, weights = block(x, decoder_padding_mask=mask, return_attention_scores=True)
-            maps[block.name] = {"self": weights}
     elif isinstance(model, Seq2Seq):
         source = ops.convert_to_tensor(inputs["encoder_token_ids"])
         target = ops.convert_to_tensor(inputs["decoder_token_ids"])
@@ -86,11 +80,16 @@ def attention_maps(model, inputs):
                 return_attention_scores=True,
             )
             maps[block.name] = {"self": self_weights, "cross": cross_weights}
-    else:
-        raise TypeError(
-            "`model` must be a CausalLM, Encoder, Seq2Seq or a head on an Encoder. "
-            f"Received: {type(model).__name__}"
-        )
+    else:  # a CausalLM, or a functional causal LM of ours (else CausalStack says why not)
+        from keras_attn.decoding.stack import CausalStack
+
+        stack = CausalStack(model, verify=not isinstance(model, CausalLM))
+        token_ids = ops.convert_to_tensor(inputs)
+        x = stack.embed(token_ids, 0)
+        mask = stack.padding(token_ids)
+        for block in stack.blocks:
+            x, weights = block(x, decoder_padding_mask=mask, return_attention_scores=True)
+            maps[block.name] = {"self": weights}
     return _numpy(maps)
 
 

@@ -35,7 +35,7 @@ def test_causal_and_seq2seq_maps():
     np.testing.assert_allclose(cross.sum(-1)[1], 1.0, atol=1e-5)
     assert maps["decoder_block_0"]["self"].shape == (2, 2, 5, 5)
     assert SEQ2SEQ_INPUTS["encoder_token_ids"][0, 3] == 0
-    with pytest.raises(TypeError, match="model"):
+    with pytest.raises(ValueError, match="is not a causal LM made of"):
         attention_maps(keras.Sequential([keras.layers.Dense(2)]), np.zeros((1, 2)))
 
 

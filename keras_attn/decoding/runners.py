@@ -10,6 +10,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attn.decoding.stack import CausalStack
 from keras_attn.layers.transformer_decoder import TransformerDecoder
 
 
@@ -52,19 +53,13 @@ def select_rows(state, rows):
 
 
 class _Runner:
-    def __init__(self, model, token_embedding, positions, block_prefix, final_norm):
+    """Shared by the runners: `embed(ids, index)`, the decoder `blocks` and `logits(x)`."""
+
+    def __init__(self, model, embed, blocks, logits, max_length):
         self.model = model
-        self.token_embedding = model.get_layer(token_embedding)
-        self.positions = model.get_layer(positions)
-        self.blocks = [
-            layer
-            for layer in model.layers
-            if isinstance(layer, TransformerDecoder) and layer.name.startswith(block_prefix)
-        ]
-        if not self.blocks:
-            raise ValueError(f"`model` {model.name!r} has no TransformerDecoder blocks.")
-        names = [layer.name for layer in model.layers]
-        self.final_norm = model.get_layer(final_norm) if final_norm in names else None
+        self.embed, self.blocks, self.logits = embed, blocks, logits
+        # Longest sequence the model can decode: its learned position table (None: sinusoidal).
+        self.max_length = max_length
         self.compiled_step = compiled(model, "step", lambda: compile_step(self.step))
         self.compiled_full = compiled(model, "full", lambda: compile_step(self.full))
 
@@ -78,8 +73,7 @@ class _Runner:
         return caches
 
     def _decode(self, token_ids, caches, index, cross_caches=None, **block_kwargs):
-        x = self.token_embedding(token_ids)
-        x = x + self.positions(x, start_index=index)
+        x = self.embed(token_ids, index)
         new_caches = []
         for n, (block, cache) in enumerate(zip(self.blocks, caches, strict=True)):
             if cross_caches is not None:
@@ -89,18 +83,23 @@ class _Runner:
                 **block_kwargs,
             )  # fmt: skip
             new_caches.append(cache)
-        if self.final_norm is not None:
-            x = self.final_norm(x)
-        return ops.cast(self.token_embedding(x, reverse=True), "float32"), new_caches
+        return self.logits(x), new_caches
 
 
 class CausalLMRunner(_Runner):
-    """Cached decoding for a `CausalLM`. State: `{"caches": [one per block]}`."""
+    """Cached decoding for a `CausalLM`, or for a functional model of our layers that follows
+    the contract of `keras_attn.decoding.stack`. State: `{"caches": [one per block]}`."""
 
     def __init__(self, model):
-        super().__init__(
-            model, "token_embedding", "position_embedding", "decoder_block", "final_layer_norm"
+        from keras_attn.models import CausalLM
+
+        stack = compiled(
+            model, "stack", lambda: CausalStack(model, not isinstance(model, CausalLM))
         )
+        super().__init__(model, stack.embed, stack.blocks, stack.logits, stack.max_length)
+        # What the ONNX decode-graph writer reads (`export.decode_graph`).
+        self.token_embedding, self.positions = stack.token_embedding, stack.positions
+        self.final_norm = stack.final_norm
 
     def initial_state(self, rows, max_length):
         return {"caches": self.empty_caches(len(rows), max_length)}
@@ -126,9 +125,28 @@ class Seq2SeqRunner(_Runner):
             if model.target_vocabulary_size is None
             else "decoder_token_embedding"
         )
-        super().__init__(
-            model, embedding, "decoder_positions", "decoder_block", "decoder_final_norm"
+        token_embedding = model.get_layer(embedding)
+        positions = model.get_layer("decoder_positions")
+        names = [layer.name for layer in model.layers]
+        final_norm = (
+            model.get_layer("decoder_final_norm") if "decoder_final_norm" in names else None
         )
+        blocks = [
+            layer
+            for layer in model.layers
+            if isinstance(layer, TransformerDecoder) and layer.name.startswith("decoder_block")
+        ]
+
+        def embed(token_ids, index):
+            x = token_embedding(token_ids)
+            return x + positions(x, start_index=index)
+
+        def logits(x):
+            if final_norm is not None:
+                x = final_norm(x)
+            return ops.cast(token_embedding(x, reverse=True), "float32")
+
+        super().__init__(model, embed, blocks, logits, getattr(positions, "sequence_length", None))
         if not source_ids or any(len(s) == 0 for s in source_ids):
             raise ValueError("`source_ids` must be a non-empty list of non-empty id lists.")
         width = max(len(s) for s in source_ids)

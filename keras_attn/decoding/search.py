@@ -68,6 +68,14 @@ def generate(
         )
     if sampler not in SAMPLERS:
         raise ValueError(f"`sampler` must be one of {SAMPLERS}. Received: sampler={sampler!r}")
+    longest = max(len(p) for p in prompts)
+    limit = getattr(runner, "max_length", None)
+    if limit is not None and longest + max_new_tokens > limit:
+        raise ValueError(
+            f"The longest prompt ({longest} ids) plus `max_new_tokens` ({max_new_tokens}) is "
+            f"{longest + max_new_tokens}, past the model's context length {limit} (its position "
+            "table). Shorten the prompt or ask for fewer tokens."
+        )
     stop = set(int(s) for s in stop_token_ids)
     if sampler == "beam":
         if not isinstance(num_beams, int) or num_beams <= 0:

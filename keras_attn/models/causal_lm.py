@@ -124,11 +124,19 @@ class CausalLM(Task):
         """Continues id prompts of any lengths; see `keras_attn.decoding.generate`.
 
         Keyword arguments: `sampler` ("greedy", "sample" or "beam"), `temperature`, `top_k`,
-        `top_p`, `num_beams`, `length_penalty`, `stop_token_ids`, `seed`, `use_cache`.
-        Returns a list with the new ids of each prompt.
+        `top_p`, `num_beams`, `length_penalty`, `stop_token_ids`, `seed`, `use_cache`,
+        `pad_id`. Returns a list with the new ids of each prompt.
+
+        Raises:
+            ValueError: the longest prompt plus `max_new_tokens` is past `sequence_length`
+                (both numbers named).
         """
         from keras_attn.decoding import CausalLMRunner, generate
 
+        if not self.mask_zero:
+            # Id 0 is a real token (GPT-2's "!"): the last id (GPT-2's <|endoftext|>) pads the
+            # decoding buffer instead, and is the one never generated.
+            kwargs.setdefault("pad_id", self.vocabulary_size - 1)
         return generate(CausalLMRunner(self), prompts, max_new_tokens, **kwargs)
 
 

@@ -46,3 +46,67 @@ def test_errors(lm):
         lm.generate([[1]], 2, sampler="nucleus")
     with pytest.raises(ValueError, match="num_beams"):
         lm.generate([[1]], 2, sampler="beam", num_beams=0)
+
+
+def functional_lm(vocabulary=50, length=16, extra_layer=False, tied=True):
+    """A user's own causal LM: our layers through the functional API, no CausalLM class."""
+    import keras
+
+    import keras_attn as ka
+
+    keras.utils.set_random_seed(4)
+    ids = keras.Input((None,), dtype="int32")
+    embedding = ka.TokenEmbedding(vocabulary, 16, mask_zero=True)
+    x = embedding(ids)
+    x = keras.layers.Add()([x, ka.PositionEmbedding(length)(x)])
+    for _ in range(2):
+        x = ka.TransformerDecoder(num_heads=2, intermediate_dim=32, normalize_first=True)(x)
+        if extra_layer:
+            x = keras.layers.Activation("tanh")(x)  # not part of the contract
+    x = keras.layers.LayerNormalization()(x)
+    logits = embedding(x, reverse=True) if tied else keras.layers.Dense(vocabulary)(x)
+    return keras.Model(ids, logits)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_functional_causal_lm_generates_like_full_recomputation(tied):
+    from keras_attn.models import generate
+
+    model = functional_lm(tied=tied)
+    prompts = [[5, 6, 7], [9, 3, 12, 4, 8]]
+    cached = greedy_generate(model, prompts, 5)
+    assert cached == [keras_greedy(model, p, 5) for p in prompts]
+    assert cached == greedy_generate(model, prompts, 5, use_cache=False)
+    sampled = generate(model, prompts, 5, sampler="sample", top_k=5, seed=1)
+    assert sampled == generate(
+        model, prompts, 5, sampler="sample", top_k=5, seed=1, use_cache=False
+    )
+    beams = generate(model, [[5, 6, 7]], 4, sampler="beam", num_beams=3)
+    assert len(beams[0]) == 4
+
+
+def test_functional_causal_lm_attention_maps_are_causal():
+    from keras_attn.visualization import attention_maps
+
+    model = functional_lm()
+    maps = attention_maps(model, np.array([[5, 6, 7, 8, 0]], "int32"))
+    assert len(maps) == 2
+    weights = next(iter(maps.values()))["self"]
+    assert weights.shape == (1, 2, 5, 5)
+    np.testing.assert_array_equal(np.triu(weights[0, 0], 1), 0.0)  # nothing from the future
+    np.testing.assert_allclose(weights[0, :, :4].sum(-1), 1.0, atol=1e-5)
+
+
+def test_functional_model_outside_the_contract_is_refused():
+    with pytest.raises(ValueError, match="cached decoding needs a causal LM made of"):
+        greedy_generate(functional_lm(extra_layer=True), [[5, 6]], 2)
+
+
+@pytest.mark.parametrize("sampler", ["greedy", "sample", "beam"])
+def test_generation_past_the_context_length_names_both_numbers(lm, sampler):
+    with pytest.raises(
+        ValueError,
+        match=r"\(30 ids\) plus `max_new_tokens` \(5\) is 35, past the model's context length 32",
+    ):
+        lm.generate([[5] * 30], 5, sampler=sampler)
+    assert len(lm.generate([[5] * 30], 2, sampler=sampler)[0]) <= 2
