@@ -387,7 +387,7 @@ def export_model(
         if strings_in:
             text_onnx = _export_text_onnx(model, tmp, tokenizer, packer, sessions, opset)
         decoding = None
-        if "onnx" in formats and _is_causal_lm(model):
+        if "onnx" in formats and _is_causal_lm(model, task):
             decoding = _export_decoding(model, tmp, opset, tolerance)
         if quantize:
             session = ort.InferenceSession(
@@ -471,10 +471,11 @@ def _write_onnx_files(model, folder: Path, opset, optimize, quantize) -> dict:
     }
 
 
-def _is_causal_lm(model):
+def _is_causal_lm(model, task):
+    """A `CausalLM`, or a functional model exported with `task="generate"`."""
     from keras_attn.models import CausalLM
 
-    return isinstance(model, CausalLM)
+    return isinstance(model, CausalLM) or task == "generate"
 
 
 def _export_decoding(model, folder: Path, opset, tolerance) -> dict:
@@ -492,7 +493,13 @@ def _export_decoding(model, folder: Path, opset, tolerance) -> dict:
 
     # The cache holds as many positions as the learned position table; a sinusoidal model has
     # no table, and its cache is as long as the `sequence_length` it was built with.
-    max_length = _max_sequence_length(model) or model.get_config()["sequence_length"]
+    runner = CausalLMRunner(model)
+    max_length = runner.max_length or model.get_config().get("sequence_length")
+    if max_length is None:
+        raise ValueError(
+            "Exporting generation needs a learned position table (its length bounds the "
+            "cache); this model's positions are sinusoidal."
+        )
     spec = write_decode_onnx(model, folder / "decode.onnx", max_length, opset)
     session = ort.InferenceSession(str(folder / "decode.onnx"), providers=["CPUExecutionProvider"])
     worst = _check_decoding(
@@ -501,7 +508,6 @@ def _export_decoding(model, folder: Path, opset, tolerance) -> dict:
     )  # fmt: skip
     decoding = {"file": "decode.onnx", **spec, "step_logits_max_abs_diff": worst,
                 "greedy_equals_keras": True}  # fmt: skip
-    runner = CausalLMRunner(model)
     reason = supported(runner)
     if reason is not None:
         decoding["gqa"] = {"file": None, "unsupported": reason}
@@ -523,6 +529,7 @@ def _check_decoding(model, name, step, new_state, max_length, tolerance):
     """Raises `ParityError` unless a decode graph's `step` (from the state `new_state(batch)`)
     gives the Keras model's logits at every position and Keras `generate()`'s greedy ids;
     returns the largest logits difference."""
+    from keras_attn.models import generate
     from serving.generation import greedy_decode
 
     rng = np.random.default_rng(0)
@@ -542,7 +549,7 @@ def _check_decoding(model, name, step, new_state, max_length, tolerance):
         raise ParityError(f"{name} logits differ from Keras by {worst:.3e} > tolerance {limit}")
     onnx_ids = greedy_decode(step, new_state(len(prompts)), prompts, new_tokens,
                              max_length=max_length)  # fmt: skip
-    keras_ids = model.generate(prompts, new_tokens)
+    keras_ids = generate(model, prompts, new_tokens)
     if onnx_ids != keras_ids:
         raise ParityError(f"{name} greedy ids {onnx_ids} differ from Keras generate() {keras_ids}")
     return worst

@@ -29,6 +29,8 @@ ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swish", "silu")
 
 def supported(runner):
     """`None` if `write_decode_graph` can express the model, else the reason."""
+    if runner.positions is None:
+        return "the embedding is a TokenAndPositionEmbedding (one position layer is expressed)"
     for block in runner.blocks:
         attention = block.self_attention
         if not attention.score.is_scaled_dot:
@@ -189,7 +191,15 @@ def write_decode_graph(runner, path, max_length, opset=17):
     x = g.op("Gather", [x, position], axis=1)  # (batch, d)
     if runner.final_norm is not None:
         x = g.layer_norm(x, runner.final_norm, "final_layer_norm")
-    g.op("MatMul", [x, g.const("output_projection", embeddings.T.copy())], outputs=["logits"])
+    if runner.head is None:  # tied: the token embedding, transposed
+        g.op("MatMul", [x, g.const("output_projection", embeddings.T.copy())], outputs=["logits"])
+    else:
+        kernel, *bias = _weights(runner.head)
+        projected = g.op("MatMul", [x, g.const("output_projection", kernel)])
+        if bias:
+            g.op("Add", [projected, g.const("output_bias", bias[0])], outputs=["logits"])
+        else:
+            g.op("Identity", [projected], outputs=["logits"])
 
     graph = helper.make_graph(g.nodes, "decode_step", inputs, outputs, g.initializers)
     model = helper.make_model(

@@ -5,7 +5,9 @@ The contract (README, "Your own functional model"):
 - `task=` names what the outputs are: `classify` (one output `(batch, classes)`), `tag` (one
   output `(batch, sequence, classes)`), `embed` (`sequence_output`/`pooled_output` outputs, or
   one output `(batch, sequence, dim)` mean-pooled by the server, or `(batch, dim)` served as
-  it is). Our own classes need no `task=`: it comes from the class.
+  it is), `generate` (a causal LM following `keras_attn.decoding.stack`'s contract: its
+  decode graphs are exported with it). Our own classes need no `task=`: it comes from the
+  class.
 - A model whose one input is a string tensor feeding a `WordPieceTokenizer` (then optionally a
   `StartEndPacker` or `SegmentPacker`) is exported as its ids part, input `token_ids`, with
   that tokenizer and packer: the SavedModel's `serve_text` and the server tokenize raw text
@@ -33,10 +35,9 @@ def check_task(model, task, inferred):
         raise ValueError(f"`task` must be one of {known}. Received: task={task!r}")
     if task == "generate":
         if inferred != "generate":
-            raise ValueError(
-                "`task='generate'` needs a keras_attn CausalLM (its decode graph is exported "
-                f"with it). Received: a {type(model).__name__}"
-            )
+            from keras_attn.decoding.stack import CausalStack
+
+            CausalStack(model)  # raises, naming the contract, if it cannot decode
         return task
     outputs = _outputs(model)
     if task == "embed" and "sequence_output" in outputs:

@@ -99,7 +99,7 @@ class CausalLMRunner(_Runner):
         super().__init__(model, stack.embed, stack.blocks, stack.logits, stack.max_length)
         # What the ONNX decode-graph writer reads (`export.decode_graph`).
         self.token_embedding, self.positions = stack.token_embedding, stack.positions
-        self.final_norm = stack.final_norm
+        self.final_norm, self.head, self.mask_zero = stack.final_norm, stack.head, stack.mask_zero
 
     def initial_state(self, rows, max_length):
         return {"caches": self.empty_caches(len(rows), max_length)}

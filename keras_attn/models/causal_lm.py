@@ -131,13 +131,9 @@ class CausalLM(Task):
             ValueError: the longest prompt plus `max_new_tokens` is past `sequence_length`
                 (both numbers named).
         """
-        from keras_attn.decoding import CausalLMRunner, generate
+        from keras_attn.models.generation import generate
 
-        if not self.mask_zero:
-            # Id 0 is a real token (GPT-2's "!"): the last id (GPT-2's <|endoftext|>) pads the
-            # decoding buffer instead, and is the one never generated.
-            kwargs.setdefault("pad_id", self.vocabulary_size - 1)
-        return generate(CausalLMRunner(self), prompts, max_new_tokens, **kwargs)
+        return generate(self, prompts, max_new_tokens, **kwargs)
 
 
 def build_causal_lm(vocabulary_size, sequence_length, **kwargs):

@@ -16,6 +16,11 @@ def generate(model, prompts, max_new_tokens, **kwargs):
     """Continues id prompts with any sampler; `kwargs` as `keras_attn.decoding.generate`
     (`sampler`, `temperature`, `top_k`, `top_p`, `num_beams`, `stop_token_ids`, `seed`, ...).
 
-    Works for a `CausalLM` and for a functional causal LM built from our layers.
+    Works for a `CausalLM` and for a functional causal LM built from our layers. Where id 0
+    is a real token (`mask_zero=False`, GPT-2), the last id pads the decoding buffer instead
+    and is the one never generated.
     """
-    return generate_ids(CausalLMRunner(model), prompts, max_new_tokens, **kwargs)
+    runner = CausalLMRunner(model)
+    if not runner.mask_zero:
+        kwargs.setdefault("pad_id", runner.token_embedding.vocabulary_size - 1)
+    return generate_ids(runner, prompts, max_new_tokens, **kwargs)

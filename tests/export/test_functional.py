@@ -175,3 +175,49 @@ def test_cli_reports_bad_labels_and_missing_files(tmp_path, capsys):
     (tmp_path / "m.keras").write_bytes(b"")
     assert main([str(tmp_path / "m.keras"), str(tmp_path / "out"), "--labels", "a,,b"]) == 1
     assert "`--labels` must name non-empty labels" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tied", [True, False])
+def test_functional_causal_lm_exports_decode_graphs_and_generates(toy_tokenizer, tied, tmp_path):
+    from export import export_model
+    from keras_attn.models import greedy_generate
+    from serving import Predictor
+    from tests.models.test_generation import functional_lm
+
+    model = functional_lm(vocabulary=toy_tokenizer.vocabulary_size(), length=24, tied=tied)
+    manifest = export_model(
+        model, tmp_path / "lm", tokenizer=toy_tokenizer, task="generate", formats=["onnx"],
+        verbose=False,
+    )  # fmt: skip
+    decoding = manifest["decoding"]
+    assert manifest["task"] == "generate" and decoding["greedy_equals_keras"]
+    assert decoding["gqa"]["file"] == "decode_gqa.onnx"
+    assert decoding["gqa"]["step_logits_max_abs_diff"] <= 1e-4
+    prompts = [[5, 6, 7], [9, 3, 12, 4]]
+    assert Predictor(tmp_path / "lm").generate_ids(prompts, 6) == greedy_generate(model, prompts, 6)
+    if not tied:
+        return
+    # /generate over HTTP: the text of the Keras model's greedy ids on the tokenized prompt.
+    (tmp_path / "repo" / "lm").mkdir(parents=True)
+    (tmp_path / "lm").rename(tmp_path / "repo" / "lm" / "1")
+    url, stop = serve_in_thread(create_app(ModelRepository(tmp_path / "repo")))
+    try:
+        body = {"text_input": "to be or not", "parameters": {"max_tokens": 5}}
+        response = httpx.post(f"{url}/v2/models/lm/generate", json=body, timeout=60)
+    finally:
+        stop()
+    assert response.status_code == 200, response.text
+    prompt = toy_tokenizer.tokenize("to be or not").numpy().tolist()
+    new = greedy_generate(model, [prompt], 5)[0]
+    expected = toy_tokenizer.detokenize(prompt + new).numpy().decode()
+    assert response.json()["token_ids"] == new
+    assert response.json()["text_output"] == expected[len("to be or not") :].lstrip()
+
+
+def test_generate_task_needs_a_causal_lm_of_our_layers(trained, tmp_path):
+    from export import export_model
+
+    model, _, _ = trained
+    with pytest.raises(ValueError, match="is not a causal LM made of"):
+        export_model(model, tmp_path / "x", task="generate", verbose=False)
