@@ -184,23 +184,40 @@ class Batcher:
             for thread in self._threads:
                 thread.join()
 
+    def _pop_live(self):
+        """The first queued request whose caller still waits, marked running (so a late
+        `cancel()` fails and its result is delivered); cancelled ones are dropped."""
+        while self._queue:
+            request = self._queue.popleft()
+            if request.future.set_running_or_notify_cancel():
+                return request
+        return None
+
     def _take(self):
         with self._ready:
-            while not self._queue:
-                if self._closed:
-                    return None
-                self._ready.wait()
-            batch = [self._queue.popleft()]
-            rows = batch[0].rows
+            first = None
+            while first is None:
+                first = self._pop_live()
+                if first is None:
+                    if self._closed:
+                        return None
+                    self._ready.wait()
+            batch = [first]
+            rows = first.rows
             cap = self.tuner.cap
             deadline = time.monotonic() + self.max_delay if self._queue else None
             while rows < cap:
                 head = self._queue[0] if self._queue else None
+                if head is not None and head.future.cancelled():
+                    self._queue.popleft()
+                    continue
                 if head is not None:
                     if head.key != batch[0].key or rows + head.rows > cap:
                         break
-                    batch.append(self._queue.popleft())
-                    rows += head.rows
+                    self._queue.popleft()
+                    if head.future.set_running_or_notify_cancel():  # else cancelled just now
+                        batch.append(head)
+                        rows += head.rows
                     continue
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is None or remaining <= 0 or self._closed:
