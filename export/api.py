@@ -17,6 +17,7 @@ from export.parity import (
     DEFAULT_SEQUENCE_LENGTHS,
     ParityError,
     check,
+    check_tolerance,
     format_table,
     max_abs_diff,
     sample_inputs,
@@ -335,6 +336,7 @@ def export_model(
 
     formats = _check_formats(formats, optimize, quantize)
     check_opset(opset)
+    check_tolerance(tolerance)
     if optimize and opset < 17:
         raise ValueError(
             "`optimize` fuses LayerNormalization, an ONNX operator since opset 17. "

@@ -26,5 +26,5 @@ def file_hashes(folder: Path) -> dict[str, str]:
 def write_manifest(folder: Path, content: dict) -> dict:
     manifest = {"format_version": FORMAT_VERSION, **content, "files": file_hashes(folder)}
     with open(folder / MANIFEST, "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=2)
+        json.dump(manifest, f, indent=2, allow_nan=False)  # strict JSON: no bare NaN
     return manifest

@@ -53,6 +53,7 @@ def sample_inputs(specs, batch_size, sequence_length, max_token_id, input_ranges
 
 
 def max_abs_diff(a, b):
+    """Largest |a - b|; NaN if either holds a NaN (np.max propagates it)."""
     return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
 
 
@@ -68,9 +69,27 @@ def format_table(rows, tolerance):
     return "\n".join(lines)
 
 
+def check_tolerance(tolerance):
+    """`tolerance` (a float or `{output name: float}`) checked: each finite and >= 0."""
+    values = tolerance.values() if isinstance(tolerance, dict) else [tolerance]
+    for value in values:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not np.isfinite(value)
+            or value < 0
+        ):
+            raise ValueError(
+                f"`tolerance` must be a finite number >= 0 (or a dict of them). "
+                f"Received: tolerance={tolerance!r}"
+            )
+    return tolerance
+
+
 def check(rows, tolerance):
     """The worst difference; raises `ParityError` with the table when a row exceeds the
-    tolerance of its output (`tolerance`: a float, or `{output name: float}`)."""
+    tolerance of its output (`tolerance`: a float, or `{output name: float}`) or is NaN (a
+    NaN anywhere in an output never passes)."""
 
     def allowed(output):
         if isinstance(tolerance, dict):
@@ -85,7 +104,11 @@ def check(rows, tolerance):
         return [v for k, v in row.items() if k not in ("batch", "seq", "output")]
 
     worst = max(max(diffs(row)) for row in rows)
-    if any(max(diffs(row)) > allowed(row["output"]) for row in rows):
+    if any(np.isnan(diffs(row)).any() for row in rows):
+        worst = float("nan")
+    # `not <=` so that NaN fails: NaN compares false with everything.
+    if any(not max(diffs(row)) <= allowed(row["output"]) or np.isnan(diffs(row)).any()
+           for row in rows):  # fmt: skip
         raise ParityError(
             f"exported model differs from Keras by up to {worst:.3e}, beyond tolerance "
             f"{tolerance}:\n" + format_table(rows, tolerance)

@@ -221,3 +221,23 @@ def test_generate_task_needs_a_causal_lm_of_our_layers(trained, tmp_path):
     model, _, _ = trained
     with pytest.raises(ValueError, match="is not a causal LM made of"):
         export_model(model, tmp_path / "x", task="generate", verbose=False)
+
+
+def test_parity_fails_on_nan_and_tolerances_are_checked(tmp_path):
+    """A model whose outputs hold NaN never exports as green; NaN or negative tolerances are
+    refused (issue 19: `>` comparisons let both through)."""
+    from export import ParityError, export_model
+    from export.parity import check
+
+    rows = [{"output": "logits", "batch": 1, "seq": 7, "onnx_vs_keras": float("nan")}]
+    with pytest.raises(ParityError):
+        check(rows, 1e-4)
+    ids = keras.Input((None,), dtype="int32", name="token_ids")
+    x = ka.TokenEmbedding(20, 8)(ids)
+    nan_model = keras.Model(ids, keras.layers.Lambda(lambda t: t * float("nan"))(x))
+    with pytest.raises(ParityError, match="nan"):
+        export_model(nan_model, tmp_path / "nan", formats=["onnx"], verbose=False)
+    for bad in (float("nan"), -1.0, float("inf"), {"logits": -0.5}):
+        with pytest.raises(ValueError, match="`tolerance` must be a finite number >= 0"):
+            export_model(nan_model, tmp_path / "t", tolerance=bad, verbose=False)
+    assert not (tmp_path / "nan").exists() and not (tmp_path / "t").exists()
