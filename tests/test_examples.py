@@ -51,6 +51,7 @@ SHORT_RUNS = {
     "qa_and_choice": ["--train", "64", "--test", "16", "--epochs", "1"],
     "ner": ["--max-train", "64", "--epochs", "1", "--vocabulary-size", "400"],
     "sentiment": ["--max-train", "256", "--max-test", "64", "--epochs", "1"],
+    "semantic_search": ["--corpus-size", "40", "--top-k", "1"],
     "pretrain_finetune": ["--max-pretrain", "256", "--labeled", "64", "--max-test", "64",
                           "--pretrain-epochs", "1", "--finetune-epochs", "1"],
 }  # fmt: skip
