@@ -2,115 +2,21 @@
 
 An architecture answers three questions: the constructor arguments of our model for a
 `config.json` (`model_kwargs`), the `config.json` of one of our models (`hf_config`), and the
-checkpoint key of every variable (`tensors`). `Tensor` says how one variable is stored:
-PyTorch's `nn.Linear` keeps `(out, in)` (transposed against a Keras kernel), GPT-2's `Conv1D`
-keeps `(in, out)` as Keras does and packs q|k|v into one tensor; our per-head kernels
-`(in, heads, head_dim)` and `(heads, head_dim, out)` are flattened to two axes.
+checkpoint key of every variable (`tensors`, built of `keras_attn.pretrained.tensors.Tensor`,
+which says how one variable is stored).
 """
 
-import dataclasses
-import math
-
-import numpy as np
+from keras_attn.pretrained.tensors import (
+    Tensor,
+    attention_block,
+    flatten,
+    linear,
+    norm,
+    table,
+)
 
 # Buffers some checkpoints carry that are not weights (position ids, GPT-2's causal mask).
 IGNORED_SUFFIXES = ("embeddings.position_ids", "attn.bias", "attn.masked_bias")
-
-
-@dataclasses.dataclass(frozen=True)
-class Tensor:
-    """Where and how one of our variables is stored in a checkpoint.
-
-    Attributes:
-        key: the checkpoint key.
-        linear: stored as `nn.Linear` does, `(out, in)`: transposed against our kernel.
-        in_axes: leading axes of our variable that form the input dimension (kernels: 1, or 2
-            for an attention output `(heads, head_dim, out)`); 0 for a vector (bias, norm).
-        part, parts: this variable is slice `part` of `parts` equal slices of the stored
-            tensor's last axis (GPT-2's fused q|k|v).
-    """
-
-    key: str
-    linear: bool = False
-    in_axes: int = 0
-    part: int = 0
-    parts: int = 1
-
-    def stored_shape(self, shape):
-        """The checkpoint shape holding a variable of `shape` (the whole fused tensor)."""
-        if self.in_axes == 0:
-            flat = (math.prod(shape),)
-        else:
-            flat = (math.prod(shape[: self.in_axes]), math.prod(shape[self.in_axes :]))
-        flat = (*flat[:-1], flat[-1] * self.parts)
-        return flat[::-1] if self.linear else flat
-
-    def to_ours(self, array, shape):
-        """Our variable's value of `shape` from the stored tensor."""
-        expected = self.stored_shape(shape)
-        if tuple(array.shape) != expected:
-            raise ValueError(
-                f"Checkpoint tensor {self.key!r} has shape {tuple(array.shape)}; the model "
-                f"needs {expected} (config.json and the weights disagree)."
-            )
-        if self.linear:
-            array = array.T
-        if self.parts > 1:
-            array = np.split(array, self.parts, axis=-1)[self.part]
-        return np.reshape(array, shape)
-
-    def to_stored(self, value):
-        """The stored form of our variable's value (one slice, for a fused tensor)."""
-        shape = value.shape
-        if self.in_axes == 0:
-            return np.reshape(value, (-1,))
-        value = np.reshape(value, (math.prod(shape[: self.in_axes]), -1))
-        return value.T if self.linear else value
-
-
-def _table(key):
-    """An embedding table `(rows, dim)`, stored as it is."""
-    return Tensor(key, in_axes=1)
-
-
-def _linear(prefix, in_axes=1, bias_key=None):
-    """Kernel and bias of a PyTorch `nn.Linear` named `prefix`."""
-    return {
-        "kernel": Tensor(f"{prefix}.weight", linear=True, in_axes=in_axes),
-        "bias": Tensor(bias_key or f"{prefix}.bias"),
-    }
-
-
-def _norm(prefix):
-    return {"gamma": Tensor(f"{prefix}.weight"), "beta": Tensor(f"{prefix}.bias")}
-
-
-def _flatten(tree, prefix=""):
-    """`{"a": {"b": x}}` -> `{"a/b": x}`: our variable paths."""
-    out = {}
-    for name, value in tree.items():
-        path = f"{prefix}/{name}" if prefix else name
-        out.update(_flatten(value, path) if isinstance(value, dict) else {path: value})
-    return out
-
-
-def _attention_block(names):
-    """Our block's variables (attention + feed-forward + two norms) from the checkpoint's
-    names of each part."""
-    return {
-        "self_attention": {
-            "query": _linear(names["query"]),
-            "key": _linear(names["key"]),
-            "value": _linear(names["value"]),
-            "attention_output": _linear(names["output"], in_axes=2),
-        },
-        "self_attention_layer_norm": _norm(names["attention_norm"]),
-        "feed_forward": {
-            "intermediate": _linear(names["intermediate"]),
-            "output": _linear(names["ffn_output"]),
-        },
-        "feed_forward_layer_norm": _norm(names["ffn_norm"]),
-    }
 
 
 ACTIVATIONS = {  # Hugging Face's name -> ours
@@ -150,6 +56,22 @@ def _require(config, *names):
     return [config[name] for name in names]
 
 
+def _encoder_kwargs(config, names, **rest):
+    """`Encoder` sizes from `config.json` keys `names` (vocabulary, width, layers, heads,
+    feed-forward width, positions), plus `rest`."""
+    vocab, hidden, layers, heads, inner, positions = _require(config, *names)
+    return {
+        "vocabulary_size": vocab,
+        "max_sequence_length": positions,
+        "hidden_dim": hidden,
+        "num_layers": layers,
+        "num_heads": heads,
+        "intermediate_dim": inner,
+        "pad_token_id": config.get("pad_token_id") or 0,
+        **rest,
+    }
+
+
 def _check_exportable(model, **expected):
     """`save_pretrained` writes only what the architecture can express."""
     for name, value in expected.items():
@@ -168,30 +90,23 @@ class Bert:
     model_class = "Encoder"
 
     def model_kwargs(self, config, weights):
-        vocab, hidden, layers, heads, inner, positions = _require(
-            config, "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-            "intermediate_size", "max_position_embeddings",
-        )  # fmt: skip
         kind = config.get("position_embedding_type", "absolute")
         if kind != "absolute":
             raise ValueError(
                 f"Only absolute position embeddings are supported. Received: "
                 f"position_embedding_type={kind!r}"
             )
-        return {
-            "vocabulary_size": vocab,
-            "max_sequence_length": positions,
-            "hidden_dim": hidden,
-            "num_layers": layers,
-            "num_heads": heads,
-            "intermediate_dim": inner,
-            "dropout": config.get("hidden_dropout_prob", 0.1),
-            "num_segments": config.get("type_vocab_size", 2),
-            "activation": _activation(config.get("hidden_act", "gelu")),
-            "layer_norm_epsilon": config.get("layer_norm_eps", 1e-12),
-            "pad_token_id": config.get("pad_token_id") or 0,
-            "use_pooler": "pooler.dense.weight" in weights,
-        }
+        names = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                 "intermediate_size", "max_position_embeddings")  # fmt: skip
+        return _encoder_kwargs(
+            config,
+            names,
+            dropout=config.get("hidden_dropout_prob", 0.1),
+            num_segments=config.get("type_vocab_size", 2),
+            activation=_activation(config.get("hidden_act", "gelu")),
+            layer_norm_epsilon=config.get("layer_norm_eps", 1e-12),
+            use_pooler="pooler.dense.weight" in weights,
+        )
 
     architecture = "BertModel"
 
@@ -238,17 +153,17 @@ class Bert:
 
     def _embeddings(self):
         return {
-            "token_embedding": {"embeddings": _table("embeddings.word_embeddings.weight")},
-            "position_embedding": {"embeddings": _table("embeddings.position_embeddings.weight")},
-            "segment_embedding": {"embeddings": _table("embeddings.token_type_embeddings.weight")},
-            "embeddings_layer_norm": _norm("embeddings.LayerNorm"),
+            "token_embedding": {"embeddings": table("embeddings.word_embeddings.weight")},
+            "position_embedding": {"embeddings": table("embeddings.position_embeddings.weight")},
+            "segment_embedding": {"embeddings": table("embeddings.token_type_embeddings.weight")},
+            "embeddings_layer_norm": norm("embeddings.LayerNorm"),
         }
 
     def tensors(self, model):
-        tree = {"embeddings": self._embeddings(), "pooler": _linear("pooler.dense")}
+        tree = {"embeddings": self._embeddings(), "pooler": linear("pooler.dense")}
         for i in range(model.num_layers):
-            tree[f"encoder_block_{i}"] = _attention_block(self._block_names(i))
-        return _flatten(tree)
+            tree[f"encoder_block_{i}"] = attention_block(self._block_names(i))
+        return flatten(tree)
 
 
 class Roberta(Bert):
@@ -277,26 +192,19 @@ class DistilBert:
     model_class = "Encoder"
 
     def model_kwargs(self, config, weights):
-        vocab, hidden, layers, heads, inner, positions = _require(
-            config, "vocab_size", "dim", "n_layers", "n_heads", "hidden_dim",
-            "max_position_embeddings",
-        )  # fmt: skip
         if config.get("sinusoidal_pos_embds"):
             raise ValueError("DistilBERT with sinusoidal_pos_embds=true is not supported.")
-        return {
-            "vocabulary_size": vocab,
-            "max_sequence_length": positions,
-            "hidden_dim": hidden,
-            "num_layers": layers,
-            "num_heads": heads,
-            "intermediate_dim": inner,
-            "dropout": config.get("dropout", 0.1),
-            "num_segments": None,
-            "activation": _activation(config.get("activation", "gelu")),
-            "layer_norm_epsilon": 1e-12,
-            "pad_token_id": config.get("pad_token_id") or 0,
-            "use_pooler": False,
-        }
+        names = ("vocab_size", "dim", "n_layers", "n_heads", "hidden_dim",
+                 "max_position_embeddings")  # fmt: skip
+        return _encoder_kwargs(
+            config,
+            names,
+            dropout=config.get("dropout", 0.1),
+            num_segments=None,
+            activation=_activation(config.get("activation", "gelu")),
+            layer_norm_epsilon=1e-12,
+            use_pooler=False,
+        )
 
     def hf_config(self, model):
         _check_exportable(
@@ -322,16 +230,16 @@ class DistilBert:
     def tensors(self, model):
         tree = {
             "embeddings": {
-                "token_embedding": {"embeddings": _table("embeddings.word_embeddings.weight")},
+                "token_embedding": {"embeddings": table("embeddings.word_embeddings.weight")},
                 "position_embedding": {
-                    "embeddings": _table("embeddings.position_embeddings.weight")
+                    "embeddings": table("embeddings.position_embeddings.weight")
                 },
-                "embeddings_layer_norm": _norm("embeddings.LayerNorm"),
+                "embeddings_layer_norm": norm("embeddings.LayerNorm"),
             }
         }
         for i in range(model.num_layers):
             layer = f"transformer.layer.{i}"
-            tree[f"encoder_block_{i}"] = _attention_block(
+            tree[f"encoder_block_{i}"] = attention_block(
                 {
                     "query": f"{layer}.attention.q_lin",
                     "key": f"{layer}.attention.k_lin",
@@ -343,7 +251,7 @@ class DistilBert:
                     "ffn_norm": f"{layer}.output_layer_norm",
                 }
             )
-        return _flatten(tree)
+        return flatten(tree)
 
 
 class Gpt2:
@@ -405,26 +313,26 @@ class Gpt2:
             }
 
         tree = {
-            "token_embedding": {"embeddings": _table("wte.weight")},
-            "position_embedding": {"embeddings": _table("wpe.weight")},
-            "final_layer_norm": _norm("ln_f"),
+            "token_embedding": {"embeddings": table("wte.weight")},
+            "position_embedding": {"embeddings": table("wpe.weight")},
+            "final_layer_norm": norm("ln_f"),
         }
         for i in range(model.num_layers):
             block = f"h.{i}"
             tree[f"decoder_block_{i}"] = {
-                "self_attention_layer_norm": _norm(f"{block}.ln_1"),
+                "self_attention_layer_norm": norm(f"{block}.ln_1"),
                 "self_attention": {
                     name: conv1d(f"{block}.attn.c_attn", part=part, parts=3)
                     for part, name in enumerate(("query", "key", "value"))
                 }
                 | {"attention_output": conv1d(f"{block}.attn.c_proj", in_axes=2)},
-                "feed_forward_layer_norm": _norm(f"{block}.ln_2"),
+                "feed_forward_layer_norm": norm(f"{block}.ln_2"),
                 "feed_forward": {
                     "intermediate": conv1d(f"{block}.mlp.c_fc"),
                     "output": conv1d(f"{block}.mlp.c_proj"),
                 },
             }
-        return _flatten(tree)
+        return flatten(tree)
 
 
 ARCHITECTURES = (Bert(), Roberta(), DistilBert(), Gpt2())
