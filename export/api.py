@@ -52,9 +52,17 @@ def _versions() -> dict:
     }
 
 
+def _layers(model):
+    """The model's layers, nested models' layers included (a head's encoder)."""
+    for layer in model.layers:
+        yield layer
+        if isinstance(layer, keras.Model):
+            yield from _layers(layer)
+
+
 def _smallest_layer_attribute(model, name):
-    """Smallest integer `layer.<name>` over the model's layers, or None."""
-    values = [getattr(layer, name, None) for layer in model.layers]
+    """Smallest integer `layer.<name>` over the model's layers (nested too), or None."""
+    values = [getattr(layer, name, None) for layer in _layers(model)]
     values = [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
     return min(values) if values else None
 
@@ -65,8 +73,12 @@ def _max_token_id(model):
 
 
 def _max_sequence_length(model):
-    """The longest input a learned position table allows, or None."""
-    return _smallest_layer_attribute(model, "sequence_length")
+    """The longest input a learned position table allows (less an encoder's position offset,
+    RoBERTa's 2), or None."""
+    table = _smallest_layer_attribute(model, "sequence_length")
+    if table is None:
+        return None
+    return table - (_smallest_layer_attribute(model, "position_offset") or 0)
 
 
 # Model class -> the text endpoint that serves it (`serving.text`).

@@ -229,3 +229,16 @@ def test_export_checks_labels(toy_lm, tmp_path):
     with pytest.raises(ValueError, match="Received labels for a CausalLM"):
         export_model(toy_lm, tmp_path / "b", labels=["a"])
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_heads_record_their_nested_encoder_limits(text_models, toy_tokenizer):
+    """A head's position table sits in its nested encoder: the manifest still records it, so
+    a sequence past it is a 400 naming the limit (issue 19: null, then a 500)."""
+    url, _, manifests = text_models
+    for name in ("sentiment", "tagger", "encoder"):
+        assert manifests[name]["max_sequence_length"] == 24, name
+        assert manifests[name]["vocabulary_size"] == toy_tokenizer.vocabulary_size(), name
+    body = {"inputs": [{"name": name, "shape": [1, 30], "datatype": "INT32", "data": [1] * 30}
+                       for name in ("token_ids", "segment_ids")]}  # fmt: skip
+    response = httpx.post(f"{url}/v2/models/sentiment/infer", json=body, timeout=60)
+    assert response.status_code == 400 and "at most 24" in response.json()["error"]
