@@ -25,7 +25,8 @@ format: $(STAMP)
 
 test: lint
 	$(PY) -m pytest -n 2 -q
-	KERAS_BACKEND=jax $(PY) -m pytest -n 2 -q tests/layers -m "not tf_only"
+	KERAS_BACKEND=jax $(PY) -m pytest -n 2 -q tests/layers tests/models/test_pretrained.py \
+		-m "not tf_only"
 
 demo: $(STAMP)
 	$(PY) examples/shakespeare_lm.py

@@ -12,8 +12,6 @@ from keras_attn.models import CausalLM, Encoder, SequenceClassifier
 from keras_attn.pretrained import load_pretrained, read_pooling, save_pretrained
 from tests.models import numpy_transformers as ref
 
-pytestmark = pytest.mark.tf_only
-
 SENTENCES = [
     "A man is eating food.",
     "The quick brown fox jumps over the lazy dog!",
@@ -66,6 +64,7 @@ def reference_hidden(folder, token_ids, segment_ids, padding):
     return ref.bert_forward(weights, token_ids, segment_ids, padding, 6, 12, 1e-12)
 
 
+@pytest.mark.tf_only  # the WordPiece tokenizer (tensorflow-text)
 def test_minilm_hidden_states_and_sentence_embeddings_match_numpy(
     minilm, minilm_folder, minilm_batches
 ):
@@ -83,6 +82,7 @@ def test_minilm_hidden_states_and_sentence_embeddings_match_numpy(
     assert embeddings[0] @ embeddings[4] > embeddings[0] @ embeddings[1]
 
 
+@pytest.mark.tf_only  # the WordPiece tokenizer (tensorflow-text)
 @pytest.mark.slow
 def test_minilm_at_length_512_matches_numpy(minilm, minilm_folder, minilm_batches):
     token_ids, segment_ids, padding = minilm_batches[1]
@@ -94,6 +94,7 @@ def test_minilm_at_length_512_matches_numpy(minilm, minilm_folder, minilm_batche
     assert np.abs(ours - expected).max() <= 1e-5
 
 
+@pytest.mark.tf_only  # the WordPiece tokenizer (tensorflow-text)
 @pytest.mark.slow
 def test_minilm_exported_saved_model_and_onnx_match_numpy(
     minilm, minilm_folder, minilm_batches, tmp_path
@@ -127,6 +128,7 @@ def test_head_from_pretrained_starts_from_the_checkpoint(minilm, minilm_folder):
     assert head.output.shape == (None, 3)
 
 
+@pytest.mark.tf_only  # the WordPiece tokenizer (tensorflow-text)
 def test_tokenizer_from_pretrained_reads_vocab_and_case(minilm_folder):
     from keras_attn.tokenizers import WordPieceTokenizer
 
