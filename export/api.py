@@ -3,12 +3,12 @@
 import datetime
 import json
 import shutil
-import tempfile
 from pathlib import Path
 
 import keras
 import numpy as np
 
+from export.atomic import replace, temporary_folder
 from export.functional import check_task, split_text_model
 from export.manifest import write_manifest
 from export.onnx import check_opset, run_onnx, write_onnx
@@ -374,9 +374,7 @@ def export_model(
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
         raise ValueError(f"`out_dir` exists and overwrite=False. Received: out_dir={out_dir}")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it private; the artifact is meant to be read by servers
+    tmp = temporary_folder(out_dir)  # sweeps what a crashed export of out_dir left
     try:
         assets = _write_tokenizer(tokenizer, tmp / "tokenizer") if tokenizer is not None else []
         max_length = _max_sequence_length(model)
@@ -445,9 +443,7 @@ def export_model(
                 "text_onnx": text_onnx,
             },
         )
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
+        replace(tmp, out_dir)  # old aside, new in, old deleted: one is always whole
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
