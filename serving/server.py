@@ -237,6 +237,15 @@ class Gate:
                                             "ms": round(1000 * seconds, 3)})  # fmt: skip
 
 
+# The `parameters` each text endpoint reads; any other is refused with a 400.
+TEXT_PARAMETERS = {
+    "classify": frozenset(),
+    "tag": frozenset(),
+    "embed": frozenset({"pooling", "normalize"}),
+    "generate": frozenset({"max_tokens", "stop_token_ids"}),
+}
+
+
 def create_app(repository, settings=None, **overrides):
     """The FastAPI application serving `repository` (a `ModelRepository` or a folder).
 
@@ -426,7 +435,16 @@ def create_app(repository, settings=None, **overrides):
         model.require(task)
         parameters = payload.get("parameters") if isinstance(payload, dict) else None
         if parameters is not None and not isinstance(parameters, dict):
-            raise ServingError(400, f"`parameters` must be an object; received {parameters!r}")
+            raise ServingError(
+                400, f"`parameters` must be an object; received {parameters!r}"[:300]
+            )
+        unknown = sorted(set(parameters or {}) - TEXT_PARAMETERS[task])
+        if unknown:  # never silently ignored (temperature on a greedy decoder, a typo)
+            supported = ", ".join(sorted(TEXT_PARAMETERS[task])) or "none"
+            raise ServingError(
+                400, f"parameters {unknown} are not supported by /{task} (supported: "
+                     f"{supported}{'; decoding is greedy' if task == 'generate' else ''})"[:400],
+            )  # fmt: skip
         return chosen, model, payload, parameters or {}
 
     async def text_outputs(name, version, task, request):
@@ -471,8 +489,12 @@ def create_app(repository, settings=None, **overrides):
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             raise ServingError(400, f"`max_tokens` must be an integer >= 1; received "
                                     f"{max_tokens!r}")  # fmt: skip
-        if not isinstance(stop, list) or not all(isinstance(t, int) for t in stop):
-            raise ServingError(400, f"`stop_token_ids` must be a list of ids; received {stop!r}")
+        size = model.tokenizer.vocabulary_size
+        if not isinstance(stop, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < size for t in stop
+        ):
+            raise ServingError(400, f"`stop_token_ids` must be a list of ids in [0, {size}); "
+                                    f"received {stop!r}"[:300])  # fmt: skip
         header = {"model_name": name, "model_version": str(chosen)}
         return header, model, model.prompt(text), max_tokens, stop
 
