@@ -539,6 +539,7 @@ def _check_decoding(model, name, step, new_state, max_length, tolerance):
     """Raises `ParityError` unless a decode graph's `step` (from the state `new_state(batch)`)
     gives the Keras model's logits at every position and Keras `generate()`'s greedy ids;
     returns the largest logits difference."""
+    from keras_attn.decoding import CausalLMRunner
     from keras_attn.models import generate
     from serving.generation import greedy_decode
 
@@ -548,7 +549,8 @@ def _check_decoding(model, name, step, new_state, max_length, tolerance):
     new_tokens = max(1, min(8, max_length - 5))
     ids = np.asarray([prompts[1] + [0] * new_tokens], "int32")[:, : 5 + new_tokens]
     ids[0, 5:] = rng.integers(1, vocabulary, size=ids.shape[1] - 5)
-    full = keras.ops.convert_to_numpy(model(ids, training=False))
+    runner = CausalLMRunner(model)
+    full = keras.ops.convert_to_numpy(model(runner.model_inputs(ids), training=False))
     logits, state = step(ids[:, :5], new_state(1), 0)
     worst = max_abs_diff(logits, full[:, 4])
     for t in range(5, ids.shape[1]):

@@ -100,6 +100,7 @@ class CausalLMRunner(_Runner):
         # What the ONNX decode-graph writer reads (`export.decode_graph`).
         self.token_embedding, self.positions = stack.token_embedding, stack.positions
         self.final_norm, self.head, self.mask_zero = stack.final_norm, stack.head, stack.mask_zero
+        self.model_inputs = stack.model_inputs
 
     def initial_state(self, rows, max_length):
         return {"caches": self.empty_caches(len(rows), max_length)}
@@ -109,7 +110,7 @@ class CausalLMRunner(_Runner):
         return logits, {"caches": caches}
 
     def full(self, token_ids, state):
-        return self.model(token_ids, training=False)
+        return self.model(self.model_inputs(token_ids), training=False)
 
 
 class Seq2SeqRunner(_Runner):

@@ -73,6 +73,7 @@ class CausalStack:
         self.final_norm = norms[0] if norms else None
         self.head = heads[0] if heads else None
         self.mask_zero = bool(self.token_embedding.mask_zero)
+        self.model_input = model.input
         if verify:
             self._verify(model)
 
@@ -96,6 +97,14 @@ class CausalStack:
             return ops.not_equal(token_ids, 0)
         return ops.ones_like(token_ids, dtype="bool")
 
+    def model_inputs(self, token_ids):
+        """What the model takes for unpadded `token_ids`: the ids, or with a `padding_mask`
+        input (`CausalLM(padding_mask_input=True)`) a dict with an all-ones mask."""
+        if isinstance(self.model_input, dict):
+            token_ids = ops.convert_to_tensor(token_ids)
+            return {"token_ids": token_ids, "padding_mask": ops.ones_like(token_ids)}
+        return token_ids
+
     def _verify(self, model):
         """The stack run alone must give the model's logits: nothing was skipped."""
         vocabulary = self.token_embedding.vocabulary_size
@@ -106,7 +115,8 @@ class CausalStack:
         for block in self.blocks:
             x = block(x, decoder_padding_mask=mask)
         ours = ops.convert_to_numpy(self.logits(x))
-        theirs = ops.convert_to_numpy(ops.cast(model(probe, training=False), "float32"))
+        logits = model(self.model_inputs(probe), training=False)
+        theirs = ops.convert_to_numpy(ops.cast(logits, "float32"))
         if ours.shape != theirs.shape or not np.allclose(ours, theirs, atol=1e-4):
             raise ValueError(
                 f"`model` {model.name!r} computes more than its embedding, decoder blocks, final "

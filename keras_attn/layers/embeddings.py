@@ -135,6 +135,8 @@ class PositionEmbedding(keras.layers.Layer):
     Call arguments:
         inputs: `(batch, seq_len, dim)`: the embeddings the positions will be added to.
         start_index: int or scalar tensor. Position of the first step (for cached decoding).
+        position_ids: optional int `(batch, seq_len)`: each token's position, overriding
+            `start_index` (left-padded rows start later: Hugging Face's `position_ids`).
     Returns:
         `(batch, seq_len, dim)` position vectors, broadcast over the batch.
     """
@@ -159,10 +161,12 @@ class PositionEmbedding(keras.layers.Layer):
             initializer=self.initializer,
         )
 
-    def call(self, inputs, start_index=0):
+    def call(self, inputs, start_index=0, position_ids=None):
         shape = ops.shape(inputs)
         length, dim = shape[-2], shape[-1]
         table = ops.cast(self.position_embeddings, self.compute_dtype)
+        if position_ids is not None:
+            return ops.take(table, ops.cast(position_ids, "int32"), axis=0)
         positions = ops.slice(table, (start_index, 0), (length, dim))
         return ops.broadcast_to(positions, shape)
 
@@ -196,6 +200,7 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
         max_wavelength: float. Longest wavelength, `10000` in the paper.
     Call arguments:
         inputs: `(batch, seq_len, dim)`. start_index: position of the first step.
+        position_ids: optional int `(batch, seq_len)`, overriding `start_index`.
     Returns:
         `(batch, seq_len, dim)` encodings, broadcast over the batch.
     """
@@ -217,8 +222,12 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
                 f"Received: inputs.shape={tuple(inputs_shape)}"
             )
 
-    def call(self, inputs, start_index=0):
+    def call(self, inputs, start_index=0, position_ids=None):
         shape = ops.shape(inputs)
+        if position_ids is not None:  # (batch, seq) -> (batch, seq, dim)
+            return sinusoidal_encoding(
+                position_ids, inputs.shape[-1], self.max_wavelength, self.compute_dtype
+            )
         positions = ops.add(
             ops.arange(shape[-2], dtype="float32"), ops.cast(start_index, "float32")
         )

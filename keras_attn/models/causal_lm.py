@@ -1,6 +1,7 @@
 """GPT-style causal language model: embeddings, decoder blocks, output tied to the embedding."""
 
 import keras
+from keras import ops
 
 from keras_attn.checks import check_choice, check_positive_ints, check_rate
 from keras_attn.layers.embeddings import TokenEmbedding
@@ -37,6 +38,10 @@ class CausalLM(Task):
             is a real token (`"!"`): there pad on the right, where the causal mask already
             keeps padding out of every real position. Defaults to `True`.
         layer_norm_epsilon: float. Defaults to `1e-5` (GPT-2's).
+        padding_mask_input: bool. Inputs become a dict of `token_ids` and `padding_mask`
+            (`(batch, seq)`, 1 = real token, Hugging Face's `attention_mask`); positions count
+            real tokens only, so left-padded rows give the logits of the unpadded ones.
+            Defaults to `False` (ids in, padding from `mask_zero`).
     Example:
         >>> lm = CausalLM(vocabulary_size=100, sequence_length=32, hidden_dim=16)
         >>> lm.generate([[5, 6, 7]], max_new_tokens=4)  # four new ids
@@ -45,7 +50,7 @@ class CausalLM(Task):
     config_args = (
         "vocabulary_size", "sequence_length", "hidden_dim", "num_layers", "num_heads",
         "intermediate_dim", "dropout", "normalize_first", "activation", "position_encoding",
-        "mask_zero", "layer_norm_epsilon",
+        "mask_zero", "layer_norm_epsilon", "padding_mask_input",
     )  # fmt: skip
 
     def __init__(
@@ -62,6 +67,7 @@ class CausalLM(Task):
         position_encoding="learned",
         mask_zero=True,
         layer_norm_epsilon=1e-5,
+        padding_mask_input=False,
         name="causal_lm",
         **kwargs,
     ):
@@ -75,13 +81,24 @@ class CausalLM(Task):
         check_rate("dropout", dropout)
         check_choice("position_encoding", position_encoding, POSITION_ENCODINGS)
         token_ids = keras.Input((None,), dtype="int32", name="token_ids")
+        inputs, block_kwargs, position_kwargs = token_ids, {}, {}
+        if padding_mask_input:
+            padding_mask = keras.Input((None,), dtype="int32", name="padding_mask")
+            inputs = {"token_ids": token_ids, "padding_mask": padding_mask}
+            block_kwargs["decoder_padding_mask"] = ops.cast(padding_mask, "bool")
+            # Each token's position counts the real tokens before it (left padding).
+            counted = ops.cumsum(ops.cast(padding_mask, "int32"), axis=1)
+            position_kwargs["position_ids"] = ops.maximum(counted - 1, 0)
         token_embedding = TokenEmbedding(
-            vocabulary_size, hidden_dim, mask_zero=mask_zero, name="token_embedding"
+            vocabulary_size,
+            hidden_dim,
+            mask_zero=mask_zero and not padding_mask_input,
+            name="token_embedding",
         )
         x = token_embedding(token_ids)
         positions = position_encoding_layer(
             position_encoding, sequence_length, "position_embedding"
-        )(x)
+        )(x, **position_kwargs)
         x = keras.layers.Add(name="embeddings_add")([x, positions])
         x = keras.layers.Dropout(dropout, name="embeddings_dropout")(x)
         for i in range(num_layers):
@@ -93,13 +110,13 @@ class CausalLM(Task):
                 normalize_first=normalize_first,
                 layer_norm_epsilon=layer_norm_epsilon,
                 name=f"decoder_block_{i}",
-            )(x)
+            )(x, **block_kwargs)
         if normalize_first:
             x = keras.layers.LayerNormalization(
                 epsilon=layer_norm_epsilon, name="final_layer_norm"
             )(x)
         logits = float32_logits(token_embedding(x, reverse=True), "logits")
-        super().__init__(token_ids, logits, name=name, **kwargs)
+        super().__init__(inputs, logits, name=name, **kwargs)
         self._set_config_args(locals())
 
     def default_loss(self):

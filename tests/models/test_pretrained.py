@@ -368,3 +368,24 @@ def test_unsupported_configs_are_refused(tmp_path):
         ValueError, match=r"`normalize_first` must be False\. Received: normalize_first=True"
     ):
         pre_norm.save_pretrained(tmp_path / "out")
+
+
+def test_left_padded_rows_give_the_unpadded_logits(tmp_path):
+    """`padding_mask_input=True`: positions count real tokens, so a left-padded row (batched
+    generation's layout, with GPT-2's id 0 a real token) equals the row alone and the NumPy
+    GPT-2."""
+    config, make_weights, _ = LAYOUTS["gpt2"]
+    weights = make_weights()
+    write_checkpoint(tmp_path, config, weights)
+    model = CausalLM.from_pretrained(tmp_path, dropout=0.0, padding_mask_input=True)
+    rows = [[5, 0, 7, 9], [3, 4]]
+    token_ids = np.array([[5, 0, 7, 9], [1, 1, 3, 4]], "int32")  # row 2 left-padded with 1s
+    padding = np.array([[1, 1, 1, 1], [0, 0, 1, 1]], "int32")
+    logits = np.asarray(model({"token_ids": token_ids, "padding_mask": padding}), "float64")
+    for row, ids in enumerate(rows):
+        expected = ref.gpt2_forward(weights, np.array([ids]), LAYERS, HEADS)[0]
+        assert np.abs(logits[row, -len(ids) :] - expected).max() <= 1e-5
+    # Generation feeds the model its own all-ones mask; cached = full recomputation.
+    from keras_attn.models import greedy_generate
+
+    assert greedy_generate(model, rows, 3) == greedy_generate(model, rows, 3, use_cache=False)
