@@ -241,3 +241,62 @@ def test_parity_fails_on_nan_and_tolerances_are_checked(tmp_path):
         with pytest.raises(ValueError, match="`tolerance` must be a finite number >= 0"):
             export_model(nan_model, tmp_path / "t", tolerance=bad, verbose=False)
     assert not (tmp_path / "nan").exists() and not (tmp_path / "t").exists()
+
+
+def test_strings_in_model_exports_serve_text_equal_to_its_predict(trained, tmp_path):
+    from export import export_model
+    from export.saved_model import TEXT_SIGNATURE, load_signature
+
+    model, _, _ = trained
+    manifest = export_model(model, tmp_path / "m", task="classify", verbose=False)
+    assert manifest["parity"]["serve_text_vs_serving_default"] == 0.0
+    texts = ["a fine play", "dull and bad", "good fine play and a fine good play"]
+    served = load_signature(tmp_path / "m" / "saved_model", TEXT_SIGNATURE)(text=tf.constant(texts))
+    expected = model.predict(tf.constant(texts), verbose=0)
+    np.testing.assert_allclose(served["logits"].numpy(), expected, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_functional_tagger_and_embedder_are_served_by_tag_and_embed(trained, tmp_path):
+    """A user's per-token model (`task="tag"`) and its sequence output (`task="embed"`, one
+    rank-3 output, mean-pooled by the server) over HTTP, equal to Keras on the same ids."""
+    from export import export_model
+    from keras_attn.preprocessing import StartEndPacker
+
+    _, tokenizer, _ = trained
+    keras.utils.set_random_seed(2)
+    ids = keras.Input((None,), dtype="int32", name="token_ids")
+    hidden = ka.TokenAndPositionEmbedding(tokenizer.vocabulary_size(), 16, 16, mask_zero=True)(ids)
+    hidden = ka.TransformerEncoder(num_heads=2, intermediate_dim=32)(hidden)
+    tagger = keras.Model(ids, keras.layers.Dense(3, name="tags")(hidden))
+    embedder = keras.Model(ids, hidden)
+    packer = StartEndPacker(
+        16, start_value=tokenizer.token_to_id("[CLS]"), end_value=tokenizer.token_to_id("[SEP]")
+    )
+    for name, model, task in (("tagger", tagger, "tag"), ("embedder", embedder, "embed")):
+        export_model(
+            model, tmp_path / "repo" / name / "1", tokenizer=tokenizer, packer=packer,
+            formats=["onnx"], task=task, labels=["O", "B", "I"] if task == "tag" else None,
+            verbose=False,
+        )  # fmt: skip
+    texts = ["a fine play", "dull"]
+    url, stop = serve_in_thread(create_app(ModelRepository(tmp_path / "repo")))
+    try:
+        tags = httpx.post(f"{url}/v2/models/tagger/tag", json={"text_input": texts}, timeout=60)
+        vectors = httpx.post(f"{url}/v2/models/embedder/embed", json={"text_input": texts},
+                             timeout=60)  # fmt: skip
+    finally:
+        stop()
+    assert tags.status_code == 200 and vectors.status_code == 200, (tags.text, vectors.text)
+    packed = np.asarray(packer(tokenizer(tf.constant(texts))))
+    packed = packed[:, : int((packed != 0).sum(1).max())]
+    logits = np.asarray(tagger(packed))
+    for row, answer in enumerate(tags.json()["predictions"]):
+        real = [i for i, t in enumerate(packed[row]) if t not in (0, 2, 3)]
+        assert [a["label"] for a in answer] == [
+            ["O", "B", "I"][logits[row, i].argmax()] for i in real
+        ]
+    hidden_states = np.asarray(embedder(packed), "float64")
+    real = (packed != 0)[..., None]
+    expected = (hidden_states * real).sum(1) / real.sum(1)
+    np.testing.assert_allclose(np.array(vectors.json()["embeddings"]), expected, atol=1e-5)

@@ -52,7 +52,7 @@ MODELS = {
         ),
         {"token_ids": TOKENS, "padding_mask": (TOKENS != 0).astype("int32")},
         np.roll(TOKENS, -1, axis=1),
-    ),  # fmt: skip
+    ),
     "seq2seq_shared": (seq2seq, SEQ2SEQ_INPUTS, np.array([[12, 13, 2, 0, 0], [14, 15, 16, 17, 2]])),
     "seq2seq_separate": (
         lambda: seq2seq(
