@@ -3,13 +3,35 @@
 Configured to match `keras_attn.tokenizers.WordPieceTokenizer` (tensorflow-text's
 `FastBertTokenizer`): BERT normalization (lower-casing and accent stripping when uncased),
 whitespace and punctuation splitting, greedy longest-match WordPiece with `##` suffixes.
-The ids agree on every line of the default corpus (tested).
+Where the two runtimes' Unicode tables disagree (characters assigned or recategorized since
+the older one), `wordpiece_unicode.json` says what the in-graph tokenizer does; a word of
+more than `max_bytes_per_word` UTF-8 bytes is `[UNK]` in both. The ids agree on every line
+of the default corpus and on 10,000 random-Unicode lines per case setting (tested).
 """
 
+import functools
 import json
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+# Code points the two runtimes' Unicode tables treat differently, and what the in-graph
+# tokenizer does with each (built by `python -m tests.tokenizers.unicode_table`).
+UNICODE_TABLE_FILE = Path(__file__).with_name("wordpiece_unicode.json")
+WORD_STANDIN = "\ua000"  # a letter to both, in no BERT vocabulary: its word becomes [UNK]
+
+
+@functools.cache
+def _translation(lowercase):
+    """`str.translate` table that makes the `tokenizers` pipeline see text as tensorflow-text
+    does: characters it drops removed, characters it splits off spaced, letters it keeps in
+    a word replaced by a stand-in letter."""
+    with open(UNICODE_TABLE_FILE, encoding="utf-8") as f:
+        table = json.load(f)["uncased" if lowercase else "cased"]
+    translation = {c: None for c in table["drop"]}
+    translation.update({c: f" {chr(c)} " for c in table["isolate"]})
+    translation.update({c: WORD_STANDIN for c in table["word"]})
+    return translation
 
 
 class WordPieceTextTokenizer:
@@ -22,11 +44,16 @@ class WordPieceTextTokenizer:
         special_tokens=("[PAD]", "[UNK]"),
         unknown_token="[UNK]",
         max_bytes_per_word=100,
+        unicode_table=None,
     ):
         self.vocabulary = list(vocabulary)
+        # `unicode_table={}` switches the correction off (to build the table).
+        self._translation = _translation(lowercase) if unicode_table is None else unicode_table
         self.special_tokens = tuple(special_tokens)
         self._special_ids = {i for i, t in enumerate(self.vocabulary) if t in set(special_tokens)}
         self.lowercase = lowercase
+        self.max_bytes_per_word = max_bytes_per_word
+        self._unknown_id = self.vocabulary.index(unknown_token)
         self._tokenizer = Tokenizer(
             models.WordPiece(
                 {t: i for i, t in enumerate(self.vocabulary)},
@@ -66,8 +93,32 @@ class WordPieceTextTokenizer:
         """A string or a list of strings to a list of ids (or a list of such lists)."""
         if isinstance(texts, str):
             return self.encode([texts])[0]
-        encodings = self._tokenizer.encode_batch(list(texts), add_special_tokens=False)
-        return [e.ids for e in encodings]
+        texts = [text if text.isascii() else text.translate(self._translation) for text in texts]
+        if self.lowercase:
+            # Full Unicode lower-casing, as BERT's reference and tf.strings.lower do: a final
+            # capital sigma becomes ς (the `tokenizers` normalizer would write σ).
+            texts = [text.lower() for text in texts]
+        encodings = self._tokenizer.encode_batch(texts, add_special_tokens=False)
+        return [
+            e.ids if text.isascii() else self._limit_word_bytes(text, e.ids)
+            for text, e in zip(texts, encodings, strict=True)
+        ]
+
+    def _limit_word_bytes(self, text, ids):
+        """The in-graph tokenizer (tensorflow-text) turns a word of more than
+        `max_bytes_per_word` UTF-8 *bytes* into `[UNK]`; the `tokenizers` model counts
+        characters. Only non-ASCII words can differ: those are tokenized one by one here."""
+        normalized = self._tokenizer.normalizer.normalize_str(text)
+        words = self._tokenizer.pre_tokenizer.pre_tokenize_str(normalized)
+        if all(len(word.encode("utf-8")) <= self.max_bytes_per_word for word, _ in words):
+            return ids
+        out = []
+        for word, _ in words:
+            if len(word.encode("utf-8")) > self.max_bytes_per_word:
+                out.append(self._unknown_id)
+            else:
+                out.extend(token.id for token in self._tokenizer.model.tokenize(word))
+        return out
 
     def decode(self, ids):
         """Ids to text, special tokens dropped."""
