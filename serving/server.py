@@ -70,6 +70,14 @@ class ModelRepository:
     def names(self):
         return sorted(p.name for p in self.root.iterdir() if p.is_dir() and NAME.match(p.name))
 
+    def servable(self):
+        """Whether any model has a numbered version folder (what readiness needs)."""
+        return any(
+            p.name.isdigit() and p.is_dir()
+            for name in self.names()
+            for p in (self.root / name).iterdir()
+        )
+
     def versions(self, name):
         if not isinstance(name, str) or not NAME.match(name) or ".." in name:
             raise ServingError(400, f"invalid model name {name!r}")
@@ -287,7 +295,8 @@ def create_app(repository, settings=None, **overrides):
         await asyncio.to_thread(repository.close)
         log.info("drained")
 
-    app = FastAPI(title="keras-attn-serve", lifespan=lifespan)
+    docs = {} if settings.openapi else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+    app = FastAPI(title="keras-attn-serve", lifespan=lifespan, **docs)
     app.state.repository = repository
     app.state.settings = settings
     app.state.metrics = metrics
@@ -323,7 +332,12 @@ def create_app(repository, settings=None, **overrides):
 
     @app.exception_handler(Exception)
     async def unexpected_error(request, error: Exception):
-        return JSONResponse({"error": f"internal error: {error}"}, status_code=500)
+        # The details (paths, node names, addresses) go to the log, not to the client; the
+        # connection is closed after a 500, and the client is told so.
+        log.exception("internal error on %s %s", request.method, request.url.path)
+        return JSONResponse(
+            {"error": "internal error"}, status_code=500, headers={"Connection": "close"}
+        )
 
     from fastapi.exceptions import RequestValidationError
     from starlette.exceptions import HTTPException
@@ -340,7 +354,15 @@ def create_app(repository, settings=None, **overrides):
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > max_body_bytes:
             raise ServingError(413, f"request body exceeds {max_body_bytes} bytes")
-        body = await request.body()
+        # Counted while it arrives: a chunked body (no Content-Length) is refused once it
+        # passes the limit, never read whole first.
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_body_bytes:
+                raise ServingError(413, f"request body exceeds {max_body_bytes} bytes")
+            chunks.append(chunk)
+        body = b"".join(chunks)
         encoding = request.headers.get("content-encoding", "identity").lower()
         if encoding in ("gzip", "deflate"):  # tritonclient's request_compression_algorithm
             import zlib
@@ -383,6 +405,8 @@ def create_app(repository, settings=None, **overrides):
 
     @app.get("/v2/health/ready")
     def ready():
+        if not repository.servable():
+            raise ServingError(503, "no model in the repository has a version to serve")
         return {}
 
     # Each model route answers with and without `/versions/{version}` (the newest version).

@@ -34,5 +34,6 @@ class ServerSettings(BaseSettings):
         None, ge=1, description="onnxruntime intra-op threads; default: cores // batch_workers"
     )
     verify_sha256: bool = True
+    openapi: bool = Field(False, description="serve /docs and /openapi.json")
     drain_timeout_s: float = Field(30.0, ge=0, description="SIGTERM: wait for in-flight")
     log_level: str = "info"

@@ -300,3 +300,70 @@ def test_binary_tensor_extension_byte_level(server, toy_artifact):
     garbled = httpx.post(server + "/v2/models/toy/infer", content=b"not gzip",
                          headers={"Content-Encoding": "gzip"})  # fmt: skip
     assert garbled.status_code == 400 and "gzip" in garbled.json()["error"]
+
+
+def test_chunked_body_is_refused_once_it_passes_the_limit(toy_artifact):
+    """A chunked upload (no Content-Length) is counted while it streams: the 413 comes once the
+    limit is passed, while the client is still sending (issue 19: a 300 MB chunked body was
+    read whole first). The client here never finishes its body: a server that waits for the
+    end never answers."""
+    import socket
+
+    url, stop = serve_in_thread(
+        create_app(ModelRepository(toy_artifact[0].parent), max_body_bytes=1000)
+    )
+    host, port = url.removeprefix("http://").split(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(
+                b"POST /v2/models/toy_lm/infer HTTP/1.1\r\nHost: x\r\n"
+                b"Transfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\n"
+            )
+            for _ in range(5):  # 5 KB of a body that would go on
+                sock.sendall(b"400\r\n" + b"x" * 1024 + b"\r\n")
+            answer = sock.recv(4096).decode()
+    finally:
+        stop()
+    assert answer.startswith("HTTP/1.1 413"), answer[:200]
+    assert "exceeds 1000 bytes" in answer
+
+
+def test_docs_and_openapi_are_off_by_default(toy_artifact):
+    from fastapi.testclient import TestClient
+
+    client = TestClient(create_app(ModelRepository(toy_artifact[0].parent)))
+    for path in ("/docs", "/redoc", "/openapi.json"):
+        assert client.get(path).status_code == 404, path
+    client = TestClient(create_app(ModelRepository(toy_artifact[0].parent), openapi=True))
+    assert client.get("/openapi.json").status_code == 200
+
+
+def test_unexpected_error_is_a_plain_500_that_closes_the_connection(toy_artifact, monkeypatch):
+    """No exception text (paths, node names, addresses) reaches the client, and the client is
+    told the connection closes (issue 19: keep-alive clients saw a reset)."""
+    from fastapi.testclient import TestClient
+
+    repository = ModelRepository(toy_artifact[0].parent)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("/secret/path node_42 at 0x7f00deadbeef")
+
+    monkeypatch.setattr(repository, "get", broken)
+    client = TestClient(create_app(repository), raise_server_exceptions=False)
+    response = client.get("/v2/models/toy_lm")
+    assert response.status_code == 500
+    assert response.json() == {"error": "internal error"}
+    assert response.headers["connection"] == "close"
+
+
+def test_ready_only_with_a_servable_model(toy_artifact, tmp_path):
+    from fastapi.testclient import TestClient
+
+    empty = TestClient(create_app(ModelRepository(tmp_path)))
+    response = empty.get("/v2/health/ready")
+    assert response.status_code == 503 and "no model" in response.json()["error"]
+    assert empty.get("/v2/health/live").status_code == 200
+    unversioned = TestClient(create_app(ModelRepository(toy_artifact[0].parent)))
+    assert unversioned.get("/v2/health/ready").status_code == 503  # NAME/ without NAME/1/
+    full = TestClient(create_app(ModelRepository(repository_folder(toy_artifact, tmp_path))))
+    assert full.get("/v2/health/ready").status_code == 200
