@@ -12,6 +12,7 @@ import argparse
 import itertools
 import json
 import logging
+import math
 import os
 import re
 import threading
@@ -306,6 +307,7 @@ def create_app(repository, settings=None, **overrides):
         """`(version, outputs)` through the model's batcher, within the request timeout."""
         chosen, predictor, batcher = repository.batcher(name, version)
         arrays = predictor.check(feeds)
+        check_response_size(predictor.manifest["outputs"], arrays)
         try:
             future = batcher.submit(arrays)
         except RuntimeError:
@@ -315,6 +317,29 @@ def create_app(repository, settings=None, **overrides):
             return chosen, await asyncio.wait_for(asyncio.wrap_future(future), timeout)
         except TimeoutError:
             raise ServingError(504, f"request timed out after {timeout:g} s") from None
+
+    def check_response_size(output_specs, arrays):
+        """Refuses, before any compute, a request whose rows or outputs pass the limits: a
+        small request must not buy a huge answer (issue 19: 768 KB in, 210 MB of JSON out)."""
+        rows = max((a.shape[0] for a in arrays.values() if a.ndim), default=0)
+        if rows > settings.max_rows_per_request:
+            raise ServingError(
+                413, f"request has {rows} rows; at most {settings.max_rows_per_request} per "
+                     "request (--max-rows-per-request)",
+            )  # fmt: skip
+        length = max((a.shape[1] for a in arrays.values() if a.ndim > 1), default=1)
+        size = 0
+        for spec in output_specs:
+            axes = {"batch": rows, "sequence": length}
+            size += 4 * math.prod(
+                axes.get(d, d if isinstance(d, int) else 1) for d in spec["shape"]
+            )
+        if size > settings.max_output_bytes:
+            raise ServingError(
+                413, f"the outputs would hold {size} bytes (float32), over the "
+                     f"{settings.max_output_bytes}-byte limit (--max-output-bytes): send fewer "
+                     "rows or shorter sequences",
+            )  # fmt: skip
 
     @app.get("/metrics")
     def prometheus_metrics():
@@ -441,7 +466,9 @@ def create_app(repository, settings=None, **overrides):
         header = {"model_name": name, "model_version": str(chosen)}
         if "id" in payload:
             header["id"] = payload["id"]
-        content, json_length = encode_response(header, outputs, wanted)
+        # Encoding a large answer takes a while: off the event loop, so health checks and
+        # other requests are not held up behind it.
+        content, json_length = await asyncio.to_thread(encode_response, header, outputs, wanted)
         if json_length is None:
             return Response(content, media_type="application/json")
         return Response(
@@ -611,18 +638,28 @@ def create_app(repository, settings=None, **overrides):
             except ValueError as error:
                 raise ServingError(400, f"input {key!r} is not rectangular: {error}") from None
         _, outputs = await predict(name, version, arrays)
-        if "instances" in body:
-            if len(outputs) == 1:
-                (values,) = outputs.values()
-                return {"predictions": values.tolist()}
-            count = len(next(iter(outputs.values())))
-            return {"predictions": [{k: v[i].tolist() for k, v in outputs.items()}
-                                    for i in range(count)]}  # fmt: skip
-        if len(outputs) == 1:
-            return {"outputs": next(iter(outputs.values())).tolist()}
-        return {"outputs": {k: v.tolist() for k, v in outputs.items()}}
+        content = await asyncio.to_thread(_tfs_answer, outputs, "instances" in body)
+        return Response(content, media_type="application/json")
 
     return app
+
+
+def _tfs_answer(outputs, rows):
+    """TF Serving's JSON answer: `predictions` per row, or `outputs` by column (encoded here,
+    in a worker thread, not on the event loop)."""
+    if rows:
+        if len(outputs) == 1:
+            (values,) = outputs.values()
+            answer = {"predictions": values.tolist()}
+        else:
+            count = len(next(iter(outputs.values())))
+            answer = {"predictions": [{k: v[i].tolist() for k, v in outputs.items()}
+                                      for i in range(count)]}  # fmt: skip
+    elif len(outputs) == 1:
+        answer = {"outputs": next(iter(outputs.values())).tolist()}
+    else:
+        answer = {"outputs": {k: v.tolist() for k, v in outputs.items()}}
+    return json.dumps(answer).encode()
 
 
 def parse_settings(argv=None) -> ServerSettings:

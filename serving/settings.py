@@ -25,6 +25,10 @@ class ServerSettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     max_body_bytes: int = Field(16 << 20, gt=0)
+    max_rows_per_request: int = Field(1024, gt=0, description="rows in one request; more: 413")
+    max_output_bytes: int = Field(
+        64 << 20, gt=0, description="float32 bytes a request's outputs may hold; more: 413"
+    )
     max_concurrency: int = Field(256, gt=0, description="in-flight requests; more get 503")
     request_timeout_s: float = Field(30.0, gt=0, description="per request; then 504")
     max_batch_size: int = Field(32, ge=1, description="rows per merged call; 1 = no merging")

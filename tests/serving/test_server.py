@@ -367,3 +367,29 @@ def test_ready_only_with_a_servable_model(toy_artifact, tmp_path):
     assert unversioned.get("/v2/health/ready").status_code == 503  # NAME/ without NAME/1/
     full = TestClient(create_app(ModelRepository(repository_folder(toy_artifact, tmp_path))))
     assert full.get("/v2/health/ready").status_code == 200
+
+
+def test_a_small_request_cannot_buy_a_huge_answer(toy_artifact, tmp_path, monkeypatch):
+    """Rows and output bytes are checked before any compute (issue 19: a 768 KB request got a
+    210 MB JSON answer and stalled health checks for 5 s)."""
+    from fastapi.testclient import TestClient
+
+    from serving.batching import Batcher
+
+    def never(self, feeds):
+        raise AssertionError("the model ran")
+
+    root = repository_folder(toy_artifact, tmp_path)
+    # toy logits: (rows, seq, vocab) float32: 3 rows x 4 positions pass the limit by a byte.
+    vocab = json.loads((root / "toy" / "1" / "manifest.json").read_text())["vocabulary_size"]
+    client = TestClient(create_app(ModelRepository(root), max_output_bytes=3 * 4 * vocab * 4 - 1,
+                                   max_rows_per_request=3))  # fmt: skip
+    assert client.get("/v2/models/toy").status_code == 200  # loaded (its padding probe ran)
+    monkeypatch.setattr(Batcher, "submit", never)
+    too_many = client.post("/v2/models/toy/infer", json=v2_request(ids=[[5, 9]] * 4))
+    assert too_many.status_code == 413 and "at most 3 per request" in too_many.json()["error"]
+    too_big = client.post("/v2/models/toy/infer", json=v2_request(ids=[[5, 9, 12, 7]] * 3))
+    assert too_big.status_code == 413
+    assert f"would hold {3 * 4 * vocab * 4} bytes" in too_big.json()["error"]
+    tfs = client.post("/v1/models/toy:predict", json={"instances": [[5, 9, 12, 7]] * 3})
+    assert tfs.status_code == 413
