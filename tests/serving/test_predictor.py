@@ -73,3 +73,29 @@ def test_greedy_batches_prompts_of_different_lengths():
         greedy(logits_fn, [[1, 2]], 5, max_length=4)
     with pytest.raises(ValueError, match="prompts"):
         greedy(logits_fn, [[]], 1)
+
+
+@pytest.mark.parametrize(
+    "tamper, words",
+    [
+        # Removing a file's entry no longer turns its check off: the file is then unlisted.
+        (lambda m, f: m["files"].pop("model.onnx"), r"points to \['model.onnx'\] but does not"),
+        (lambda m, f: m["files"].pop("tokenizer/vocab.txt"), "not in manifest.json"),
+        (lambda m, f: (f / "extra.onnx").write_bytes(b"x"), "extra.onnx"),
+        (lambda m, f: m["onnx"].update(file="../../etc/passwd"), "not a plain name"),
+        (lambda m, f: m["onnx"].update(file="/etc/passwd"), "not a plain name"),
+        (lambda m, f: m["files"].update({"../x": "0" * 64}), "not a plain name"),
+        (lambda m, f: m["decoding"].update(file="other.onnx"), "does not list their sha256"),
+        (lambda m, f: m.update(files={}), "lists no files"),
+    ],
+)
+def test_manifest_integrity_holes_are_closed(toy_artifact, tmp_path, tamper, words):
+    """Issue 19: deleting a file's entry turned its hash check off, and `onnx.file` could name
+    a file outside the folder or outside `files`."""
+    copy = tmp_path / "copy"
+    shutil.copytree(toy_artifact[0], copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    tamper(manifest, copy)
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match=words):
+        Predictor(copy)
