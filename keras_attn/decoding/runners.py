@@ -55,8 +55,9 @@ def select_rows(state, rows):
 class _Runner:
     """Shared by the runners: `embed(ids, index)`, the decoder `blocks` and `logits(x)`."""
 
-    def __init__(self, model, embed, blocks, logits, max_length):
+    def __init__(self, model, embed, blocks, logits, max_length, vocabulary_size=None):
         self.model = model
+        self.vocabulary_size = vocabulary_size  # prompt ids must lie below it
         self.embed, self.blocks, self.logits = embed, blocks, logits
         # Longest sequence the model can decode: its learned position table (None: sinusoidal).
         self.max_length = max_length
@@ -96,7 +97,10 @@ class CausalLMRunner(_Runner):
         stack = compiled(
             model, "stack", lambda: CausalStack(model, not isinstance(model, CausalLM))
         )
-        super().__init__(model, stack.embed, stack.blocks, stack.logits, stack.max_length)
+        super().__init__(
+            model, stack.embed, stack.blocks, stack.logits, stack.max_length,
+            stack.token_embedding.vocabulary_size,
+        )  # fmt: skip
         # What the ONNX decode-graph writer reads (`export.decode_graph`).
         self.token_embedding, self.positions = stack.token_embedding, stack.positions
         self.final_norm, self.head, self.mask_zero = stack.final_norm, stack.head, stack.mask_zero
@@ -147,7 +151,10 @@ class Seq2SeqRunner(_Runner):
                 x = final_norm(x)
             return ops.cast(token_embedding(x, reverse=True), "float32")
 
-        super().__init__(model, embed, blocks, logits, getattr(positions, "sequence_length", None))
+        super().__init__(
+            model, embed, blocks, logits, getattr(positions, "sequence_length", None),
+            token_embedding.vocabulary_size,
+        )  # fmt: skip
         if not source_ids or any(len(s) == 0 for s in source_ids):
             raise ValueError("`source_ids` must be a non-empty list of non-empty id lists.")
         width = max(len(s) for s in source_ids)

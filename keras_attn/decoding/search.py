@@ -68,6 +68,12 @@ def generate(
         )
     if sampler not in SAMPLERS:
         raise ValueError(f"`sampler` must be one of {SAMPLERS}. Received: sampler={sampler!r}")
+    size = getattr(runner, "vocabulary_size", None)
+    bad = sorted({int(t) for p in prompts for t in p if size is not None and not 0 <= t < size})
+    if bad:
+        raise ValueError(
+            f"`prompts` hold ids outside the vocabulary [0, {size}). Received: {bad[:5]}"
+        )
     longest = max(len(p) for p in prompts)
     limit = getattr(runner, "max_length", None)
     if limit is not None and longest + max_new_tokens > limit:

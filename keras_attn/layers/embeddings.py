@@ -165,6 +165,9 @@ class PositionEmbedding(keras.layers.Layer):
         shape = ops.shape(inputs)
         length, dim = shape[-2], shape[-1]
         table = ops.cast(self.position_embeddings, self.compute_dtype)
+        if isinstance(inputs.shape[-2], int) and isinstance(start_index, int):
+            # Known while tracing or eager: a clear error instead of a Slice op failure.
+            _check_length(self, "inputs", start_index + inputs.shape[-2], self.sequence_length)
         if position_ids is not None:
             return ops.take(table, ops.cast(position_ids, "int32"), axis=0)
         positions = ops.slice(table, (start_index, 0), (length, dim))

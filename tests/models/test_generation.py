@@ -110,3 +110,17 @@ def test_generation_past_the_context_length_names_both_numbers(lm, sampler):
     ):
         lm.generate([[5] * 30], 5, sampler=sampler)
     assert len(lm.generate([[5] * 30], 2, sampler=sampler)[0]) <= 2
+
+
+def test_bad_prompts_and_long_inputs_are_value_errors_not_op_errors(lm):
+    """Issue 19: prompt ids past the vocabulary and inputs past the position table surfaced as
+    TensorFlow op errors. (A traced call whose length is only known at run time, as in
+    `predict`, still fails inside the Slice op.)"""
+    with pytest.raises(
+        ValueError, match=r"outside the vocabulary \[0, 50\)\. Received: \[60, 99\]"
+    ):
+        lm.generate([[60, 3], [99]], 2)
+    with pytest.raises(
+        ValueError, match=r"up to `sequence_length=32`\. Received: inputs of length 40"
+    ):
+        lm(np.ones((1, 40), "int32"))
