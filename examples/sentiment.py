@@ -18,6 +18,7 @@ import time
 import keras
 import numpy as np
 
+from keras_attn.callbacks import TimeBudget
 from keras_attn.data import SENTIMENTS, load_tweet_sentiment
 from keras_attn.models import Encoder, SequenceClassifier
 from keras_attn.optimizers import WarmupDecay, adamw
@@ -47,22 +48,6 @@ def make_encoder(vocabulary_size, sequence_length):
                    dropout=0.1)  # fmt: skip
 
 
-class TimeBudget(keras.callbacks.Callback):
-    """Stops `fit` after the batch during which `seconds` of training have passed."""
-
-    def __init__(self, seconds):
-        super().__init__()
-        self.seconds = seconds
-
-    def on_train_begin(self, logs=None):
-        self.start, self.steps = time.perf_counter(), 0
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.steps += 1
-        if self.seconds and time.perf_counter() - self.start > self.seconds:
-            self.model.stop_training = True
-
-
 def train_classifier(encoder, x, y, x_test, y_test, epochs, learning_rate=1e-3,
                      budget_seconds=None, pooling="cls", batch_size=64):  # fmt: skip
     """Fine-tunes (or trains) `encoder` with a classification head; returns held-out
@@ -73,9 +58,11 @@ def train_classifier(encoder, x, y, x_test, y_test, epochs, learning_rate=1e-3,
     warmup, total = (30, 10**7) if budget_seconds else (steps // 10, steps)
     model.compile(optimizer=adamw(WarmupDecay(learning_rate, warmup, total)),
                   metrics=["accuracy"])  # fmt: skip
-    budget = TimeBudget(budget_seconds)
-    model.fit(x, y, batch_size=batch_size, epochs=epochs, verbose=2, callbacks=[budget])
-    print(f"trained {budget.steps} steps in {time.perf_counter() - budget.start:.0f} s")
+    started = time.perf_counter()
+    callbacks = [TimeBudget(budget_seconds)] if budget_seconds else []
+    model.fit(x, y, batch_size=batch_size, epochs=epochs, verbose=2, callbacks=callbacks)
+    steps = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+    print(f"trained {steps} steps in {time.perf_counter() - started:.0f} s")
     return float((model.predict(x_test, verbose=0).argmax(-1) == y_test).mean())
 
 
