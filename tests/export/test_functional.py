@@ -300,3 +300,23 @@ def test_functional_tagger_and_embedder_are_served_by_tag_and_embed(trained, tmp
     real = (packed != 0)[..., None]
     expected = (hidden_states * real).sum(1) / real.sum(1)
     np.testing.assert_allclose(np.array(vectors.json()["embeddings"]), expected, atol=1e-5)
+
+
+def test_cli_tokenizer_flag_adds_a_vocabulary_to_an_ids_model(toy_tokenizer, tmp_path, capsys):
+    from export.cli import main
+
+    keras.utils.set_random_seed(3)
+    ids = keras.Input((None,), dtype="int32", name="token_ids")
+    x = ka.TokenAndPositionEmbedding(toy_tokenizer.vocabulary_size(), 16, 8, mask_zero=True)(ids)
+    x = keras.layers.GlobalAveragePooling1D()(ka.TransformerEncoder(2, 16)(x))
+    keras.Model(ids, keras.layers.Dense(2)(x)).save(tmp_path / "m.keras")
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(toy_tokenizer.get_vocabulary()) + "\n", encoding="utf-8")
+    options = ["--formats", "onnx", "--tokenizer", str(vocab), "--task", "classify"]
+    code = main([str(tmp_path / "m.keras"), str(tmp_path / "out"), *options,
+                 "--labels", '["no", "yes"]'])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["task"] == "classify" and manifest["labels"] == ["no", "yes"]
+    exported = (tmp_path / "out" / "tokenizer" / "vocab.txt").read_text(encoding="utf-8")
+    assert exported.split("\n")[:-1] == toy_tokenizer.get_vocabulary()
