@@ -72,6 +72,26 @@ def _max_token_id(model):
     return _smallest_layer_attribute(model, "vocabulary_size") or 2
 
 
+def _input_ranges(model):
+    """`{input name: [low, high)}` of the integer inputs whose values index a table: token ids
+    (the vocabulary), segment ids (`num_segments`), padding masks (0 or 1). The server refuses
+    values outside them."""
+    ranges = {}
+    vocabulary = _smallest_layer_attribute(model, "vocabulary_size")
+    segments = _smallest_layer_attribute(model, "num_segments")
+    for spec in input_specs(model):
+        name = spec["name"]
+        if not np.issubdtype(np.dtype(spec["dtype"]), np.integer):
+            continue
+        if "segment" in name and segments:
+            ranges[name] = [0, segments]
+        elif "mask" in name:
+            ranges[name] = [0, 2]
+        elif "token" in name and vocabulary:
+            ranges[name] = [0, vocabulary]
+    return ranges
+
+
 def _max_sequence_length(model):
     """The longest input a learned position table allows (less an encoder's position offset,
     RoBERTa's 2), or None."""
@@ -431,6 +451,7 @@ def export_model(
                 "tokenizer": "tokenizer" if tokenizer is not None else None,
                 "max_sequence_length": _max_sequence_length(model),
                 "vocabulary_size": _smallest_layer_attribute(model, "vocabulary_size"),
+                "input_ranges": _input_ranges(model),
                 "versions": _versions(),
                 "parity": {
                     "tolerance": tolerance,

@@ -125,10 +125,13 @@ class Predictor:
         if limit is not None and cast.ndim >= 2 and cast.shape[-1] > limit:
             raise InputError(f"input {name!r} has sequence length {cast.shape[-1]}; the model "
                              f"accepts at most {limit}")  # fmt: skip
+        low, high = (self.manifest.get("input_ranges") or {}).get(name) or (None, None)
         vocabulary = self.manifest.get("vocabulary_size")
-        if vocabulary and "token" in name and cast.size:
-            if cast.min() < 0 or cast.max() >= vocabulary:
-                raise InputError(f"input {name!r} has ids outside [0, {vocabulary})")
+        if high is None and vocabulary and "token" in name:  # manifests before input_ranges
+            low, high = 0, vocabulary
+        if high is not None and cast.size and (cast.min() < low or cast.max() >= high):
+            what = "ids" if "token" in name else "values"
+            raise InputError(f"input {name!r} has {what} outside [{low}, {high})")
         return cast
 
     def logits(self, token_ids):

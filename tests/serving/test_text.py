@@ -257,3 +257,19 @@ def test_heads_record_their_nested_encoder_limits(text_models, toy_tokenizer):
                        for name in ("token_ids", "segment_ids")]}  # fmt: skip
     response = httpx.post(f"{url}/v2/models/sentiment/infer", json=body, timeout=60)
     assert response.status_code == 400 and "at most 24" in response.json()["error"]
+
+
+@pytest.mark.parametrize("segment", [2, -1, -2])
+def test_segment_ids_outside_the_table_are_a_400(text_models, segment):
+    """Issue 19: segment id 2 gave a 500, and -1, -2 silently became 1 and 0."""
+    url, _, manifests = text_models
+    vocabulary = manifests["sentiment"]["vocabulary_size"]
+    assert manifests["sentiment"]["input_ranges"] == {
+        "token_ids": [0, vocabulary], "segment_ids": [0, 2]}  # fmt: skip
+    body = {"inputs": [
+        {"name": "token_ids", "shape": [1, 3], "datatype": "INT32", "data": [2, 5, 3]},
+        {"name": "segment_ids", "shape": [1, 3], "datatype": "INT32", "data": [0, segment, 0]},
+    ]}  # fmt: skip
+    response = httpx.post(f"{url}/v2/models/sentiment/infer", json=body, timeout=60)
+    assert response.status_code == 400
+    assert "input 'segment_ids' has values outside [0, 2)" in response.json()["error"]
