@@ -87,9 +87,21 @@ def merge_masks(
     def _and(a, b):
         return b if a is None else ops.logical_and(a, b)
 
+    def _fits(name, mask, axis, length, what):
+        """A mask axis known now must be 1 or the length it masks (else a clear error, not a
+        broadcasting op failure later)."""
+        size = mask.shape[axis]
+        if isinstance(size, int) and isinstance(length, int) and size not in (1, length):
+            raise ValueError(
+                f"`{name}` must match the {what} length {length}. Received: "
+                f"{name}.shape={tuple(mask.shape)}"
+            )
+
     if query_mask is not None:
+        _fits("query_mask", query_mask, -1, query_length, "query")
         merged = _and(merged, ops.expand_dims(_as_bool(query_mask, "query_mask"), -1))
     if key_mask is not None:
+        _fits("key_mask", key_mask, -1, key_length, "key")
         merged = _and(merged, ops.expand_dims(_as_bool(key_mask, "key_mask"), -2))
     if attention_mask is not None:
         attention_mask = _as_bool(attention_mask, "attention_mask")
@@ -100,6 +112,8 @@ def merge_masks(
                 "`attention_mask` must have shape (batch, q_len, k_len) or (q_len, k_len). "
                 f"Received: attention_mask.shape={attention_mask.shape}"
             )
+        _fits("attention_mask", attention_mask, -2, query_length, "query")
+        _fits("attention_mask", attention_mask, -1, key_length, "key")
         merged = _and(merged, attention_mask)
     if use_causal_mask:
         if query_length is None:

@@ -73,3 +73,28 @@ def test_masked_softmax_fully_masked_row_gives_zeros_not_nan(dtype):
     np.testing.assert_allclose(weights[0], [e[0] / e.sum(), 0.0, e[1] / e.sum()], rtol=1e-2)
     np.testing.assert_array_equal(weights[1], [0.0, 0.0, 0.0])
     assert keras.backend.standardize_dtype(masks.masked_softmax(scores, mask).dtype) == dtype
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (
+            {"attention_mask": np.ones((2, 4, 5), bool)},
+            "`attention_mask` must match the query length 5",
+        ),
+        (
+            {"attention_mask": np.ones((2, 5, 7), bool)},
+            "`attention_mask` must match the key length 5",
+        ),
+        ({"query_mask": np.ones((2, 6), bool)}, "`query_mask` must match the query length 5"),
+    ],
+)
+def test_wrong_mask_shapes_are_value_errors_naming_the_mask(kwargs, words):
+    """Issue 19: a mismatched mask surfaced as a broadcasting op error."""
+    import keras_attn as ka
+
+    x = np.random.default_rng(0).random((2, 5, 16)).astype("float32")
+    with pytest.raises(ValueError, match=words):
+        ka.MultiHeadAttention(num_heads=2, key_dim=8)(x, **kwargs)
+    # Broadcastable masks are still fine: one query row for all, or the full shape.
+    ka.MultiHeadAttention(num_heads=2, key_dim=8)(x, attention_mask=np.ones((2, 1, 5), bool))
