@@ -9,7 +9,7 @@ graph order:
 3. optionally one `LayerNormalization` (pre-norm models' final norm);
 4. the output: the `TokenEmbedding` reversed (tied weights) or one `Dense` layer.
 Dropout and dtype casts (`Activation("linear")`) may sit anywhere. Anything else between those
-layers would be skipped by cached decoding, so `causal_stack` checks: the stack's logits must
+layers would be skipped by cached decoding, so `CausalStack` checks: the stack's logits must
 equal the model's on a probe, or a `ValueError` names the contract.
 """
 
