@@ -19,6 +19,7 @@ from export.parity import (
     check,
     check_tolerance,
     format_table,
+    input_kind,
     max_abs_diff,
     sample_inputs,
 )
@@ -73,22 +74,19 @@ def _max_token_id(model):
 
 
 def _input_ranges(model):
-    """`{input name: [low, high)}` of the integer inputs whose values index a table: token ids
-    (the vocabulary), segment ids (`num_segments`), padding masks (0 or 1). The server refuses
-    values outside them."""
+    """`{input name: [low, high)}` of the integer inputs whose values index a table (by the
+    naming rule of `export.parity.input_kind`): token ids (the vocabulary), segment ids
+    (`num_segments`), padding masks (0 or 1). The server refuses values outside them."""
     ranges = {}
-    vocabulary = _smallest_layer_attribute(model, "vocabulary_size")
-    segments = _smallest_layer_attribute(model, "num_segments")
+    bounds = {
+        "token": _smallest_layer_attribute(model, "vocabulary_size"),
+        "segment": _smallest_layer_attribute(model, "num_segments"),
+        "mask": 2,
+    }
     for spec in input_specs(model):
-        name = spec["name"]
-        if not np.issubdtype(np.dtype(spec["dtype"]), np.integer):
-            continue
-        if "segment" in name and segments:
-            ranges[name] = [0, segments]
-        elif "mask" in name:
-            ranges[name] = [0, 2]
-        elif "token" in name and vocabulary:
-            ranges[name] = [0, vocabulary]
+        kind = input_kind(spec["name"])
+        if np.issubdtype(np.dtype(spec["dtype"]), np.integer) and bounds.get(kind):
+            ranges[spec["name"]] = [0, bounds[kind]]
     return ranges
 
 
@@ -534,8 +532,8 @@ def _export_decoding(model, folder: Path, opset, tolerance) -> dict:
     spec = write_decode_onnx(model, folder / "decode.onnx", max_length, opset)
     session = ort.InferenceSession(str(folder / "decode.onnx"), providers=["CPUExecutionProvider"])
     worst = _check_decoding(
-        model, "decode.onnx", session_step(session), lambda b: empty_cache(spec, b), max_length,
-        tolerance,
+        model, runner, "decode.onnx", session_step(session), lambda b: empty_cache(spec, b),
+        max_length, tolerance,
     )  # fmt: skip
     decoding = {"file": "decode.onnx", **spec, "step_logits_max_abs_diff": worst,
                 "greedy_equals_keras": True}  # fmt: skip
@@ -548,19 +546,18 @@ def _export_decoding(model, folder: Path, opset, tolerance) -> dict:
         str(folder / "decode_gqa.onnx"), providers=["CPUExecutionProvider"]
     )
     worst = _check_decoding(
-        model, "decode_gqa.onnx", gqa_step(session), lambda b: BoundCache(session, gqa_spec, b),
-        max_length, tolerance,
+        model, runner, "decode_gqa.onnx", gqa_step(session),
+        lambda b: BoundCache(session, gqa_spec, b), max_length, tolerance,
     )  # fmt: skip
     decoding["gqa"] = {"file": "decode_gqa.onnx", **gqa_spec, "step_logits_max_abs_diff": worst,
                        "greedy_equals_keras": True}  # fmt: skip
     return decoding
 
 
-def _check_decoding(model, name, step, new_state, max_length, tolerance):
+def _check_decoding(model, runner, name, step, new_state, max_length, tolerance):
     """Raises `ParityError` unless a decode graph's `step` (from the state `new_state(batch)`)
     gives the Keras model's logits at every position and Keras `generate()`'s greedy ids;
     returns the largest logits difference."""
-    from keras_attn.decoding import CausalLMRunner
     from keras_attn.models import generate
     from serving.generation import greedy_decode
 
@@ -570,7 +567,6 @@ def _check_decoding(model, name, step, new_state, max_length, tolerance):
     new_tokens = max(1, min(8, max_length - 5))
     ids = np.asarray([prompts[1] + [0] * new_tokens], "int32")[:, : 5 + new_tokens]
     ids[0, 5:] = rng.integers(1, vocabulary, size=ids.shape[1] - 5)
-    runner = CausalLMRunner(model)
     full = keras.ops.convert_to_numpy(model(runner.model_inputs(ids), training=False))
     logits, state = step(ids[:, :5], new_state(1), 0)
     worst = max_abs_diff(logits, full[:, 4])

@@ -10,17 +10,25 @@ class ParityError(ValueError):
     """An exported artifact disagrees with the Keras model beyond the tolerance."""
 
 
+def input_kind(name):
+    """What an integer input holds, from its name: `"position"` (`mask_positions` too),
+    `"mask"`, `"segment"`, `"token"`, or `"other"`. The parity sweep and the manifest's input
+    ranges share it."""
+    for kind in ("position", "mask", "segment", "token"):
+        if kind in name:
+            return kind
+    return "other"
+
+
 def default_range(name, max_token_id, sequence_length):
-    """Values an integer input takes in the sweep, from its name: segment ids are 0 or 1, a
+    """Values an integer input takes in the sweep, by `input_kind`: segment ids are 0 or 1, a
     padding mask is 1 (its padded tail is 0), positions index the sequence, anything else is a
     token id in `[1, max_token_id)`."""
-    if "mask" in name:
-        return 1, 2
-    if "segment" in name:
-        return 0, 2
-    if "position" in name:
-        return 0, sequence_length
-    return 1, max(2, max_token_id)
+    return {
+        "mask": (1, 2),
+        "segment": (0, 2),
+        "position": (0, sequence_length),
+    }.get(input_kind(name), (1, max(2, max_token_id)))  # token ids, and anything else
 
 
 def sample_inputs(specs, batch_size, sequence_length, max_token_id, input_ranges=None, seed=0):

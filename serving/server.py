@@ -32,7 +32,7 @@ from serving.protocol import (
     requested_outputs,
 )
 from serving.settings import ModelConfig, ServerSettings
-from serving.text import TextModel
+from serving.text import TEXT_PARAMETERS, TextModel
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -244,15 +244,6 @@ class Gate:
             self.log.info("request", extra={"method": scope["method"], "path": path,
                                             "status": status[0],
                                             "ms": round(1000 * seconds, 3)})  # fmt: skip
-
-
-# The `parameters` each text endpoint reads; any other is refused with a 400.
-TEXT_PARAMETERS = {
-    "classify": frozenset(),
-    "tag": frozenset(),
-    "embed": frozenset({"pooling", "normalize"}),
-    "generate": frozenset({"max_tokens", "stop_token_ids"}),
-}
 
 
 def create_app(repository, settings=None, **overrides):

@@ -13,6 +13,13 @@ import numpy as np
 from serving.protocol import ServingError
 
 TEXT_TASKS = ("classify", "tag", "embed", "generate")
+# The `parameters` each text endpoint reads; any other is refused with a 400.
+TEXT_PARAMETERS = {
+    "classify": frozenset(),
+    "tag": frozenset(),
+    "embed": frozenset({"pooling", "normalize"}),
+    "generate": frozenset({"max_tokens", "stop_token_ids"}),
+}
 
 
 def softmax(logits):

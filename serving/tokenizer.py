@@ -108,6 +108,12 @@ class WordPieceTextTokenizer:
         """The in-graph tokenizer (tensorflow-text) turns a word of more than
         `max_bytes_per_word` UTF-8 *bytes* into `[UNK]`; the `tokenizers` model counts
         characters. Only non-ASCII words can differ: those are tokenized one by one here."""
+        # Normalizing changes a word's bytes by less than 2x (lower-casing İ: 2 -> 3): when no
+        # whitespace-separated chunk has half the limit, no word can pass it.
+        if max(len(chunk.encode("utf-8")) for chunk in text.split() or [""]) * 2 <= (
+            self.max_bytes_per_word
+        ):
+            return ids
         normalized = self._tokenizer.normalizer.normalize_str(text)
         words = self._tokenizer.pre_tokenizer.pre_tokenize_str(normalized)
         if all(len(word.encode("utf-8")) <= self.max_bytes_per_word for word, _ in words):
