@@ -34,8 +34,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from keras_attn_export import export_model  # noqa: E402
 
-from export import export_model  # noqa: E402
 from keras_attn.models import Encoder, SequenceClassifier  # noqa: E402
 
 

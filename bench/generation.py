@@ -62,8 +62,8 @@ def main():
         # decode.onnx (tf2onnx of the Keras step, cache copied in and out).
         import tempfile
 
-        from export import export_model
-        from serving import Predictor
+        from keras_attn_export import export_model
+        from keras_attn_serving import Predictor
 
         folder = tempfile.mkdtemp() + "/lm"
         export_model(model, folder, formats=["onnx"], verbose=False)

@@ -25,10 +25,10 @@ sys.path = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from keras_attn_serving.tokenizer import WordPieceTextTokenizer  # noqa: E402
 
 from keras_attn.data import load_corpus  # noqa: E402
 from keras_attn.tokenizers import WordPieceTokenizer  # noqa: E402
-from serving.tokenizer import WordPieceTextTokenizer  # noqa: E402
 
 
 def bert_vocab_path():

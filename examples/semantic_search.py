@@ -42,7 +42,7 @@ def serve(folder, port=None):
     import uvicorn
 
     port = port or free_port()
-    from serving.server import ModelRepository, create_app
+    from keras_attn_serving.server import ModelRepository, create_app
 
     server = uvicorn.Server(
         uvicorn.Config(create_app(ModelRepository(folder)), host="127.0.0.1", port=port,
@@ -98,7 +98,8 @@ def main(argv=None):
     parser.add_argument("--port", type=int, default=None, help="default: a free port")
     args = parser.parse_args(argv)
 
-    from export import export_model
+    from keras_attn_export import export_model
+
     from keras_attn.data import checkpoint_folder, load_corpus
     from keras_attn.models import Encoder
     from keras_attn.preprocessing import StartEndPacker

@@ -18,14 +18,14 @@ from pathlib import Path
 import keras
 import numpy as np
 import tensorflow as tf
+from keras_attn_export import export_model
+from keras_attn_serving import Predictor
 
-from export import export_model
 from keras_attn.callbacks import TimeBudget
 from keras_attn.data import lm_windows, load_corpus
 from keras_attn.metrics import Perplexity
 from keras_attn.models import build_causal_lm, lm_loss
 from keras_attn.tokenizers import WordPieceTokenizer, train_wordpiece_vocabulary
-from serving import Predictor
 
 
 def parse_args(argv=None):

@@ -7,12 +7,11 @@ from pathlib import Path
 
 import keras
 import numpy as np
-
-from export.atomic import replace, temporary_folder
-from export.functional import check_task, split_text_model
-from export.manifest import write_manifest
-from export.onnx import check_opset, run_onnx, write_onnx
-from export.parity import (
+from keras_attn_export.atomic import replace, temporary_folder
+from keras_attn_export.functional import check_task, split_text_model
+from keras_attn_export.manifest import write_manifest
+from keras_attn_export.onnx import check_opset, run_onnx, write_onnx
+from keras_attn_export.parity import (
     DEFAULT_BATCH_SIZES,
     DEFAULT_SEQUENCE_LENGTHS,
     ParityError,
@@ -23,7 +22,7 @@ from export.parity import (
     max_abs_diff,
     sample_inputs,
 )
-from export.saved_model import (
+from keras_attn_export.saved_model import (
     SIGNATURE,
     TEXT_SIGNATURE,
     call_model,
@@ -75,7 +74,7 @@ def _max_token_id(model):
 
 def _input_ranges(model):
     """`{input name: [low, high)}` of the integer inputs whose values index a table (by the
-    naming rule of `export.parity.input_kind`): token ids (the vocabulary), segment ids
+    naming rule of `keras_attn_export.parity.input_kind`): token ids (the vocabulary), segment ids
     (`num_segments`), padding masks (0 or 1). The server refuses values outside them."""
     ranges = {}
     bounds = {
@@ -99,7 +98,7 @@ def _max_sequence_length(model):
     return table - (_smallest_layer_attribute(model, "position_offset") or 0)
 
 
-# Model class -> the text endpoint that serves it (`serving.text`).
+# Model class -> the text endpoint that serves it (`keras_attn_serving.text`).
 TASKS = {
     "CausalLM": "generate",
     "SequenceClassifier": "classify",
@@ -330,7 +329,7 @@ def export_model(
         model: a functional Keras model (any `keras_attn.models` family or head, or the
             user's own). A model whose string input goes through our `WordPieceTokenizer`
             (and packer) is exported as its ids part with that tokenizer and packer
-            (`export.functional.split_text_model`).
+            (`keras_attn_export.functional.split_text_model`).
         out_dir: destination folder.
         tokenizer: optional `WordPieceTokenizer`; its vocabulary is exported with the model,
             and the SavedModel gets a `serve_text` signature taking raw strings.
@@ -347,13 +346,13 @@ def export_model(
         input_ranges: optional `{input name: (low, high)}` for integer inputs of the sweep
             (defaults: token ids below the smallest vocabulary, segment ids 0 or 1).
         strings_in: also write `model.text.onnx`, raw text `(1,)` in, the model's outputs out
-            (the tokenizer as onnxruntime-extensions operators; see `export.text_onnx`).
+            (the tokenizer as onnxruntime-extensions operators; see `keras_attn_export.text_onnx`).
             Needs `tokenizer`, one ids input, no `packer`, and onnxruntime-extensions.
         labels: optional class names of a model whose task is `classify` or `tag`, one per
             output class; the server's text endpoints answer with them.
         task: optional `"classify"`, `"tag"`, `"embed"` or `"generate"`: what the outputs
             are, for a model that is not one of our classes (checked against its outputs;
-            see `export.functional`). Defaults to the class's task, or `None`.
+            see `keras_attn_export.functional`). Defaults to the class's task, or `None`.
         overwrite: replace an existing `out_dir`.
     Returns:
         the manifest, as a dict.
@@ -481,8 +480,7 @@ def _write_onnx_files(model, folder: Path, opset, optimize, quantize) -> dict:
     """Writes `model.onnx` [+ `model.opt.onnx`] [+ `model.int8.onnx`]; returns the manifest's
     `onnx` entry with the fused operators onnxruntime runs in each file."""
     import onnx
-
-    from export.optimize import fuse, quantize_int8, runtime_fused_counts
+    from keras_attn_export.optimize import fuse, quantize_int8, runtime_fused_counts
 
     write_onnx(model, folder / "model.onnx", opset)
     files = ["model.onnx"]
@@ -509,16 +507,16 @@ def _is_causal_lm(model, task):
 
 def _export_decoding(model, folder: Path, opset, tolerance) -> dict:
     """`decode.onnx` for cached generation (tf2onnx of the Keras decode step), and where
-    `export.decode_graph` can express the model, `decode_gqa.onnx` (onnxruntime's own
+    `keras_attn_export.decode_graph` can express the model, `decode_gqa.onnx` (onnxruntime's own
     operators, cache updated in place), the one `serving` decodes with. Each is checked
     two ways: its logits at every step equal the Keras model's on the full prefix, and its
     greedy ids equal Keras `generate()`."""
     import onnxruntime as ort
+    from keras_attn_export.decode_graph import supported, write_decode_graph
+    from keras_attn_export.decoding import write_decode_onnx
+    from keras_attn_serving.generation import BoundCache, empty_cache, gqa_step, session_step
 
-    from export.decode_graph import supported, write_decode_graph
-    from export.decoding import write_decode_onnx
     from keras_attn.decoding import CausalLMRunner
-    from serving.generation import BoundCache, empty_cache, gqa_step, session_step
 
     # The cache holds as many positions as the learned position table; a sinusoidal model has
     # no table, and its cache is as long as the `sequence_length` it was built with.
@@ -558,8 +556,9 @@ def _check_decoding(model, runner, name, step, new_state, max_length, tolerance)
     """Raises `ParityError` unless a decode graph's `step` (from the state `new_state(batch)`)
     gives the Keras model's logits at every position and Keras `generate()`'s greedy ids;
     returns the largest logits difference."""
+    from keras_attn_serving.generation import greedy_decode
+
     from keras_attn.models import generate
-    from serving.generation import greedy_decode
 
     rng = np.random.default_rng(0)
     vocabulary = _max_token_id(model)
@@ -586,8 +585,8 @@ def _check_decoding(model, runner, name, step, new_state, max_length, tolerance)
 
 def _export_text_onnx(model, folder: Path, tokenizer, packer, sessions, opset) -> dict:
     """`model.text.onnx`, checked: on ASCII samples its outputs equal `model.onnx` on our
-    tokenizer's ids (non-ASCII text may differ; see `export.text_onnx`)."""
-    from export.text_onnx import text_session, write_text_onnx
+    tokenizer's ids (non-ASCII text may differ; see `keras_attn_export.text_onnx`)."""
+    from keras_attn_export.text_onnx import text_session, write_text_onnx
 
     if tokenizer is None or packer is not None or len(model.inputs) != 1 or not sessions:
         raise ValueError(

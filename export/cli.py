@@ -7,7 +7,7 @@ import os
 import re
 import sys
 
-from export.parity import ParityError
+from keras_attn_export.parity import ParityError
 
 
 def parse_args(argv=None):
@@ -121,8 +121,9 @@ def import_modules(names):
 
 def main(argv=None):
     args = parse_args(argv)
+    from keras_attn_export.api import export_model
+
     import keras_attn  # noqa: F401  registers the layers and models for loading
-    from export.api import export_model
 
     try:
         import_modules(args.imports)

@@ -15,8 +15,8 @@ Inputs: `token_ids (batch, new) int32`, `index () int32` (position of the first 
 `past_key_N`/`past_value_N (batch, kv_heads, max_length, key_dim)` per block. Outputs:
 `logits (batch, vocab)` of the last new token, `present_key_N`/`present_value_N`, the same
 shape as the past ones. When past and present are bound to one buffer
-(`serving.generation.BoundCache`), onnxruntime writes the new keys and values in place, and
-no step copies the cache. Every row decodes the same positions, as `greedy_decode` runs.
+(`keras_attn_serving.generation.BoundCache`), onnxruntime writes the new keys and values in
+place, and no step copies the cache. Every row decodes the same positions, as `greedy_decode` runs.
 
 `export_model` checks this graph's greedy output against Keras and records it in the
 manifest; models it cannot express (see `supported`) keep `decode.onnx` only.
@@ -205,7 +205,7 @@ def write_decode_graph(runner, path, max_length, opset=17):
     model = helper.make_model(
         graph,
         opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1)],
-        producer_name="keras_attn.export.decode_graph",
+        producer_name="keras_attn_export.decode_graph",
         ir_version=8,  # what opset 17 needs; newer onnx writes versions onnxruntime refuses
     )
     onnx.checker.check_model(model)

@@ -1,14 +1,21 @@
-"""Writing manifest.json: what an artifact folder holds, how to call it, how well it matches."""
+"""Writing manifest.json: what an artifact folder holds, how to call it, how well it matches.
 
-import json
+The schema lives in `keras_attn_serving.manifest` (a leaf module: pydantic and the standard
+library only), so the writer and the reader cannot drift apart."""
+
 import os
 from pathlib import Path
 
-from serving.manifest import MANIFEST, read_manifest, sha256
+from keras_attn_serving.manifest import (
+    FORMAT_VERSION,
+    MANIFEST,
+    Manifest,
+    parse_manifest,
+    read_manifest,
+    sha256,
+)
 
-FORMAT_VERSION = 1
-
-__all__ = ["MANIFEST", "file_hashes", "read_manifest", "write_manifest"]
+__all__ = ["MANIFEST", "Manifest", "file_hashes", "read_manifest", "write_manifest"]
 
 
 def file_hashes(folder: Path) -> dict[str, str]:
@@ -23,8 +30,11 @@ def file_hashes(folder: Path) -> dict[str, str]:
     return dict(sorted(hashes.items()))
 
 
-def write_manifest(folder: Path, content: dict) -> dict:
-    manifest = {"format_version": FORMAT_VERSION, **content, "files": file_hashes(folder)}
-    with open(folder / MANIFEST, "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=2, allow_nan=False)  # strict JSON: no bare NaN
+def write_manifest(folder: Path, content: dict) -> Manifest:
+    """Checks `content` against the schema, adds the version and every file's sha256, and
+    writes strict JSON (no bare NaN)."""
+    manifest = parse_manifest(
+        {"format_version": FORMAT_VERSION, **content, "files": file_hashes(folder)}
+    )
+    (folder / MANIFEST).write_text(manifest.to_json(), encoding="utf-8")
     return manifest

@@ -19,13 +19,15 @@ def check_opset(opset: int) -> None:
 def write_onnx(model: keras.Model, path: Path, opset: int = 17) -> None:
     """Converts the model's serving function with tf2onnx and writes `path`."""
     import tf2onnx
+    from keras_attn_export.saved_model import serving_function
 
-    from export.saved_model import serving_function
     from keras_attn.layers.multi_head_attention import onnx_tracing
 
     check_opset(opset)
     serve, signature = serving_function(model)
-    with onnx_tracing():  # attention as MatMul/Softmax nodes that `export.optimize` fuses
+    with (
+        onnx_tracing()
+    ):  # attention as MatMul/Softmax nodes that `keras_attn_export.optimize` fuses
         proto, _ = tf2onnx.convert.from_function(serve, input_signature=signature, opset=opset)
     with open(path, "wb") as f:
         f.write(proto.SerializeToString())

@@ -1,7 +1,26 @@
-"""onnxruntime inference for exported keras_attn models. Never imports tensorflow or keras."""
+"""onnxruntime inference for exported keras_attn models. Never imports tensorflow or keras.
 
-from serving.manifest import ArtifactError, read_manifest
-from serving.predictor import Predictor
-from serving.tokenizer import WordPieceTextTokenizer
+Names load on first use, so `keras_attn_serving.manifest` (the schema export writes) imports
+without onnxruntime or tokenizers installed."""
 
-__all__ = ["ArtifactError", "Predictor", "WordPieceTextTokenizer", "read_manifest"]
+import importlib
+
+_NAMES = {
+    "ArtifactError": "keras_attn_serving.manifest",
+    "Manifest": "keras_attn_serving.manifest",
+    "read_manifest": "keras_attn_serving.manifest",
+    "Predictor": "keras_attn_serving.predictor",
+    "WordPieceTextTokenizer": "keras_attn_serving.tokenizer",
+}
+
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name):
+    if name not in _NAMES:
+        raise AttributeError(f"module 'keras_attn_serving' has no attribute {name!r}")
+    return getattr(importlib.import_module(_NAMES[name]), name)
+
+
+def __dir__():
+    return __all__

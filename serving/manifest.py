@@ -1,14 +1,156 @@
-"""Reading and verifying an artifact folder's manifest.json (no TensorFlow, no Keras)."""
+"""The artifact manifest: the one contract between export and serving.
+
+`keras_attn_export` writes `manifest.json` through `Manifest`; `keras_attn_serving` reads it back
+through `read_manifest`. This module is a leaf: it imports pydantic and the standard library only
+(no TensorFlow, no Keras, no onnxruntime), so both sides can import it alone.
+
+The manifest is typed and closed: an unknown key, a missing key, a wrong type, NaN or infinity,
+or a `format_version` this reader does not know is refused with an `ArtifactError`.
+"""
 
 import hashlib
 import json
 from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+TASKS = ("classify", "tag", "embed", "generate", "span_qa", "multiple_choice", "pretraining",
+         "seq2seq")  # fmt: skip
 
 
 class ArtifactError(ValueError):
     """An artifact folder is missing files, or a file does not match its manifest hash."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    def __getitem__(self, key):
+        """Read by key too (`manifest["parity"]["max_abs_diff"]`), as the plain dict that
+        `export_model` returned before the manifest was typed."""
+        if key not in type(self).model_fields:
+            raise KeyError(key)
+        return getattr(self, key)
+
+
+class TensorSpec(_Strict):
+    name: str
+    dtype: str
+    shape: list[int | str | None]
+
+
+class PackerSpec(_Strict):
+    type: Literal["segment", "start_end"]
+    sequence_length: int
+    start_value: int | None
+    end_value: int | None
+    pad_value: int | None
+
+
+class OnnxInfo(_Strict):
+    file: str
+    opset: int
+    files: list[str]
+    fused_ops: dict[str, dict[str, int]]
+
+
+class SavedModelInfo(_Strict):
+    folder: str
+    signatures: list[str]
+
+
+class Parity(_Strict):
+    tolerance: float
+    max_abs_diff: float
+    rows: list[dict[str, float | int | str]]
+    serve_text_vs_serving_default: float | None = None
+
+
+class Drift(_Strict):
+    max_abs_diff: float
+    relative_drift: float
+    argmax_agreement: float
+
+
+class CacheGraph(_Strict):
+    """A decode graph and the shape of its key/value cache."""
+
+    file: str | None
+    layers: int | None = None
+    kv_heads: int | None = None
+    key_dim: int | None = None
+    max_length: int | None = None
+    opset: int | None = None
+    step_logits_max_abs_diff: float | None = None
+    greedy_equals_keras: bool | None = None
+    unsupported: str | None = None
+
+
+class Decoding(CacheGraph):
+    gqa: CacheGraph | None = None
+
+
+class TextOnnx(_Strict):
+    file: str
+    input: str
+    max_abs_diff: float
+    custom_ops: str
+
+
+class Manifest(_Strict):
+    format_version: int
+    created: str
+    model_name: str
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    task: Literal[TASKS] | None
+    labels: list[str] | None
+    packer: PackerSpec | None
+    onnx: OnnxInfo | None
+    saved_model: SavedModelInfo | None
+    tokenizer: str | None
+    max_sequence_length: int | None
+    vocabulary_size: int | None
+    input_ranges: dict[str, tuple[int, int]]
+    versions: dict[str, str]
+    parity: Parity
+    int8: dict[str, Drift] | None
+    decoding: Decoding | None
+    text_onnx: TextOnnx | None
+    files: dict[str, str]
+
+    def to_json(self) -> str:
+        """Strict JSON (no NaN), keys in field order, two-space indents."""
+        return json.dumps(self.model_dump(mode="json"), indent=2, allow_nan=False)
+
+    def referenced_files(self) -> list[str]:
+        """The files this manifest tells a reader to open (ONNX graphs, decode graphs)."""
+        names = []
+        if self.onnx is not None:
+            names += [self.onnx.file, *self.onnx.files]
+        if self.decoding is not None:
+            names += [self.decoding.file, self.decoding.gqa and self.decoding.gqa.file]
+        if self.text_onnx is not None:
+            names.append(self.text_onnx.file)
+        return list(dict.fromkeys(name for name in names if name))
+
+
+def parse_manifest(content: dict) -> Manifest:
+    """`content` checked against the schema; `ArtifactError` names the first wrong field."""
+    version = content.get("format_version") if isinstance(content, dict) else None
+    if version != FORMAT_VERSION:
+        raise ArtifactError(
+            f"{MANIFEST} has format_version {version!r}; this reader knows {FORMAT_VERSION}"
+        )
+    try:
+        return Manifest.model_validate(content)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "(top level)"
+        raise ArtifactError(f"{MANIFEST} field {where!r}: {first['msg']}") from None
 
 
 def sha256(path: Path) -> str:
@@ -19,12 +161,20 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def read_manifest(folder) -> dict:
+def read_manifest(folder) -> Manifest:
     path = Path(folder) / MANIFEST
     if not path.is_file():
         raise ArtifactError(f"no {MANIFEST} in {folder}: not an exported artifact folder")
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            content = json.load(f, parse_constant=_refuse_constant)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ArtifactError(f"{MANIFEST} is not strict JSON: {error}") from None
+    return parse_manifest(content)
+
+
+def _refuse_constant(name):
+    raise ValueError(f"{name} is not JSON")
 
 
 def _plain_name(rel) -> bool:
@@ -34,31 +184,21 @@ def _plain_name(rel) -> bool:
     return all(part not in ("", ".", "..") for part in rel.split("/"))
 
 
-def referenced_files(manifest: dict) -> list[str]:
-    """The files the manifest tells a reader to open (ONNX graphs, decode graphs)."""
-    names = []
-    onnx = manifest.get("onnx") or {}
-    names += [onnx.get("file"), *(onnx.get("files") or [])]
-    decoding = manifest.get("decoding") or {}
-    names += [decoding.get("file"), (decoding.get("gqa") or {}).get("file")]
-    names.append((manifest.get("text_onnx") or {}).get("file"))
-    return list(dict.fromkeys(name for name in names if name is not None))
-
-
-def verify_files(folder, manifest: dict, prefixes=("",)) -> None:
+def verify_files(folder, manifest: Manifest, prefixes=("",)) -> None:
     """The folder is exactly what the manifest lists, byte for byte: every listed file under
     one of `prefixes` matches its sha256, no file is there unlisted, every path is a plain
     name inside the folder, and every file the manifest points to is listed."""
     folder = Path(folder)
-    files = manifest.get("files")
-    if not isinstance(files, dict) or not files:
+    files = manifest.files
+    if not files:
         raise ArtifactError(f"{MANIFEST} lists no files")
-    for rel in [*files, *referenced_files(manifest)]:
+    referenced = manifest.referenced_files()
+    for rel in [*files, *referenced]:
         if not _plain_name(rel):
             raise ArtifactError(
                 f"{MANIFEST} names {str(rel)[:80]!r}: not a plain name inside the folder"
             )
-    unlisted = [rel for rel in referenced_files(manifest) if rel not in files]
+    unlisted = [rel for rel in referenced if rel not in files]
     if unlisted:
         raise ArtifactError(f"{MANIFEST} points to {unlisted} but does not list their sha256")
     on_disk = {

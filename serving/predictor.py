@@ -8,8 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
-
-from serving.generation import (
+from keras_attn_serving.generation import (
     BoundCache,
     empty_cache,
     gqa_step,
@@ -18,8 +17,8 @@ from serving.generation import (
     prefix_step,
     session_step,
 )
-from serving.manifest import read_manifest, verify_files
-from serving.tokenizer import WordPieceTextTokenizer
+from keras_attn_serving.manifest import ArtifactError, read_manifest, verify_files
+from keras_attn_serving.tokenizer import WordPieceTextTokenizer
 
 
 class InputError(ValueError):
@@ -30,7 +29,7 @@ class Predictor:
     """Runs an exported model (`model.onnx` + `manifest.json` [+ `tokenizer/`]).
 
     Args:
-        folder: the artifact folder `export.export_model` wrote.
+        folder: the artifact folder `keras_attn_export.export_model` wrote.
         verify: check every file's sha256 against the manifest first. Defaults to `True`.
         num_threads: onnxruntime intra-op threads; defaults to onnxruntime's choice.
     Example:
@@ -47,14 +46,16 @@ class Predictor:
         if num_threads:
             options.intra_op_num_threads = num_threads
         self.session = ort.InferenceSession(
-            str(self.folder / self.manifest["onnx"]["file"]),
+            str(self.folder / self._onnx_file()),
             options,
             providers=["CPUExecutionProvider"],
         )
-        self.inputs = {spec["name"]: spec for spec in self.manifest["inputs"]}
-        self.output_names = [spec["name"] for spec in self.manifest["outputs"]]
-        self.max_sequence_length = self.manifest.get("max_sequence_length")
-        self.decoding = self.manifest.get("decoding")
+        manifest = self.manifest
+        self.inputs = {spec.name: spec.model_dump() for spec in manifest.inputs}
+        self.output_specs = [spec.model_dump() for spec in manifest.outputs]
+        self.output_names = [spec["name"] for spec in self.output_specs]
+        self.max_sequence_length = manifest.max_sequence_length
+        self.decoding = manifest.decoding.model_dump() if manifest.decoding else None
         self.decode_session = None
         if self.decoding:
             self.decode_session = ort.InferenceSession(
@@ -72,10 +73,13 @@ class Predictor:
             )
             self._gqa_step = gqa_step(self.gqa_session)
         self.tokenizer = None
-        if self.manifest.get("tokenizer"):
-            self.tokenizer = WordPieceTextTokenizer.from_folder(
-                self.folder / self.manifest["tokenizer"]
-            )
+        if manifest.tokenizer:
+            self.tokenizer = WordPieceTextTokenizer.from_folder(self.folder / manifest.tokenizer)
+
+    def _onnx_file(self):
+        if self.manifest.onnx is None:
+            raise ArtifactError(f"{self.folder.name} has no ONNX graph to serve (SavedModel only)")
+        return self.manifest.onnx.file
 
     def run(self, feeds):
         """Runs the model on `{input_name: array}`; returns `{output_name: array}`.
@@ -125,8 +129,8 @@ class Predictor:
         if limit is not None and cast.ndim >= 2 and cast.shape[-1] > limit:
             raise InputError(f"input {name!r} has sequence length {cast.shape[-1]}; the model "
                              f"accepts at most {limit}")  # fmt: skip
-        low, high = (self.manifest.get("input_ranges") or {}).get(name) or (None, None)
-        vocabulary = self.manifest.get("vocabulary_size")
+        low, high = self.manifest.input_ranges.get(name) or (None, None)
+        vocabulary = self.manifest.vocabulary_size
         if high is None and vocabulary and "token" in name:  # manifests before input_ranges
             low, high = 0, vocabulary
         if high is not None and cast.size and (cast.min() < low or cast.max() >= high):

@@ -3,7 +3,7 @@ JSON and TF Serving REST, on onnxruntime. Never imports tensorflow or keras.
 
     keras-attn-serve --model-repository DIR --port 8000
 
-`DIR/NAME/VERSION/` are artifact folders written by `export.export_model` (Triton's
+`DIR/NAME/VERSION/` are artifact folders written by `keras_attn_export.export_model` (Triton's
 repository layout; VERSION is a positive integer). Each file's sha256 is checked against
 its `manifest.json` before the model loads; the newest version answers when none is named.
 """
@@ -20,19 +20,18 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-from serving.batching import Batcher
-from serving.manifest import ArtifactError
-from serving.predictor import InputError, Predictor
-from serving.protocol import (
+from keras_attn_serving.batching import Batcher
+from keras_attn_serving.manifest import ArtifactError
+from keras_attn_serving.predictor import InputError, Predictor
+from keras_attn_serving.protocol import (
     NUMPY_TO_V2,
     ServingError,
     decode_request,
     encode_response,
     requested_outputs,
 )
-from serving.settings import ModelConfig, ServerSettings
-from serving.text import TEXT_PARAMETERS, TextModel
+from keras_attn_serving.settings import ModelConfig, ServerSettings
+from keras_attn_serving.text import TEXT_PARAMETERS, TextModel
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -136,8 +135,8 @@ class ModelRepository:
             raise ArtifactError(f"config.json: {error}") from None
 
     def _make_batcher(self, name, predictor, config):
-        sequence_inputs = [s["name"] for s in predictor.manifest["inputs"] if _sequence_axis(s)]
-        sequence_outputs = [s["name"] for s in predictor.manifest["outputs"] if _sequence_axis(s)]
+        sequence_inputs = [s["name"] for s in predictor.inputs.values() if _sequence_axis(s)]
+        sequence_outputs = [s["name"] for s in predictor.output_specs if _sequence_axis(s)]
         pads = config.pad_sequences and sequence_inputs and _padding_is_safe(
             predictor, sequence_inputs, sequence_outputs
         )  # fmt: skip
@@ -171,9 +170,9 @@ def _padding_is_safe(predictor, sequence_inputs, sequence_outputs, tolerance=1e-
     """Whether zero-padding a request changes nothing at its real positions (the model masks
     id 0), checked once on a probe: length 5 alone vs padded to 8."""
     rng = np.random.default_rng(0)
-    high = min(predictor.manifest.get("vocabulary_size") or 50, 50)
+    high = min(predictor.manifest.vocabulary_size or 50, 50)
     feeds = {}
-    for spec in predictor.manifest["inputs"]:
+    for spec in predictor.inputs.values():
         shape = [1, 5] + [d if isinstance(d, int) else 2 for d in spec["shape"][2:]]
         low = 1 if spec["name"] in sequence_inputs and "segment" not in spec["name"] else 0
         high_here = 2 if "segment" in spec["name"] else high
@@ -258,8 +257,7 @@ def create_app(repository, settings=None, **overrides):
 
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response, StreamingResponse
-
-    from serving.observability import Metrics
+    from keras_attn_serving.observability import Metrics
 
     root = repository.root if isinstance(repository, ModelRepository) else repository
     if settings is None:
@@ -298,7 +296,7 @@ def create_app(repository, settings=None, **overrides):
         """`(version, outputs)` through the model's batcher, within the request timeout."""
         chosen, predictor, batcher = repository.batcher(name, version)
         arrays = predictor.check(feeds)
-        check_response_size(predictor.manifest["outputs"], arrays)
+        check_response_size(predictor.output_specs, arrays)
         try:
             future = batcher.submit(arrays)
         except RuntimeError:
@@ -434,8 +432,8 @@ def create_app(repository, settings=None, **overrides):
             "name": name,
             "versions": [str(v) for v in repository.versions(name)],
             "platform": "onnxruntime_onnx",
-            "inputs": [_v2_tensor_spec(s) for s in predictor.manifest["inputs"]],
-            "outputs": [_v2_tensor_spec(s) for s in predictor.manifest["outputs"]],
+            "inputs": [_v2_tensor_spec(s) for s in predictor.inputs.values()],
+            "outputs": [_v2_tensor_spec(s) for s in predictor.output_specs],
         }
 
     @app.get("/v2/models/{name}/ready")
@@ -468,7 +466,7 @@ def create_app(repository, settings=None, **overrides):
             headers={"Inference-Header-Content-Length": str(json_length)},
         )
 
-    # --- Text endpoints (serving.text): raw text in, tokenized here ------------------------
+    # --- Text endpoints (keras_attn_serving.text): raw text in, tokenized here -------------
     async def text_task(name, version, task, request):
         """`(version, TextModel, payload)` of a text request, checked for the model's task."""
         payload = await json_body(request)
@@ -592,8 +590,8 @@ def create_app(repository, settings=None, **overrides):
                     "name": spec["name"]}  # fmt: skip
 
         signature = {
-            "inputs": {s["name"]: tensor_info(s) for s in predictor.manifest["inputs"]},
-            "outputs": {s["name"]: tensor_info(s) for s in predictor.manifest["outputs"]},
+            "inputs": {s["name"]: tensor_info(s) for s in predictor.inputs.values()},
+            "outputs": {s["name"]: tensor_info(s) for s in predictor.output_specs},
             "method_name": "tensorflow/serving/predict",
         }
         return {
@@ -606,7 +604,7 @@ def create_app(repository, settings=None, **overrides):
     async def tfs_predict(name: str, request: Request, version: str | None = None):
         body = await json_body(request)
         _, predictor = repository.get(name, version)
-        names = [s["name"] for s in predictor.manifest["inputs"]]
+        names = [s["name"] for s in predictor.inputs.values()]
         if not isinstance(body, dict) or ("instances" in body) == ("inputs" in body):
             raise ServingError(400, "request must have exactly one of `instances` or `inputs`")
         if "instances" in body:  # row format: a list of instances
@@ -678,8 +676,7 @@ def parse_settings(argv=None) -> ServerSettings:
 
 def main(argv=None):
     import uvicorn
-
-    from serving.observability import configure_logging
+    from keras_attn_serving.observability import configure_logging
 
     settings = parse_settings(argv)
     configure_logging(settings.log_level)

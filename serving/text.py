@@ -9,8 +9,7 @@ except `TextModel.stream`, which drives the decode graph step by step.
 """
 
 import numpy as np
-
-from serving.protocol import ServingError
+from keras_attn_serving.protocol import ServingError
 
 TEXT_TASKS = ("classify", "tag", "embed", "generate")
 # The `parameters` each text endpoint reads; any other is refused with a 400.
@@ -34,14 +33,14 @@ class TextModel:
     def __init__(self, predictor):
         self.predictor = predictor
         manifest = predictor.manifest
-        self.task = manifest.get("task")
-        self.labels = manifest.get("labels")
-        self.packer = manifest.get("packer") or {}
+        self.task = manifest.task
+        self.labels = manifest.labels
+        self.packer = manifest.packer.model_dump() if manifest.packer else {}
         self.tokenizer = predictor.tokenizer
-        self.input_names = [spec["name"] for spec in manifest["inputs"]]
+        self.input_names = list(predictor.inputs)
         # A model exported with a fixed sequence axis (a packer inside a user's model) takes
         # rows of exactly that length.
-        axes = manifest["inputs"][0].get("shape", []) if manifest["inputs"] else []
+        axes = manifest.inputs[0].shape if manifest.inputs else []
         self.fixed_length = axes[1] if len(axes) == 2 and isinstance(axes[1], int) else None
 
     def require(self, task):

@@ -40,7 +40,7 @@ def toy_lm(toy_tokenizer):
 
 @pytest.fixture(scope="session")
 def toy_artifact(toy_lm, toy_tokenizer, tmp_path_factory):
-    from export import export_model
+    from keras_attn_export import export_model
 
     folder = tmp_path_factory.mktemp("artifacts") / "toy_lm"
     manifest = export_model(toy_lm, folder, tokenizer=toy_tokenizer, verbose=False)

@@ -101,7 +101,7 @@ class CausalLMRunner(_Runner):
             model, stack.embed, stack.blocks, stack.logits, stack.max_length,
             stack.token_embedding.vocabulary_size,
         )  # fmt: skip
-        # What the ONNX decode-graph writer reads (`export.decode_graph`).
+        # What the ONNX decode-graph writer reads (`keras_attn_export.decode_graph`).
         self.token_embedding, self.positions = stack.token_embedding, stack.positions
         self.final_norm, self.head, self.mask_zero = stack.final_norm, stack.head, stack.mask_zero
         self.model_inputs = stack.model_inputs

@@ -29,7 +29,7 @@ class onnx_tracing:
     - the fused scaled-dot path projects with plain matrix products and attends as
       `softmax(q kᵀ + bias) v` over `(B, H, T, d)` heads, with the masks as one additive bias.
       tf2onnx writes that as a handful of MatMul/Transpose/Softmax nodes (the einsums write
-      dozens of shape nodes), and `export.optimize.fuse` rewrites it into onnxruntime's
+      dozens of shape nodes), and `keras_attn_export.optimize.fuse` rewrites it into onnxruntime's
       `MultiHeadAttention` operator.
     """
 

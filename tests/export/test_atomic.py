@@ -8,14 +8,13 @@ import subprocess
 import sys
 
 import pytest
-
-from export.atomic import replace, sweep, temporary_folder
+from keras_attn_export.atomic import replace, sweep, temporary_folder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Writes the new folder, then replaces `out` with it, SIGKILLing itself at step `where`.
 _CHILD = """
 import os, pathlib, shutil, signal, sys
-from export import atomic
+from keras_attn_export import atomic
 out, where = pathlib.Path(sys.argv[1]), sys.argv[2]
 def die(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGKILL)
@@ -93,8 +92,7 @@ def test_replace_swaps_and_a_failed_rename_puts_the_old_folder_back(tmp_path, mo
 @pytest.mark.tf_only
 def test_export_model_sweeps_a_crashed_export_and_replaces_in_place(tmp_path):
     import keras
-
-    from export import export_model
+    from keras_attn_export import export_model
 
     ids = keras.Input((None,), dtype="int32", name="token_ids")
     model = keras.Model(ids, keras.layers.Embedding(10, 4, name="logits")(ids))

@@ -3,11 +3,11 @@ import json
 import numpy as np
 import pytest
 import tensorflow as tf
+from keras_attn_export import ParityError, export_model
+from keras_attn_export.onnx import run_onnx
+from keras_attn_serving import Predictor
+from keras_attn_serving.manifest import read_manifest, sha256
 
-from export import ParityError, export_model
-from export.onnx import run_onnx
-from serving import Predictor
-from serving.manifest import sha256
 from tests.conftest import keras_greedy
 
 pytestmark = pytest.mark.tf_only
@@ -18,8 +18,9 @@ def test_artifact_folder_layout_and_manifest(toy_artifact):
     assert (folder / "model.onnx").is_file() and (folder / "saved_model/saved_model.pb").is_file()
     assert (folder / "saved_model/assets/vocab.txt").is_file()
     on_disk = json.loads((folder / "manifest.json").read_text())
-    assert on_disk == manifest
-    assert manifest["inputs"] == [
+    assert on_disk == manifest.model_dump(mode="json")
+    assert read_manifest(folder) == manifest
+    assert [spec.model_dump() for spec in manifest.inputs] == [
         {"name": "token_ids", "dtype": "int32", "shape": ["batch", "sequence"]}
     ]
     assert manifest["outputs"][0]["name"] == "logits"

@@ -8,11 +8,11 @@ import keras
 import numpy as np
 import onnx
 import pytest
+from keras_attn_export import ParityError, export_model
+from keras_attn_export.cli import main as cli_main
+from keras_attn_export.onnx import run_onnx
+from keras_attn_export.optimize import count_ops
 
-from export import ParityError, export_model
-from export.cli import main as cli_main
-from export.onnx import run_onnx
-from export.optimize import count_ops
 from keras_attn.layers import MultiHeadAttention, TransformerEncoder
 from keras_attn.models import CausalLM, Encoder
 from tests.models.model_cases import MODELS, build
@@ -148,7 +148,10 @@ def test_cli_exports_a_keras_file(tmp_path):
     assert cli_main([str(tmp_path / "tagger.keras"), str(out), "--formats", "tflite"]) == 1
     # The console script is installed and answers --help.
     help_text = subprocess.run(
-        [sys.executable, "-m", "export.cli", "--help"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "keras_attn_export.cli", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     assert "--quantize" in help_text and "--opset" in help_text
 
@@ -164,7 +167,7 @@ def test_cli_exports_a_keras_file(tmp_path):
 def test_gqa_decode_graph_matches_keras_for_each_block_variant(tmp_path, kwargs):
     # export_model raises unless decode_gqa.onnx gives Keras's logits at every step (<= 1e-4)
     # and Keras generate()'s greedy ids; here every branch of the graph builder runs.
-    from serving import Predictor
+    from keras_attn_serving import Predictor
 
     keras.utils.set_random_seed(2)
     lm = CausalLM(50, 20, **{"hidden_dim": 16, "num_layers": 2, "num_heads": 2, **kwargs})
@@ -175,10 +178,11 @@ def test_gqa_decode_graph_matches_keras_for_each_block_variant(tmp_path, kwargs)
 
 
 def test_models_the_gqa_graph_cannot_express_keep_decode_onnx(tmp_path, monkeypatch):
-    from export.decode_graph import supported
+    from keras_attn_export.decode_graph import supported
+    from keras_attn_serving import Predictor
+
     from keras_attn.decoding import CausalLMRunner
     from keras_attn.layers.scores import ScaledDotScore
-    from serving import Predictor
 
     keras.utils.set_random_seed(3)
     lm = CausalLM(40, 16, hidden_dim=16, num_layers=1, num_heads=2)
@@ -195,7 +199,7 @@ def test_models_the_gqa_graph_cannot_express_keep_decode_onnx(tmp_path, monkeypa
 
 
 def test_cached_decoding_graph_matches_keras_generate(tmp_path):
-    from serving import Predictor
+    from keras_attn_serving import Predictor
 
     keras.utils.set_random_seed(1)
     lm = CausalLM(60, 24, hidden_dim=16, num_layers=2, num_heads=2)

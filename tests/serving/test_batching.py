@@ -6,8 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-
-from serving.batching import Batcher, CapTuner
+from keras_attn_serving.batching import Batcher, CapTuner
 
 
 class Model:

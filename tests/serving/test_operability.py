@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import numpy as np
 import pytest
+from keras_attn_serving.server import ModelRepository, create_app, parse_settings
 
-from serving.server import ModelRepository, create_app, parse_settings
 from tests.serving.test_server import free_port, repository_folder, serve_in_thread, v2_request
 
 pytestmark = pytest.mark.tf_only  # the artifact fixture exports with TensorFlow
@@ -32,7 +32,7 @@ def ragged_requests(count, seed=0):
 
 
 def test_batched_answers_equal_one_request_at_a_time(root, toy_artifact):
-    from serving import Predictor
+    from keras_attn_serving import Predictor
 
     repository = ModelRepository(root, max_batch_size=16, workers=1)
     app = create_app(repository)
@@ -120,7 +120,7 @@ def test_settings_from_flags_environment_and_defaults(root, monkeypatch):
 
 
 def test_logs_are_json_lines_with_fields():
-    from serving.observability import JsonFormatter
+    from keras_attn_serving.observability import JsonFormatter
 
     record = logging.LogRecord("keras_attn.serve", logging.INFO, __file__, 1, "request",
                                None, None)  # fmt: skip
@@ -133,9 +133,9 @@ def test_logs_are_json_lines_with_fields():
 def test_sigterm_drains_in_flight_requests_then_exits(root):
     port = free_port()
     env = {**os.environ, "KERAS_ATTN_MODEL_REPOSITORY": str(root), "KERAS_ATTN_PORT": str(port)}
-    process = subprocess.Popen([sys.executable, "-m", "serving.server", "--max-batch-size", "1",
-                                "--batch-workers", "1"], env=env, stderr=subprocess.PIPE,
-                               text=True)  # fmt: skip
+    command = [sys.executable, "-m", "keras_attn_serving.server", "--max-batch-size", "1",
+               "--batch-workers", "1"]  # fmt: skip
+    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(300):

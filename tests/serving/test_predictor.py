@@ -6,13 +6,12 @@ import sys
 
 import numpy as np
 import pytest
-
-from serving import ArtifactError, Predictor
-from serving.generation import greedy
+from keras_attn_serving import ArtifactError, Predictor
+from keras_attn_serving.generation import greedy
 
 _NO_TF = """
 import json, sys
-from serving import Predictor
+from keras_attn_serving import Predictor
 p = Predictor(sys.argv[1])
 out = p.generate_ids([[5, 6, 7]], max_new_tokens=4)
 text = p.generate("to be", max_new_tokens=2)
@@ -87,6 +86,15 @@ def test_greedy_batches_prompts_of_different_lengths():
         (lambda m, f: m["files"].update({"../x": "0" * 64}), "not a plain name"),
         (lambda m, f: m["decoding"].update(file="other.onnx"), "does not list their sha256"),
         (lambda m, f: m.update(files={}), "lists no files"),
+        # The typed manifest: a version this reader does not know, a key it does not know, a
+        # missing or mistyped field, a bare NaN.
+        (lambda m, f: m.update(format_version=2), "format_version 2; this reader knows 1"),
+        (lambda m, f: m.update(format_version="1"), "format_version '1'"),
+        (lambda m, f: m.update(surprise=1), "field 'surprise': Extra inputs"),
+        (lambda m, f: m.pop("outputs"), "field 'outputs': Field required"),
+        (lambda m, f: m["inputs"][0].update(shape="batch"), "field 'inputs.0.shape'"),
+        (lambda m, f: m["parity"].update(max_abs_diff=float("nan")), "not strict JSON: NaN"),
+        (lambda m, f: m.update(task="translate"), "field 'task'"),
     ],
 )
 def test_manifest_integrity_holes_are_closed(toy_artifact, tmp_path, tamper, words):

@@ -9,10 +9,10 @@ import httpx
 import keras
 import numpy as np
 import pytest
+from keras_attn_serving.protocol import ServingError
+from keras_attn_serving.server import ModelRepository, create_app
+from keras_attn_serving.text import TextModel, softmax
 
-from serving.protocol import ServingError
-from serving.server import ModelRepository, create_app
-from serving.text import TextModel, softmax
 from tests.conftest import TOY_TEXT, keras_greedy
 from tests.serving.test_server import serve_in_thread
 
@@ -45,7 +45,8 @@ def run(model, ids):
 
 @pytest.fixture(scope="module")
 def text_models(toy_tokenizer, toy_artifact, tmp_path_factory):
-    from export import export_model
+    from keras_attn_export import export_model
+
     from keras_attn.models import Encoder, SequenceClassifier, TokenClassifier
 
     keras.utils.set_random_seed(0)
@@ -78,7 +79,7 @@ def test_manifest_names_the_task_labels_and_packer(text_models):
     assert {n: m["task"] for n, m in manifests.items()} == {
         "sentiment": "classify", "tagger": "tag", "encoder": "embed"}  # fmt: skip
     assert manifests["sentiment"]["labels"] == LABELS and manifests["encoder"]["labels"] is None
-    assert manifests["tagger"]["packer"] == {
+    assert manifests["tagger"].packer.model_dump() == {
         "type": "start_end", "sequence_length": 24, "start_value": 2, "end_value": 3,
         "pad_value": 0}  # fmt: skip
 
@@ -229,13 +230,15 @@ def test_long_texts_are_truncated_as_the_packer_truncates(text_models, toy_token
 
 
 def test_a_model_without_a_tokenizer_has_no_text_endpoints():
-    predictor = SimpleNamespace(manifest={"task": "classify", "inputs": []}, tokenizer=None)
+    manifest = SimpleNamespace(task="classify", labels=None, packer=None, inputs=[])
+    predictor = SimpleNamespace(manifest=manifest, inputs={}, tokenizer=None)
     with pytest.raises(ServingError, match="without a tokenizer"):
         TextModel(predictor).require("classify")
 
 
 def test_export_checks_labels(toy_lm, tmp_path):
-    from export import export_model
+    from keras_attn_export import export_model
+
     from keras_attn.models import Encoder, SequenceClassifier
 
     classifier = SequenceClassifier(Encoder(50, 8, hidden_dim=8, num_layers=1, num_heads=2), 3)
@@ -265,7 +268,7 @@ def test_segment_ids_outside_the_table_are_a_400(text_models, segment):
     url, _, manifests = text_models
     vocabulary = manifests["sentiment"]["vocabulary_size"]
     assert manifests["sentiment"]["input_ranges"] == {
-        "token_ids": [0, vocabulary], "segment_ids": [0, 2]}  # fmt: skip
+        "token_ids": (0, vocabulary), "segment_ids": (0, 2)}  # fmt: skip
     body = {"inputs": [
         {"name": "token_ids", "shape": [1, 3], "datatype": "INT32", "data": [2, 5, 3]},
         {"name": "segment_ids", "shape": [1, 3], "datatype": "INT32", "data": [0, segment, 0]},

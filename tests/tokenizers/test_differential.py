@@ -4,11 +4,11 @@ serving one (`tokenizers`, no TensorFlow) give the same ids on random Unicode (i
 import random
 
 import pytest
+from keras_attn_serving.tokenizer import UNICODE_TABLE_FILE, WordPieceTextTokenizer
 
 from keras_attn.data import checkpoint_folder
 from keras_attn.pretrained import read_vocabulary
 from keras_attn.tokenizers import WordPieceTokenizer
-from serving.tokenizer import UNICODE_TABLE_FILE, WordPieceTextTokenizer
 from tests.tokenizers.unicode_table import classify, code_points
 
 pytestmark = pytest.mark.tf_only

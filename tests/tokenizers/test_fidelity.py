@@ -5,10 +5,10 @@ import random
 
 import pytest
 import sentencepiece as spm
+from keras_attn_serving.tokenizer import WordPieceTextTokenizer
 
 from keras_attn.data import load_corpus
 from keras_attn.tokenizers import SentencePieceTokenizer, WordPieceTokenizer, train_sentencepiece
-from serving.tokenizer import WordPieceTextTokenizer
 
 pytestmark = pytest.mark.tf_only
 

@@ -177,7 +177,7 @@ def test_dataset_map_works_under_the_jax_backend():
 
 def test_serving_tokenizer_matches_tf_text_on_the_corpus():
     """`tokenizers` (Rust, no TensorFlow) gives the same ids as tf-text on corpus lines."""
-    from serving.tokenizer import WordPieceTextTokenizer
+    from keras_attn_serving.tokenizer import WordPieceTextTokenizer
 
     lines = load_corpus().lines()[:3000]
     assert len(lines) >= 1000

@@ -15,7 +15,7 @@ tokenizer's table switched off). Where they differ, the in-graph ids say what `c
 import json
 import sys
 
-from serving.tokenizer import UNICODE_TABLE_FILE, WORD_STANDIN
+from keras_attn_serving.tokenizer import UNICODE_TABLE_FILE, WORD_STANDIN
 
 CHUNK = 50_000
 
@@ -47,8 +47,9 @@ def classify(ours, serving, points):
 
 def build(vocabulary, points=None):
     """The table for both normalizations (uncased: lower-casing and accent stripping)."""
+    from keras_attn_serving.tokenizer import WordPieceTextTokenizer
+
     from keras_attn.tokenizers import WordPieceTokenizer
-    from serving.tokenizer import WordPieceTextTokenizer
 
     out = {}
     for name, lowercase in (("uncased", True), ("cased", False)):

@@ -1,0 +1,82 @@
+"""The dependency lines between the three import packages, checked in fresh processes, and the
+install layout that keeps their names from being shadowed."""
+
+import json
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDERS = {"keras_attn": "keras_attn", "keras_attn_export": "export",
+           "keras_attn_serving": "serving"}  # fmt: skip
+
+
+def modules(package):
+    folder = ROOT / FOLDERS[package]
+    names = []
+    for path in sorted(folder.rglob("*.py")):
+        parts = path.relative_to(folder).with_suffix("").parts
+        parts = parts[:-1] if parts[-1] == "__init__" else parts
+        names.append(".".join((package, *parts)))
+    return names
+
+
+def imported_after(names, cwd=None):
+    """The top-level packages in `sys.modules` after importing `names` in a fresh process."""
+    code = (
+        "import importlib, json, sys\n"
+        f"for name in {names!r}: importlib.import_module(name)\n"
+        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return set(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def test_pyproject_lists_every_package():
+    listed = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = {name for name in modules("keras_attn") if (ROOT / "keras_attn").joinpath(
+        *name.split(".")[1:], "__init__.py").is_file()}  # fmt: skip
+    assert found | {"keras_attn_export", "keras_attn_serving"} == set(listed["packages"])
+    assert listed["package-dir"] == {"keras_attn_export": "export",
+                                     "keras_attn_serving": "serving"}  # fmt: skip
+
+
+def test_serving_never_imports_tensorflow_keras_or_the_library():
+    loaded = imported_after(modules("keras_attn_serving"))
+    assert not loaded & {"tensorflow", "keras", "keras_attn", "keras_attn_export", "tf2onnx"}
+
+
+def test_the_manifest_schema_is_a_leaf():
+    """Export writes it, serving reads it: it needs neither onnxruntime nor tokenizers."""
+    loaded = imported_after(["keras_attn_serving.manifest"])
+    assert not loaded & {"onnxruntime", "tokenizers", "tensorflow", "keras", "fastapi", "numpy"}
+
+
+@pytest.mark.slow
+def test_library_and_export_stay_on_their_side():
+    loaded = imported_after(modules("keras_attn"))
+    assert not loaded & {"keras_attn_export", "keras_attn_serving", "onnxruntime", "fastapi"}
+    code = (
+        "import importlib, json, sys\n"
+        f"for name in {modules('keras_attn_export')!r}: importlib.import_module(name)\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('keras_attn_serving'))))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    # The one thing that crosses from export to serving is the manifest schema.
+    crossing = json.loads(done.stdout.strip().splitlines()[-1])
+    assert crossing == ["keras_attn_serving", "keras_attn_serving.manifest"]
+
+
+def test_a_user_file_named_export_or_serving_does_not_shadow_ours(tmp_path):
+    (tmp_path / "export.py").write_text("raise SystemExit('the user file was imported')\n")
+    (tmp_path / "serving.py").write_text("raise SystemExit('the user file was imported')\n")
+    loaded = imported_after(["keras_attn_serving.manifest", "keras_attn_export.cli"], tmp_path)
+    assert {"keras_attn_serving", "keras_attn_export"} <= loaded
+    assert not loaded & {"export", "serving"}
