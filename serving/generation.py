@@ -13,7 +13,8 @@ def greedy_decode(step, state, prompts, max_new_tokens, stop_token_ids=(), pad_i
     placed at `index`. Prompts of different lengths share a right-padded buffer: the
     shortest prompt's length is prefilled for every row, then each step writes one position
     for all rows (rows still inside their prompt keep the prompt's token). The padding id is
-    never generated. A row ends at its first stop token, which is included in its output.
+    never generated. A row ends at its first stop token, which is not returned (the contract
+    of `keras_attn.decoding.generate`: the same ids in Keras, in the export and over HTTP).
 
     Returns:
         list of lists: the new ids of each prompt.
@@ -28,7 +29,7 @@ def greedy_decode(step, state, prompts, max_new_tokens, stop_token_ids=(), pad_i
 def greedy_tokens(step, state, prompts, max_new_tokens, stop_token_ids=(), pad_id=0,
                   max_length=None):  # fmt: skip
     """`greedy_decode` as a generator of `(row, new id)`, each as soon as it is chosen (what
-    streaming generation sends); a row's ids stop after its first stop token."""
+    streaming generation sends); a row's ids end before its first stop token."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("`prompts` must be a non-empty list of non-empty id lists.")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
@@ -55,9 +56,10 @@ def greedy_tokens(step, state, prompts, max_new_tokens, stop_token_ids=(), pad_i
         chosen = np.where(done, pad_id, last.argmax(-1))
         generated = (t >= lengths) & (t < lengths + max_new_tokens)
         buffer[:, t] = np.where(t >= lengths, chosen, buffer[:, t])
-        for row in np.flatnonzero(generated & ~done):
+        stopped = generated & np.isin(chosen, stop_ids)
+        for row in np.flatnonzero(generated & ~done & ~stopped):
             yield int(row), int(chosen[row])
-        done |= (generated & np.isin(chosen, stop_ids)) | (t + 1 >= lengths + max_new_tokens)
+        done |= stopped | (t + 1 >= lengths + max_new_tokens)
         if done.all() or t == total - 1:
             break
         logits, state = step(buffer[:, t : t + 1], state, t)

@@ -153,10 +153,10 @@ class Predictor:
 
     def generate_ids(self, prompts, max_new_tokens=20, stop_token_ids=(), use_cache=True):
         """Greedy continuation of id prompts; returns the new ids of each (a stop token ends
-        a row and is included). With `use_cache` (the default) it runs an exported
-        key/value-cache graph: `decode_gqa.onnx` when the artifact has one, else
-        `decode.onnx`; `use_cache="decode.onnx"` picks the latter; `False` reruns the
-        full model over the prefix every step."""
+        a row and is not returned, as in `keras_attn.models.generate`). With `use_cache` (the
+        default) it runs an exported key/value-cache graph: `decode_gqa.onnx` when the
+        artifact has one, else `decode.onnx`; `use_cache="decode.onnx"` picks the latter;
+        `False` reruns the full model over the prefix every step."""
         step, state, max_length = self._decoder(len(prompts), use_cache)
         return greedy_decode(step, state, [list(p) for p in prompts], max_new_tokens,
                              stop_token_ids, max_length=max_length)  # fmt: skip

@@ -227,10 +227,11 @@ def test_cached_decoding_graph_matches_keras_generate(tmp_path):
         assert calls[0] == (3, 1) and all(shape == (3, 1) for shape in calls[1:])
         assert len(calls) == 1 + (5 + 10 - 1) - 1
     assert expected == predictor.generate_ids(prompts, 10, use_cache=False)
-    # A stop token ends its row (serving includes it); other rows go on.
+    # A stop token ends its row and is not returned, as in Keras; other rows go on.
     stop = cached[0][2]
     stopped = predictor.generate_ids(prompts, 10, stop_token_ids=[stop])
     for full, cut in zip(cached, stopped, strict=True):
-        assert cut == (full[: full.index(stop) + 1] if stop in full else full)
+        assert cut == (full[: full.index(stop)] if stop in full else full)
+    assert stopped == lm.generate(prompts, 10, stop_token_ids=[stop])
     with pytest.raises(ValueError, match="maximum sequence length"):
         predictor.generate_ids(prompts, 30)

@@ -67,7 +67,8 @@ def test_greedy_batches_prompts_of_different_lengths():
         return out
 
     assert greedy(logits_fn, [[1], [3, 4, 2]], 3) == [[2, 3, 4], [3, 4, 5]]
-    assert greedy(logits_fn, [[1], [3]], 5, stop_token_ids=[4]) == [[2, 3, 4], [4]]
+    # A stop id ends its row and is not returned (keras_attn.decoding's contract).
+    assert greedy(logits_fn, [[1], [3]], 5, stop_token_ids=[4]) == [[2, 3], []]
     with pytest.raises(ValueError, match="maximum sequence length"):
         greedy(logits_fn, [[1, 2]], 5, max_length=4)
     with pytest.raises(ValueError, match="prompts"):

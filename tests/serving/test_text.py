@@ -13,6 +13,7 @@ from keras_attn_serving.protocol import ServingError
 from keras_attn_serving.server import ModelRepository, create_app
 from keras_attn_serving.text import TextModel, softmax
 
+from keras_attn.models import generate
 from tests.conftest import TOY_TEXT, keras_greedy
 from tests.serving.test_server import serve_in_thread
 
@@ -151,11 +152,18 @@ def test_generate_equals_keras_greedy_and_the_stream_joins_into_it(text_models, 
                   if line.startswith("data: ")]  # fmt: skip
     assert [e["token_id"] for e in events] == answer["token_ids"]
     assert "".join(e["text_output"] for e in events) == answer["text_output"]
-    # A stop id ends generation and is the last token.
+    # One stop-id contract: a stop id ends generation and is not returned, over HTTP, in the
+    # stream and in Keras `generate`.
     stop = answer["token_ids"][2]
     body["parameters"]["stop_token_ids"] = [stop]
     stopped = post(url, "lm/generate", body).json()["token_ids"]
-    assert stopped == answer["token_ids"][: answer["token_ids"].index(stop) + 1]
+    assert stopped == answer["token_ids"][: answer["token_ids"].index(stop)]
+    (in_keras,) = generate(toy_lm, [prompt_ids], 8, stop_token_ids=[stop])
+    assert stopped == in_keras
+    with httpx.stream("POST", f"{url}/v2/models/lm/generate_stream", json=body) as response:
+        streamed = [json.loads(line[len("data: "):])["token_id"] for line in response.iter_lines()
+                    if line.startswith("data: ")]  # fmt: skip
+    assert streamed == stopped
 
 
 def test_concurrent_generations_keep_their_own_caches(text_models, toy_lm, toy_tokenizer):
@@ -276,3 +284,19 @@ def test_segment_ids_outside_the_table_are_a_400(text_models, segment):
     response = httpx.post(f"{url}/v2/models/sentiment/infer", json=body, timeout=60)
     assert response.status_code == 400
     assert "input 'segment_ids' has values outside [0, 2)" in response.json()["error"]
+
+
+def test_generate_past_the_request_timeout_is_a_504(toy_artifact, tmp_path):
+    """Issue 19: /generate had no timeout (README promises 504); it now stops computing at
+    the deadline, on both generate routes."""
+    from fastapi.testclient import TestClient
+
+    shutil.copytree(toy_artifact[0], tmp_path / "lm" / "1")
+    body = {"text_input": "to be", "parameters": {"max_tokens": 8}}
+    with TestClient(create_app(tmp_path, request_timeout_s=1e-9)) as client:
+        for route in ("generate", "generate_stream"):
+            answer = client.post(f"/v2/models/lm/{route}", json=body)
+            assert answer.status_code == 504, answer.text
+            assert answer.json() == {"error": "generation timed out after 1e-09 s"}
+    with TestClient(create_app(tmp_path)) as client:
+        assert len(client.post("/v2/models/lm/generate", json=body).json()["token_ids"]) == 8

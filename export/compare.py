@@ -1,0 +1,98 @@
+"""Parity of the exported artifacts with Keras: the sweep of cases, one row per output and
+case, int8 drift, and `serve_text` against `serving_default`."""
+
+from pathlib import Path
+
+import keras
+import numpy as np
+from keras_attn_export.describe import max_token_id
+from keras_attn_export.onnx import run_onnx
+from keras_attn_export.parity import max_abs_diff, sample_inputs
+from keras_attn_export.saved_model import (
+    SIGNATURE,
+    TEXT_SIGNATURE,
+    call_model,
+    input_specs,
+    load_signature,
+    pack_text,
+)
+
+COLUMNS = {"model.onnx": "onnx", "model.opt.onnx": "onnx_opt"}  # parity table columns
+
+TEXT_SAMPLES = [
+    "To be, or not to be: that is the question.",
+    "Café naïve résumé 日本語 🙂 it´s",
+    "a",
+]
+
+
+def text_parity(folder: Path, tokenizer, packer=None, max_length=None) -> float:
+    """Max |serve_text(strings) - serving_default(ids of those strings)|; 0 when they agree."""
+    import tensorflow as tf
+
+    serve_text = load_signature(folder, TEXT_SIGNATURE)
+    serve_ids = load_signature(folder, SIGNATURE)
+    text = tf.constant(TEXT_SAMPLES)
+    ids = pack_text(tokenizer, packer, max_length, text)
+    from_text = serve_text(text=text)
+    (name,) = [spec.name for spec in serve_ids.structured_input_signature[1].values()]
+    from_ids = serve_ids(**{name: ids})
+    return max(max_abs_diff(from_text[k].numpy(), from_ids[k].numpy()) for k in from_ids)
+
+
+def sweep(model, batch_sizes, sequence_lengths, input_ranges=None):
+    """The parity sweep's cases, Keras run once each: `[(batch, seq, feeds, {output: array})]`."""
+    specs = input_specs(model)
+    cases = []
+    for batch in batch_sizes:
+        for seq in sequence_lengths:
+            feeds = sample_inputs(specs, batch, seq, max_token_id(model), input_ranges)
+            reference = {
+                k: keras.ops.convert_to_numpy(v) for k, v in call_model(model, feeds).items()
+            }
+            cases.append((batch, seq, feeds, reference))
+    return cases
+
+
+def parity_rows(cases, saved, sessions):
+    """Max-abs differences vs Keras for each output and case of `sweep`, one column per
+    artifact (`saved` may be None; `sessions` maps an ONNX file to its session)."""
+    import tensorflow as tf
+
+    rows = []
+    for batch, seq, feeds, reference in cases:
+        runs = {}
+        if saved is not None:
+            out = saved(**{k: tf.constant(v) for k, v in feeds.items()})
+            runs["saved_model"] = {k: v.numpy() for k, v in out.items()}
+        for file, session in sessions.items():
+            runs[COLUMNS[file]] = run_onnx(session, feeds)
+        for name, ref in reference.items():
+            row = {"output": name, "batch": batch, "seq": seq}
+            for artifact, out in runs.items():
+                row[f"{artifact}_vs_keras"] = max_abs_diff(out[name], ref)
+            rows.append(row)
+    return rows
+
+
+def quantization_drift(cases, session):
+    """How far int8 outputs move from Keras over the `sweep` cases: per output, the largest
+    absolute difference, that difference relative to the largest |Keras output|, and the
+    fraction of positions whose argmax over the last axis is unchanged."""
+    report = {}
+    for _, _, feeds, reference in cases:
+        quantized = run_onnx(session, feeds)
+        for name, ref in reference.items():
+            ref, got = ref.astype("float64"), quantized[name].astype("float64")
+            entry = report.setdefault(name, {"max_abs_diff": 0.0, "scale": 0.0, "same": []})
+            entry["max_abs_diff"] = max(entry["max_abs_diff"], max_abs_diff(got, ref))
+            entry["scale"] = max(entry["scale"], float(np.abs(ref).max()))
+            entry["same"].append((got.argmax(-1) == ref.argmax(-1)).ravel())
+    return {
+        name: {
+            "max_abs_diff": e["max_abs_diff"],
+            "relative_drift": e["max_abs_diff"] / max(e["scale"], 1e-12),
+            "argmax_agreement": float(np.concatenate(e["same"]).mean()),
+        }
+        for name, e in report.items()
+    }

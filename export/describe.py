@@ -1,0 +1,151 @@
+"""What the manifest says about a model: versions, tasks, labels, packer, input ranges,
+sequence and vocabulary limits (read from nested layers too), and the tokenizer assets."""
+
+import json
+from pathlib import Path
+
+import keras
+import numpy as np
+from keras_attn_export.parity import input_kind
+from keras_attn_export.saved_model import input_specs
+
+
+def versions() -> dict:
+    import onnx
+    import onnxruntime
+    import tensorflow as tf
+    import tf2onnx
+
+    import keras_attn
+
+    return {
+        "keras_attn": keras_attn.__version__,
+        "keras": keras.__version__,
+        "tensorflow": tf.__version__,
+        "tf2onnx": tf2onnx.__version__,
+        "onnx": onnx.__version__,
+        "onnxruntime": onnxruntime.__version__,
+    }
+
+
+def nested_layers(model):
+    """The model's layers, nested models' layers included (a head's encoder)."""
+    for layer in model.layers:
+        yield layer
+        if isinstance(layer, keras.Model):
+            yield from nested_layers(layer)
+
+
+def layer_attribute(model, name):
+    """Smallest integer `layer.<name>` over the model's layers (nested too), or None."""
+    values = [getattr(layer, name, None) for layer in nested_layers(model)]
+    values = [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+    return min(values) if values else None
+
+
+def max_token_id(model):
+    """Ids to sample in the parity check: below the smallest vocabulary in the model."""
+    return layer_attribute(model, "vocabulary_size") or 2
+
+
+def model_input_ranges(model):
+    """`{input name: [low, high)}` of the integer inputs whose values index a table (by the
+    naming rule of `keras_attn_export.parity.input_kind`): token ids (the vocabulary), segment ids
+    (`num_segments`), padding masks (0 or 1). The server refuses values outside them."""
+    ranges = {}
+    bounds = {
+        "token": layer_attribute(model, "vocabulary_size"),
+        "segment": layer_attribute(model, "num_segments"),
+        "mask": 2,
+    }
+    for spec in input_specs(model):
+        kind = input_kind(spec["name"])
+        if np.issubdtype(np.dtype(spec["dtype"]), np.integer) and bounds.get(kind):
+            ranges[spec["name"]] = [0, bounds[kind]]
+    return ranges
+
+
+def max_sequence_length(model):
+    """The longest input a learned position table allows (less an encoder's position offset,
+    RoBERTa's 2), or None."""
+    table = layer_attribute(model, "sequence_length")
+    if table is None:
+        return None
+    return table - (layer_attribute(model, "position_offset") or 0)
+
+
+# Model class -> the text endpoint that serves it (`keras_attn_serving.text`).
+TASKS = {
+    "CausalLM": "generate",
+    "SequenceClassifier": "classify",
+    "TokenClassifier": "tag",
+    "Encoder": "embed",
+    "SpanQA": "span_qa",
+    "MultipleChoice": "multiple_choice",
+    "EncoderPretrainer": "pretraining",
+    "Seq2Seq": "seq2seq",
+}
+
+
+def task_of(model):
+    """The manifest's `task`: what the model does, from its class (`None` for other models)."""
+    import keras_attn.models as models
+
+    for name, task in TASKS.items():
+        if isinstance(model, getattr(models, name)):
+            return task
+    return None
+
+
+def check_labels(model, labels, task):
+    if labels is None:
+        return
+    if task not in ("classify", "tag"):
+        raise ValueError(
+            "`labels` names the classes of a model whose task is 'classify' or 'tag' (a "
+            "SequenceClassifier, a TokenClassifier, or any model exported with that `task`). "
+            f"Received labels for a {type(model).__name__} with task={task!r}"
+        )
+    classes = model.outputs[0].shape[-1]
+    if not all(isinstance(x, str) for x in labels) or len(labels) != classes:
+        raise ValueError(
+            f"`labels` must be {classes} strings, one per class. Received: labels={labels!r}"
+        )
+
+
+def packer_spec(packer):
+    """The manifest's `packer`: what the server adds around one text's ids, or `None`."""
+    from keras_attn.preprocessing import SegmentPacker, StartEndPacker
+
+    if packer is None:
+        return None
+    if not isinstance(packer, (StartEndPacker, SegmentPacker)):
+        raise ValueError(
+            "`packer` must be a StartEndPacker or a SegmentPacker. "
+            f"Received: {type(packer).__name__}"
+        )
+    return {
+        "type": "segment" if isinstance(packer, SegmentPacker) else "start_end",
+        "sequence_length": packer.sequence_length,
+        "start_value": packer.start_value,
+        "end_value": packer.end_value,
+        "pad_value": packer.pad_value,
+    }
+
+
+def write_tokenizer(tokenizer, folder: Path) -> list[Path]:
+    folder.mkdir()
+    vocab = folder / "vocab.txt"
+    vocab.write_text("\n".join(tokenizer.get_vocabulary()) + "\n", encoding="utf-8")
+    config = {
+        "type": "wordpiece",
+        "lowercase": tokenizer.lowercase,
+        "strip_accents": tokenizer.lowercase,
+        "special_tokens": list(tokenizer.special_tokens),
+        "unknown_token": "[UNK]",
+        "suffix_indicator": "##",
+        "max_bytes_per_word": tokenizer.max_bytes_per_word,
+        "pad_id": 0,
+    }
+    (folder / "tokenizer.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    return [vocab]

@@ -1,0 +1,154 @@
+"""The ONNX files beside the SavedModel, each written and then checked against Keras:
+`model.onnx` (+ fused `model.opt.onnx`, + `model.int8.onnx`), the key/value-cache decode
+graphs of a causal LM, and the text graph (tokenizer as onnxruntime-extensions operators)."""
+
+from pathlib import Path
+
+import keras
+import numpy as np
+from keras_attn_export.compare import TEXT_SAMPLES
+from keras_attn_export.describe import max_sequence_length, max_token_id
+from keras_attn_export.onnx import run_onnx, write_onnx
+from keras_attn_export.parity import ParityError, max_abs_diff
+from keras_attn_export.saved_model import input_specs
+
+
+def write_onnx_files(model, folder: Path, opset, optimize, quantize) -> dict:
+    """Writes `model.onnx` [+ `model.opt.onnx`] [+ `model.int8.onnx`]; returns the manifest's
+    `onnx` entry with the fused operators onnxruntime runs in each file."""
+    import onnx
+    from keras_attn_export.optimize import fuse, quantize_int8, runtime_fused_counts
+
+    write_onnx(model, folder / "model.onnx", opset)
+    files = ["model.onnx"]
+    if optimize:
+        onnx.save(fuse(onnx.load(folder / "model.onnx")), folder / "model.opt.onnx")
+        files.append("model.opt.onnx")
+    if quantize == "int8":
+        quantize_int8(folder / files[-1], folder / "model.int8.onnx")
+        files.append("model.int8.onnx")
+    return {
+        "file": "model.onnx",
+        "opset": opset,
+        "files": files,
+        "fused_ops": {file: runtime_fused_counts(folder / file) for file in files},
+    }
+
+
+def is_causal_lm(model, task):
+    """A `CausalLM`, or a functional model exported with `task="generate"`."""
+    from keras_attn.models import CausalLM
+
+    return isinstance(model, CausalLM) or task == "generate"
+
+
+def export_decoding(model, folder: Path, opset, tolerance) -> dict:
+    """`decode.onnx` for cached generation (tf2onnx of the Keras decode step), and where
+    `keras_attn_export.decode_graph` can express the model, `decode_gqa.onnx` (onnxruntime's own
+    operators, cache updated in place), the one `serving` decodes with. Each is checked
+    two ways: its logits at every step equal the Keras model's on the full prefix, and its
+    greedy ids equal Keras `generate()`."""
+    import onnxruntime as ort
+    from keras_attn_export.decode_graph import supported, write_decode_graph
+    from keras_attn_export.decoding import write_decode_onnx
+    from keras_attn_serving.generation import BoundCache, empty_cache, gqa_step, session_step
+
+    from keras_attn.decoding import CausalLMRunner
+
+    # The cache holds as many positions as the learned position table; a sinusoidal model has
+    # no table, and its cache is as long as the `sequence_length` it was built with.
+    runner = CausalLMRunner(model)
+    max_length = runner.max_length or model.get_config().get("sequence_length")
+    if max_length is None:
+        raise ValueError(
+            "Exporting generation needs a learned position table (its length bounds the "
+            "cache); this model's positions are sinusoidal."
+        )
+    spec = write_decode_onnx(model, folder / "decode.onnx", max_length, opset)
+    session = ort.InferenceSession(str(folder / "decode.onnx"), providers=["CPUExecutionProvider"])
+    worst = _check_decoding(
+        model, runner, "decode.onnx", session_step(session), lambda b: empty_cache(spec, b),
+        max_length, tolerance,
+    )  # fmt: skip
+    decoding = {"file": "decode.onnx", **spec, "step_logits_max_abs_diff": worst,
+                "greedy_equals_keras": True}  # fmt: skip
+    reason = supported(runner)
+    if reason is not None:
+        decoding["gqa"] = {"file": None, "unsupported": reason}
+        return decoding
+    gqa_spec = write_decode_graph(runner, folder / "decode_gqa.onnx", max_length, opset)
+    session = ort.InferenceSession(
+        str(folder / "decode_gqa.onnx"), providers=["CPUExecutionProvider"]
+    )
+    worst = _check_decoding(
+        model, runner, "decode_gqa.onnx", gqa_step(session),
+        lambda b: BoundCache(session, gqa_spec, b), max_length, tolerance,
+    )  # fmt: skip
+    decoding["gqa"] = {"file": "decode_gqa.onnx", **gqa_spec, "step_logits_max_abs_diff": worst,
+                       "greedy_equals_keras": True}  # fmt: skip
+    return decoding
+
+
+def _check_decoding(model, runner, name, step, new_state, max_length, tolerance):
+    """Raises `ParityError` unless a decode graph's `step` (from the state `new_state(batch)`)
+    gives the Keras model's logits at every position and Keras `generate()`'s greedy ids;
+    returns the largest logits difference."""
+    from keras_attn_serving.generation import greedy_decode
+
+    from keras_attn.models import generate
+
+    rng = np.random.default_rng(0)
+    vocabulary = max_token_id(model)
+    prompts = [rng.integers(1, vocabulary, size=n).tolist() for n in (3, 5, 1)]
+    new_tokens = max(1, min(8, max_length - 5))
+    ids = np.asarray([prompts[1] + [0] * new_tokens], "int32")[:, : 5 + new_tokens]
+    ids[0, 5:] = rng.integers(1, vocabulary, size=ids.shape[1] - 5)
+    full = keras.ops.convert_to_numpy(model(runner.model_inputs(ids), training=False))
+    logits, state = step(ids[:, :5], new_state(1), 0)
+    worst = max_abs_diff(logits, full[:, 4])
+    for t in range(5, ids.shape[1]):
+        logits, state = step(ids[:, t : t + 1], state, t)
+        worst = max(worst, max_abs_diff(logits, full[:, t]))
+    limit = tolerance["logits"] if isinstance(tolerance, dict) else tolerance
+    if worst > limit:
+        raise ParityError(f"{name} logits differ from Keras by {worst:.3e} > tolerance {limit}")
+    onnx_ids = greedy_decode(step, new_state(len(prompts)), prompts, new_tokens,
+                             max_length=max_length)  # fmt: skip
+    keras_ids = generate(model, prompts, new_tokens)
+    if onnx_ids != keras_ids:
+        raise ParityError(f"{name} greedy ids {onnx_ids} differ from Keras generate() {keras_ids}")
+    return worst
+
+
+def export_text_onnx(model, folder: Path, tokenizer, packer, sessions, opset) -> dict:
+    """`model.text.onnx`, checked: on ASCII samples its outputs equal `model.onnx` on our
+    tokenizer's ids (non-ASCII text may differ; see `keras_attn_export.text_onnx`)."""
+    from keras_attn_export.text_onnx import text_session, write_text_onnx
+
+    if tokenizer is None or packer is not None or len(model.inputs) != 1 or not sessions:
+        raise ValueError(
+            "`strings_in` needs a `tokenizer`, no `packer`, a model with one ids input and "
+            f"'onnx' in `formats`. Received: tokenizer={tokenizer is not None}, "
+            f"packer={packer is not None}, inputs={len(model.inputs)}, "
+            f"onnx written: {bool(sessions)}"
+        )
+    ids_session = sessions["model.onnx"]
+    max_length = max_sequence_length(model)
+    write_text_onnx(folder / "model.onnx", folder / "model.text.onnx", tokenizer, max_length, opset)
+    text = text_session(folder / "model.text.onnx")
+    (name,) = [spec["name"] for spec in input_specs(model)]
+    worst = 0.0
+    for line in TEXT_SAMPLES:
+        if not line.isascii():
+            continue
+        ids = tokenizer.tokenize(line).numpy()[None, :max_length].astype("int32")
+        expected = run_onnx(ids_session, {name: ids})
+        got = dict(zip([o.name for o in text.get_outputs()],
+                       text.run(None, {"text": np.array([line])}), strict=True))  # fmt: skip
+        worst = max(worst, *(max_abs_diff(got[k], v) for k, v in expected.items()))
+    if worst > 1e-5:
+        raise ParityError(
+            f"model.text.onnx differs from model.onnx on the same text by {worst:.3e}"
+        )
+    return {"file": "model.text.onnx", "input": "text", "max_abs_diff": worst,
+            "custom_ops": "onnxruntime_extensions"}  # fmt: skip

@@ -1,0 +1,46 @@
+"""`keras-attn-serve`: settings from flags, then `KERAS_ATTN_*` variables, then defaults."""
+
+import argparse
+
+from keras_attn_serving.settings import ServerSettings
+
+
+def parse_settings(argv=None) -> ServerSettings:
+    """`ServerSettings` from flags (one per field, e.g. `--max-batch-size`), then
+    `KERAS_ATTN_*` environment variables, then the defaults."""
+    import pydantic
+
+    parser = argparse.ArgumentParser(
+        prog="keras-attn-serve", description="Serve exported models over HTTP (onnxruntime)."
+    )
+    for name, field in ServerSettings.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        help_text = f"{field.description or ''} (env KERAS_ATTN_{name.upper()})".strip()
+        if field.annotation is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
+                                help=help_text)  # fmt: skip
+        else:
+            parser.add_argument(flag, default=None, metavar=name.upper(), help=help_text)
+    args = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
+    try:
+        return ServerSettings(**args)
+    except pydantic.ValidationError as error:
+        parser.error(str(error))
+
+
+def main(argv=None):
+    import uvicorn
+    from keras_attn_serving.observability import configure_logging
+    from keras_attn_serving.server import create_app
+
+    settings = parse_settings(argv)
+    configure_logging(settings.log_level)
+    app = create_app(settings.model_repository, settings)
+    uvicorn.run(
+        app, host=settings.host, port=settings.port, log_config=None, access_log=False,
+        timeout_graceful_shutdown=settings.drain_timeout_s,
+    )  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""What every route shares: the concurrency gate, the body and size limits, the error answers
+(always `{"error": ...}`, never a path, address or traceback), and the call through a model's
+batcher within the request timeout. Routes read the repository and settings from
+`request.app.state`."""
+
+import asyncio
+import json
+import logging
+import math
+import time
+
+from keras_attn_serving.predictor import InputError
+from keras_attn_serving.protocol import ServingError
+
+log = logging.getLogger("keras_attn.serve")
+
+
+class Gate:
+    """ASGI middleware around every route: the concurrency limit (503 + Retry-After), metrics
+    and one JSON log line per request. (Plain ASGI: Starlette's `BaseHTTPMiddleware` costs
+    about a millisecond per request.)"""
+
+    UNLIMITED = ("/metrics", "/v2/health/live", "/v2/health/ready")
+
+    def __init__(self, app, settings, metrics, log):
+        self.app, self.settings, self.metrics, self.log = app, settings, metrics, log
+        self.in_flight = 0
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path, started, status = scope["path"], time.perf_counter(), [500]
+        limited = path not in self.UNLIMITED
+
+        async def record_status(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        if limited and self.in_flight >= self.settings.max_concurrency:
+            from starlette.responses import JSONResponse
+
+            busy = JSONResponse(
+                {"error": f"server busy: {self.settings.max_concurrency} requests in flight"},
+                status_code=503, headers={"Retry-After": "1"},
+            )  # fmt: skip
+            await busy(scope, receive, record_status)
+        else:
+            self.in_flight += limited
+            self.metrics.in_flight.set(self.in_flight)
+            try:
+                await self.app(scope, receive, record_status)
+            finally:
+                self.in_flight -= limited
+                self.metrics.in_flight.set(self.in_flight)
+        seconds = time.perf_counter() - started
+        route = getattr(scope.get("route"), "path", "unmatched")
+        self.metrics.observe(route, status[0], seconds)
+        if self.log.isEnabledFor(logging.INFO):
+            self.log.info("request", extra={"method": scope["method"], "path": path,
+                                            "status": status[0],
+                                            "ms": round(1000 * seconds, 3)})  # fmt: skip
+
+
+def install_error_handlers(app):
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException
+
+    @app.exception_handler(ServingError)
+    async def serving_error(request, error: ServingError):
+        return JSONResponse({"error": error.message}, status_code=error.status)
+
+    @app.exception_handler(InputError)
+    async def input_error(request, error: InputError):
+        return JSONResponse({"error": str(error)}, status_code=400)
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(request, error: Exception):
+        # The details (paths, node names, addresses) go to the log, not to the client; the
+        # connection is closed after a 500, and the client is told so.
+        log.exception("internal error on %s %s", request.method, request.url.path)
+        return JSONResponse(
+            {"error": "internal error"}, status_code=500, headers={"Connection": "close"}
+        )
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request, error: HTTPException):
+        return JSONResponse({"error": str(error.detail)}, status_code=error.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request, error):
+        return JSONResponse({"error": f"invalid request: {error.errors()}"}, status_code=400)
+
+
+async def read_body(request):
+    """The body, decompressed, refused with 413 once it passes `max_body_bytes`."""
+    max_body_bytes = request.app.state.settings.max_body_bytes
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_body_bytes:
+        raise ServingError(413, f"request body exceeds {max_body_bytes} bytes")
+    # Counted while it arrives: a chunked body (no Content-Length) is refused once it
+    # passes the limit, never read whole first.
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_body_bytes:
+            raise ServingError(413, f"request body exceeds {max_body_bytes} bytes")
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    encoding = request.headers.get("content-encoding", "identity").lower()
+    if encoding in ("gzip", "deflate"):  # tritonclient's request_compression_algorithm
+        import zlib
+
+        try:
+            body = zlib.decompressobj(wbits=47 if encoding == "gzip" else 15).decompress(
+                body, max_body_bytes + 1
+            )
+        except zlib.error as error:
+            raise ServingError(400, f"body is not valid {encoding}: {error}") from None
+    elif encoding != "identity":
+        raise ServingError(415, f"unsupported Content-Encoding {encoding!r}"[:200])
+    if len(body) > max_body_bytes:
+        raise ServingError(413, f"request body exceeds {max_body_bytes} bytes")
+    return body
+
+
+async def json_body(request):
+    return parse_json(await read_body(request))
+
+
+def parse_json(body):
+    try:
+        return json.loads(body)
+    except RecursionError:
+        raise ServingError(400, "request body is nested too deeply") from None
+    except ValueError as error:
+        raise ServingError(400, f"request body is not JSON: {error}"[:300]) from None
+
+
+async def predict(request, name, version, feeds, timeout_s=None):
+    """`(version, outputs)` through the model's batcher, within the request timeout."""
+    state = request.app.state
+    chosen, predictor, batcher = state.repository.batcher(name, version)
+    arrays = predictor.check(feeds)
+    check_response_size(state.settings, predictor.output_specs, arrays)
+    try:
+        future = batcher.submit(arrays)
+    except RuntimeError:
+        raise ServingError(503, "server is shutting down") from None
+    timeout = request_timeout(state.settings, timeout_s)
+    try:
+        return chosen, await asyncio.wait_for(asyncio.wrap_future(future), timeout)
+    except TimeoutError:
+        raise ServingError(504, f"request timed out after {timeout:g} s") from None
+
+
+def request_timeout(settings, timeout_s=None):
+    """The server's timeout, or the client's when that is shorter."""
+    return min(settings.request_timeout_s, timeout_s or settings.request_timeout_s)
+
+
+def check_response_size(settings, output_specs, arrays):
+    """Refuses, before any compute, a request whose rows or outputs pass the limits: a
+    small request must not buy a huge answer (issue 19: 768 KB in, 210 MB of JSON out)."""
+    rows = max((a.shape[0] for a in arrays.values() if a.ndim), default=0)
+    if rows > settings.max_rows_per_request:
+        raise ServingError(
+            413, f"request has {rows} rows; at most {settings.max_rows_per_request} per "
+                 "request (--max-rows-per-request)",
+        )  # fmt: skip
+    length = max((a.shape[1] for a in arrays.values() if a.ndim > 1), default=1)
+    size = 0
+    for spec in output_specs:
+        axes = {"batch": rows, "sequence": length}
+        size += 4 * math.prod(axes.get(d, d if isinstance(d, int) else 1) for d in spec["shape"])
+    if size > settings.max_output_bytes:
+        raise ServingError(
+            413, f"the outputs would hold {size} bytes (float32), over the "
+                 f"{settings.max_output_bytes}-byte limit (--max-output-bytes): send fewer "
+                 "rows or shorter sequences",
+        )  # fmt: skip

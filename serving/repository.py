@@ -1,0 +1,172 @@
+"""The model repository: artifact folders `ROOT/NAME/VERSION/`, loaded on first use, each with
+its batcher (Triton's repository layout; VERSION is a positive integer)."""
+
+import os
+import re
+import threading
+from pathlib import Path
+
+import numpy as np
+from keras_attn_serving.batching import Batcher
+from keras_attn_serving.manifest import ArtifactError
+from keras_attn_serving.predictor import InputError, Predictor
+from keras_attn_serving.protocol import ServingError
+from keras_attn_serving.settings import ModelConfig
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def _cores():
+    """CPUs this process may run on (a container's share, not the host's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+class ModelRepository:
+    """The models under `root`, loaded on first use and kept; names and versions are checked
+    before they touch the file system, so no request reaches outside `root`.
+
+    Each loaded model gets a `Batcher`; `DIR/NAME/config.json` (a `ModelConfig`) overrides
+    the batching arguments for that model.
+    """
+
+    def __init__(
+        self, root, verify=True, num_threads=None, max_batch_size=32, max_delay_ms=0.0,
+        workers=2, on_batch=None,
+    ):  # fmt: skip
+        self.root = Path(root).resolve()
+        if not self.root.is_dir():
+            raise ValueError(f"`model_repository` must be a folder. Received: {root}")
+        self.verify = verify
+        # Each of the `workers` threads runs its own batch: together they fill the cores, so
+        # onnxruntime's thread pools do not contend for them (2 workers x 2 threads on 2 cores
+        # ran 0.56 of raw onnxruntime under load, 2 x 1 thread 0.96: bench/serve_load.py).
+        self.num_threads = num_threads or max(1, _cores() // workers)
+        self.batching = {"max_batch_size": max_batch_size, "max_delay_ms": max_delay_ms,
+                         "workers": workers}  # fmt: skip
+        self.on_batch = on_batch  # `model name -> callback(rows, queue depth, cap)`
+        self._loaded = {}
+        self._lock = threading.Lock()
+
+    def names(self):
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and NAME.match(p.name))
+
+    def servable(self):
+        """Whether any model has a numbered version folder (what readiness needs)."""
+        return any(
+            p.name.isdigit() and p.is_dir()
+            for name in self.names()
+            for p in (self.root / name).iterdir()
+        )
+
+    def versions(self, name):
+        if not isinstance(name, str) or not NAME.match(name) or ".." in name:
+            raise ServingError(400, f"invalid model name {name!r}")
+        folder = self.root / name
+        if not folder.is_dir():
+            raise ServingError(404, f"unknown model {name!r}")
+        versions = sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit() and p.is_dir())
+        if not versions:
+            raise ServingError(404, f"model {name!r} has no numbered version folders")
+        return versions
+
+    def resolve(self, name, version=None):
+        """`(version, folder)`: the named version, or the newest."""
+        versions = self.versions(name)
+        if version is None or version == "":
+            chosen = versions[-1]
+        else:
+            if not str(version).isdigit():
+                raise ServingError(400, f"invalid model version {version!r}")
+            chosen = int(version)
+            if chosen not in versions:
+                raise ServingError(404, f"model {name!r} has no version {chosen}")
+        return chosen, self.root / name / str(chosen)
+
+    def get(self, name, version=None):
+        """`(version, predictor)`."""
+        chosen, loaded = self._load(name, version)
+        return chosen, loaded[0]
+
+    def batcher(self, name, version=None):
+        """`(version, predictor, batcher)`."""
+        chosen, loaded = self._load(name, version)
+        return chosen, loaded[0], loaded[1]
+
+    def _load(self, name, version):
+        chosen, folder = self.resolve(name, version)
+        key = (name, chosen)
+        with self._lock:
+            if key not in self._loaded:
+                try:
+                    predictor = Predictor(folder, self.verify, self.num_threads)
+                    config = self._config(name)
+                except ArtifactError as error:
+                    raise ServingError(500, f"model {name!r} version {chosen}: {error}") from None
+                self._loaded[key] = (predictor, self._make_batcher(name, predictor, config))
+        return chosen, self._loaded[key]
+
+    def _config(self, name):
+        path = self.root / name / "config.json"
+        if not path.is_file():
+            return ModelConfig()
+        try:
+            return ModelConfig.model_validate_json(path.read_text())
+        except ValueError as error:
+            raise ArtifactError(f"config.json: {error}") from None
+
+    def _make_batcher(self, name, predictor, config):
+        sequence_inputs = [s["name"] for s in predictor.inputs.values() if _sequence_axis(s)]
+        sequence_outputs = [s["name"] for s in predictor.output_specs if _sequence_axis(s)]
+        pads = config.pad_sequences and sequence_inputs and _padding_is_safe(
+            predictor, sequence_inputs, sequence_outputs
+        )  # fmt: skip
+        options = dict(self.batching)
+        for field in ("max_batch_size", "max_delay_ms"):
+            if getattr(config, field) is not None:
+                options[field] = getattr(config, field)
+        return Batcher(
+            predictor.run_checked, **options,
+            sequence_inputs=sequence_inputs if pads else (),
+            sequence_outputs=sequence_outputs if pads else (),
+            on_batch=self.on_batch(name) if self.on_batch else None,
+        )  # fmt: skip
+
+    def loaded(self):
+        """`[(name, version, predictor, batcher)]` of the models loaded so far."""
+        with self._lock:
+            return [(n, v, p, b) for (n, v), (p, b) in self._loaded.items()]
+
+    def close(self):
+        """Runs what is queued, then stops every model's batcher (the end of a drain)."""
+        for *_, batcher in self.loaded():
+            batcher.close()
+
+
+def _sequence_axis(spec):
+    return len(spec["shape"]) >= 2 and spec["shape"][1] == "sequence"
+
+
+def _padding_is_safe(predictor, sequence_inputs, sequence_outputs, tolerance=1e-4):
+    """Whether zero-padding a request changes nothing at its real positions (the model masks
+    id 0), checked once on a probe: length 5 alone vs padded to 8."""
+    rng = np.random.default_rng(0)
+    high = min(predictor.manifest.vocabulary_size or 50, 50)
+    feeds = {}
+    for spec in predictor.inputs.values():
+        shape = [1, 5] + [d if isinstance(d, int) else 2 for d in spec["shape"][2:]]
+        low = 1 if spec["name"] in sequence_inputs and "segment" not in spec["name"] else 0
+        high_here = 2 if "segment" in spec["name"] else high
+        feeds[spec["name"]] = rng.integers(low, high_here, shape).astype(spec["dtype"])
+    padded = {
+        k: np.pad(v, [(0, 0), (0, 3)] + [(0, 0)] * (v.ndim - 2)) if k in sequence_inputs else v
+        for k, v in feeds.items()
+    }
+    try:
+        alone, merged = predictor.run(feeds), predictor.run(padded)
+    except (InputError, ValueError):
+        return False
+    for name, value in alone.items():
+        other = merged[name][:, :5] if name in sequence_outputs else merged[name]
+        if other.shape != value.shape or not np.allclose(other, value, atol=tolerance):
+            return False
+    return True
