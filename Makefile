@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint format demo bench clean
+.PHONY: test lint format demo bench fuzz clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ test: lint
 	$(PY) -m pytest -n 2 -q
 	KERAS_BACKEND=jax $(PY) -m pytest -n 2 -q tests/layers tests/models/test_pretrained.py \
 		-m "not tf_only"
+
+# The server fuzz suite, longer and random (make test runs it bounded and derandomized).
+fuzz: $(STAMP)
+	KERAS_ATTN_FUZZ_EXAMPLES=$${KERAS_ATTN_FUZZ_EXAMPLES:-1000} $(PY) -m pytest -q -s \
+		tests/serving/test_fuzz.py
 
 demo: $(STAMP)
 	$(PY) examples/shakespeare_lm.py

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import sys
+import zipfile
 
 from keras_attn_export.parity import ParityError
 
@@ -92,6 +93,11 @@ def load_model(path):
 
     if not os.path.isfile(path):
         raise ValueError(f"no such model file: {path!r}")
+    if path.endswith(".keras") and not zipfile.is_zipfile(path):
+        raise ValueError(
+            f"{path!r} is not a .keras archive (a zip file written by `model.save`); it may be "
+            "truncated or another format"
+        )
     try:
         return keras.saving.load_model(path)
     except TypeError as error:
@@ -142,7 +148,7 @@ def main(argv=None):
             labels=labels,
             task=args.task,
         )
-    except (ParityError, ValueError) as error:
+    except (ParityError, ValueError, OSError) as error:
         print(f"keras-attn-export: {error}", file=sys.stderr)
         return 1
     print(f"wrote {args.out_dir} ({len(manifest['files'])} files)")

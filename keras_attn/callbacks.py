@@ -1,8 +1,12 @@
 """Training callbacks."""
 
+import json
+import os
 import time
+from pathlib import Path
 
 import keras
+import numpy as np
 
 
 class TimeBudget(keras.callbacks.Callback):
@@ -26,3 +30,143 @@ class TimeBudget(keras.callbacks.Callback):
         self.elapsed = time.perf_counter() - self._start
         if self.elapsed >= self.seconds:
             self.model.stop_training = True
+
+
+RESUME_FILE = "resume.npz"
+
+
+class ResumeTraining(keras.callbacks.Callback):
+    """Lets a `fit` killed at any moment (even `kill -9`) resume and end with exactly the
+    weights an uninterrupted run would have.
+
+    At the end of every epoch it writes one checkpoint, `directory/resume.npz`: every model
+    variable (weights, and the dropout layers' random-seed states, which
+    `keras.callbacks.BackupAndRestore` leaves out), every optimizer variable (its step count
+    and moments) and the epoch. The file is written beside its final name, flushed to disk and
+    renamed into place, so a kill leaves the previous checkpoint or the new one, whole. When
+    `fit` starts and a checkpoint is there, it restores it and continues from the next epoch.
+
+    Exactness also needs data whose order in epoch `k` does not depend on what ran before in
+    the process: arrays with `fit(..., shuffle=False)`, or an `EpochShuffled` passed both to
+    `fit(..., shuffle=False)` and here as `data` (its order is a function of the seed and the
+    epoch; Keras's own shuffle would draw from the process's random state, and is refused).
+    For frequent checkpoints in a long pass over the data, make epochs shorter with
+    `steps_per_epoch`.
+
+    Args:
+        directory: str or path. Where the checkpoint lives (created if missing).
+        data: optional `EpochShuffled`; told the epoch at each epoch's start.
+    """
+
+    def __init__(self, directory, data=None):
+        super().__init__()
+        if not isinstance(directory, str | os.PathLike) or not str(directory):
+            raise ValueError(f"`directory` must be a path. Received: directory={directory!r}")
+        if data is not None and not isinstance(data, EpochShuffled):
+            raise ValueError(
+                f"`data` must be an EpochShuffled or None. Received: {type(data).__name__}"
+            )
+        self.directory = Path(directory)
+        self.data = data
+        self.resumed_from = None  # the epoch restored at the start of `fit`, if any
+
+    @property
+    def path(self):
+        return self.directory / RESUME_FILE
+
+    def _variables(self):
+        optimizer = self.model.optimizer
+        if optimizer is not None and not optimizer.built:
+            optimizer.build(self.model.trainable_variables)  # its variables must exist to load
+        return [*self.model.variables, *(optimizer.variables if optimizer is not None else [])]
+
+    def on_train_begin(self, logs=None):
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for stale in self.directory.glob(f".{RESUME_FILE}.*"):  # a write a kill cut short
+            stale.unlink(missing_ok=True)
+        if self.path.is_file():
+            self._restore()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self.data is not None:
+            self.data.epoch = epoch
+            self.data.requested = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.data is not None and self.data.requested != sorted(self.data.requested):
+            raise ValueError(
+                "fit() shuffled the batches of the EpochShuffled data from the process's "
+                "random state, so a resumed run would see another order: pass "
+                "`fit(..., shuffle=False)` (EpochShuffled already shuffles by epoch)"
+            )
+        self._save(epoch + 1)
+
+    def _save(self, epoch):
+        variables = self._variables()
+        arrays = {f"v{i}": keras.ops.convert_to_numpy(v.value) for i, v in enumerate(variables)}
+        meta = {"epoch": epoch, "shapes": [list(v.shape) for v in variables]}
+        temporary = self.directory / f".{RESUME_FILE}.{os.getpid()}"
+        with open(temporary, "wb") as f:
+            np.savez(f, meta=np.array(json.dumps(meta)), **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, self.path)
+        folder = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(folder)  # the rename itself reaches the disk
+        finally:
+            os.close(folder)
+
+    def _restore(self):
+        if not self.model.built:
+            raise ValueError("ResumeTraining needs a built model: call it on a batch first")
+        variables = self._variables()
+        with np.load(self.path, allow_pickle=False) as stored:
+            meta = json.loads(str(stored["meta"]))
+            shapes = [list(v.shape) for v in variables]
+            if meta["shapes"] != shapes:
+                raise ValueError(
+                    f"{self.path} holds {len(meta['shapes'])} variables that do not match this "
+                    f"model and optimizer ({len(shapes)} variables): it was written by another "
+                    "model; delete it or pick another `directory`"
+                )
+            for i, variable in enumerate(variables):
+                variable.assign(stored[f"v{i}"])
+        self.resumed_from = meta["epoch"]
+        self.model._initial_epoch = meta["epoch"]  # what fit() starts from (as BackupAndRestore)
+
+
+class EpochShuffled(keras.utils.PyDataset):
+    """Batches of arrays in an order fixed by `(seed, epoch)`: shuffled every epoch, yet the
+    same in a process resumed at epoch `k` as in one that ran from the start (what
+    `ResumeTraining` needs; `fit(shuffle=True)` draws from the process's random state).
+
+    Args:
+        x: array, or a tuple/dict of arrays with the same first dimension.
+        y: optional targets, like `x`.
+        batch_size: int. Rows per batch (the last batch may be smaller).
+        seed: int. The shuffling seed.
+    """
+
+    def __init__(self, x, y=None, batch_size=32, seed=0, **kwargs):
+        super().__init__(**kwargs)
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"`batch_size` must be an integer >= 1. Received: {batch_size!r}")
+        sizes = {len(a) for a in keras.tree.flatten((x, y)) if a is not None}
+        if len(sizes) != 1 or 0 in sizes:
+            raise ValueError(f"`x` and `y` must be non-empty arrays of one length. Got {sizes}")
+        self.x, self.y, self.batch_size, self.seed = x, y, batch_size, seed
+        self.rows = sizes.pop()
+        self.epoch = 0
+        self.requested = []  # batch indices asked for this epoch, in order
+
+    def __len__(self):
+        return -(-self.rows // self.batch_size)
+
+    def __getitem__(self, index):
+        self.requested.append(index)
+        order = np.random.default_rng([self.seed, self.epoch]).permutation(self.rows)
+        rows = np.sort(order[index * self.batch_size : (index + 1) * self.batch_size])
+        take = lambda a: None if a is None else np.asarray(a)[rows]  # noqa: E731
+        x = keras.tree.map_structure(take, self.x)
+        return x if self.y is None else (x, keras.tree.map_structure(take, self.y))

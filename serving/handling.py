@@ -4,13 +4,12 @@ batcher within the request timeout. Routes read the repository and settings from
 `request.app.state`."""
 
 import asyncio
-import json
 import logging
 import math
 import time
 
 from keras_attn_serving.predictor import InputError
-from keras_attn_serving.protocol import ServingError
+from keras_attn_serving.protocol import ServingError, parse_json
 
 log = logging.getLogger("keras_attn.serve")
 
@@ -127,15 +126,6 @@ async def read_body(request):
 
 async def json_body(request):
     return parse_json(await read_body(request))
-
-
-def parse_json(body):
-    try:
-        return json.loads(body)
-    except RecursionError:
-        raise ServingError(400, "request body is nested too deeply") from None
-    except ValueError as error:
-        raise ServingError(400, f"request body is not JSON: {error}"[:300]) from None
 
 
 async def predict(request, name, version, feeds, timeout_s=None):

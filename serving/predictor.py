@@ -115,6 +115,9 @@ class Predictor:
                 f"input {name!r} must have rank {len(spec['shape'])} {spec['shape']}; "
                 f"received shape {list(array.shape)}"
             )
+        if array.size == 0:  # onnxruntime fails on an empty batch or sequence
+            raise InputError(f"input {name!r} has shape {list(array.shape)}: at least one row "
+                             "and one position are needed")  # fmt: skip
         for axis, (want, got) in enumerate(zip(spec["shape"], array.shape, strict=True)):
             if isinstance(want, int) and want != got:
                 raise InputError(f"input {name!r} axis {axis} must be {want}; received {got}")

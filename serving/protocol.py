@@ -8,6 +8,7 @@ followed by raw tensor bytes, in input (or output) order; a tensor sent that way
 """
 
 import json
+import math
 
 import numpy as np
 
@@ -30,6 +31,26 @@ class ServingError(Exception):
 
 def _bad(message):
     return ServingError(400, message)
+
+
+def parse_json(body, what="request body"):
+    """JSON, or a 400 naming why not (bad syntax, nesting too deep for the parser)."""
+    try:
+        return json.loads(body)
+    except RecursionError:
+        raise _bad(f"{what} is nested too deeply") from None
+    except ValueError as error:
+        raise _bad(f"{what} is not JSON: {error}"[:300]) from None
+
+
+def _object(container, key, whose):
+    """`container[key]` when it is an object (or absent: `{}`), else a 400."""
+    value = container.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _bad(f"{whose} `{key}` must be an object; received {value!r}"[:200])
+    return value
 
 
 def _decode_bytes(raw, count, name):
@@ -80,29 +101,30 @@ def decode_request(body: bytes, header_length=None):
                 f"({len(body)} bytes)"
             )
         header, binary = body[:header_length], body[header_length:]
-    try:
-        request = json.loads(header)
-    except ValueError as error:
-        raise _bad(f"request header is not JSON: {error}") from None
+    request = parse_json(header, "request header")
     if not isinstance(request, dict) or not isinstance(request.get("inputs"), list):
         raise _bad("request must be an object with an `inputs` list")
+    _object(request, "parameters", "the request's")
     feeds, offset = {}, 0
     for tensor in request["inputs"]:
         if not isinstance(tensor, dict) or not {"name", "shape", "datatype"} <= set(tensor):
             raise _bad("each input needs name, shape and datatype")
         name = tensor["name"]
-        dtype = DATATYPES.get(tensor["datatype"])
+        if not isinstance(name, str) or name in feeds:
+            raise _bad(f"input names must be distinct strings; received {name!r}"[:200])
+        datatype = tensor["datatype"]
+        dtype = DATATYPES.get(datatype) if isinstance(datatype, str) else None
         if dtype is None:
             raise _bad(
-                f"input {name!r}: unsupported datatype {tensor['datatype']!r}; "
-                f"use one of {sorted(DATATYPES)}"
+                f"input {name!r}: unsupported datatype {datatype!r}; "
+                f"use one of {sorted(DATATYPES)}"[:300]
             )
         shape = _shape(tensor, name)
-        count = int(np.prod(shape, dtype=np.int64))
-        size = (tensor.get("parameters") or {}).get("binary_data_size")
+        count = math.prod(shape)  # Python integers: [2**32, 2**32] does not wrap to 0
+        size = _object(tensor, "parameters", f"input {name!r}").get("binary_data_size")
         if size is not None:
             if not isinstance(size, int) or size < 0 or offset + size > len(binary):
-                raise _bad(f"input {name!r}: binary_data_size {size!r} exceeds the data sent")
+                raise _bad(f"input {name!r}: binary_data_size {size!r} exceeds the data sent"[:200])
             raw, offset = binary[offset : offset + size], offset + size
             if dtype == "object":
                 array = _decode_bytes(raw, count, name)
@@ -116,14 +138,16 @@ def decode_request(body: bytes, header_length=None):
         elif "data" in tensor:
             try:
                 array = np.asarray(tensor["data"], dtype=dtype)
-            except (ValueError, TypeError, OverflowError) as error:
-                raise _bad(f"input {name!r}: data is not {tensor['datatype']}: {error}") from None
+            except (ValueError, TypeError, OverflowError, RecursionError) as error:
+                raise _bad(f"input {name!r}: data is not {datatype}: {error}"[:300]) from None
             if dtype == "object":
                 array = np.array([str(x).encode() for x in array.ravel()], dtype=object)
         else:
             raise _bad(f"input {name!r} has neither `data` nor `binary_data_size`")
         if array.size != count:
-            raise _bad(f"input {name!r}: shape {shape} needs {count} values; received {array.size}")
+            raise _bad(
+                f"input {name!r}: shape {shape} needs {count} values; received {array.size}"[:300]
+            )
         feeds[name] = array.reshape(shape)
     if offset != len(binary):
         raise _bad(f"{len(binary) - offset} bytes of binary data belong to no input")
@@ -133,16 +157,22 @@ def decode_request(body: bytes, header_length=None):
 def requested_outputs(request, available):
     """`[(name, binary)]` to answer with: the ones asked for, or every output."""
     asked = request.get("outputs")
-    default_binary = bool((request.get("parameters") or {}).get("binary_data_output", False))
+    default_binary = bool(_object(request, "parameters", "the request's").get(
+        "binary_data_output", False))  # fmt: skip
     if not asked:
         return [(name, default_binary) for name in available]
-    if not isinstance(asked, list) or not all(isinstance(o, dict) and "name" in o for o in asked):
-        raise _bad("`outputs` must be a list of objects with a name")
+    if not isinstance(asked, list) or not all(
+        isinstance(o, dict) and isinstance(o.get("name"), str) for o in asked
+    ):
+        raise _bad("`outputs` must be a list of objects, each with a string name")
     unknown = sorted({o["name"] for o in asked} - set(available))
     if unknown:
         raise _bad(f"unknown outputs {unknown}; the model has {list(available)}")
     return [
-        (o["name"], bool((o.get("parameters") or {}).get("binary_data", default_binary)))
+        (
+            o["name"],
+            bool(_object(o, "parameters", "an output's").get("binary_data", default_binary)),
+        )
         for o in asked
     ]
 

@@ -13,7 +13,12 @@ from keras_attn_serving.predictor import InputError, Predictor
 from keras_attn_serving.protocol import ServingError
 from keras_attn_serving.settings import ModelConfig
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")  # a folder name, never a path
+
+
+def _is_version(text):
+    """A version folder's name: ASCII digits only ("²" is a digit to `str.isdigit`)."""
+    return text.isascii() and text.isdigit() and len(text) <= 18
 
 
 def _cores():
@@ -53,18 +58,20 @@ class ModelRepository:
     def servable(self):
         """Whether any model has a numbered version folder (what readiness needs)."""
         return any(
-            p.name.isdigit() and p.is_dir()
+            _is_version(p.name) and p.is_dir()
             for name in self.names()
             for p in (self.root / name).iterdir()
         )
 
     def versions(self, name):
         if not isinstance(name, str) or not NAME.match(name) or ".." in name:
-            raise ServingError(400, f"invalid model name {name!r}")
+            raise ServingError(400, f"invalid model name {str(name)[:80]!r}")
         folder = self.root / name
         if not folder.is_dir():
             raise ServingError(404, f"unknown model {name!r}")
-        versions = sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit() and p.is_dir())
+        versions = sorted(
+            int(p.name) for p in folder.iterdir() if _is_version(p.name) and p.is_dir()
+        )
         if not versions:
             raise ServingError(404, f"model {name!r} has no numbered version folders")
         return versions
@@ -75,8 +82,8 @@ class ModelRepository:
         if version is None or version == "":
             chosen = versions[-1]
         else:
-            if not str(version).isdigit():
-                raise ServingError(400, f"invalid model version {version!r}")
+            if not _is_version(str(version)):
+                raise ServingError(400, f"invalid model version {str(version)[:40]!r}")
             chosen = int(version)
             if chosen not in versions:
                 raise ServingError(404, f"model {name!r} has no version {chosen}")

@@ -77,6 +77,7 @@ async def generation(request, name, version):
     text = payload.get("text_input")
     if not isinstance(text, str):
         raise ServingError(400, f"`text_input` must be one string; received {text!r}"[:200])
+    TextModel.texts(payload)  # valid Unicode
     max_tokens = parameters.get("max_tokens", 20)
     stop = parameters.get("stop_token_ids", [])
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:

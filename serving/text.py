@@ -64,6 +64,14 @@ class TextModel:
                 400, "request body must be {\"text_input\": a string or a non-empty list of "
                      f"strings}}; received text_input={text!r}"[:300],
             )  # fmt: skip
+        for index, one in enumerate(texts):
+            try:
+                one.encode("utf-8")
+            except UnicodeEncodeError as error:  # a lone surrogate such as "\ud800"
+                raise ServingError(
+                    400, f"text_input[{index}] is not valid Unicode text: {error.reason} at "
+                         f"position {error.start} (U+{ord(one[error.start]):04X})",
+                ) from None  # fmt: skip
         return texts
 
     def encode(self, texts, truncate=True):

@@ -175,6 +175,10 @@ def test_cli_reports_bad_labels_and_missing_files(tmp_path, capsys):
     (tmp_path / "m.keras").write_bytes(b"")
     assert main([str(tmp_path / "m.keras"), str(tmp_path / "out"), "--labels", "a,,b"]) == 1
     assert "`--labels` must name non-empty labels" in capsys.readouterr().err
+    # A file that exists but is no zip is named as such, not as missing (issue 19).
+    (tmp_path / "m.keras").write_text("not a zip")
+    assert main([str(tmp_path / "m.keras"), str(tmp_path / "out")]) == 1
+    assert "m.keras' is not a .keras archive (a zip file" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -378,3 +378,36 @@ def test_a_small_request_cannot_buy_a_huge_answer(toy_artifact, tmp_path, monkey
     assert f"would hold {3 * 4 * vocab * 4} bytes" in too_big.json()["error"]
     tfs = client.post("/v1/models/toy:predict", json={"instances": [[5, 9, 12, 7]] * 3})
     assert tfs.status_code == 413
+
+
+def test_tritonclient_keeps_going_after_4xx_and_500_on_one_connection(toy_artifact, tmp_path):
+    """Issue 19: after a 500 the keep-alive connection was reset under the client
+    (tritonclient: HTTPConnectionClosed). Now a 500 says `Connection: close`, and the same
+    client object's next requests are answered."""
+    import tritonclient.http as triton
+
+    repository = ModelRepository(repository_folder(toy_artifact, tmp_path))
+    batcher = repository.batcher
+
+    def boom(name, version=None):
+        if name == "boom":
+            raise RuntimeError("/secret/path at 0x7f00deadbeef")
+        return batcher(name, version)
+
+    repository.batcher = boom
+    (tmp_path / "boom" / "1").mkdir(parents=True)
+    url, stop = serve_in_thread(create_app(repository))
+    try:
+        client = triton.InferenceServerClient(url.removeprefix("http://"))
+        ids = triton.InferInput("token_ids", [2, 4], "INT32")
+        ids.set_data_from_numpy(np.array(IDS, "int32"))
+        expected = _expected(toy_artifact)
+        for bad_model, words in [("boom", "internal error"), ("nope", "unknown model"),
+                                 ("boom", "internal error")]:  # fmt: skip
+            with pytest.raises(triton.InferenceServerException, match=words):
+                client.infer(bad_model, [ids])
+            result = client.infer("toy", [ids])
+            np.testing.assert_allclose(result.as_numpy("logits"), expected, atol=1e-6)
+        client.close()
+    finally:
+        stop()

@@ -1,0 +1,124 @@
+"""`ResumeTraining`: a `fit` killed with SIGKILL, at a step or while writing its checkpoint,
+resumes and ends with exactly the weights of an uninterrupted run, dropout on."""
+
+import signal
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+from keras_attn.callbacks import EpochShuffled, ResumeTraining
+
+CHILD = """
+import os, signal, sys
+import keras, numpy as np
+import keras_attn.callbacks as callbacks
+from keras_attn.callbacks import EpochShuffled, ResumeTraining
+from keras_attn.models import CausalLM
+
+folder, kill_at_step, kill_in_save = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+keras.utils.set_random_seed(0)
+ids = np.random.default_rng(0).integers(1, 60, (96, 12)).astype("int32")
+data = EpochShuffled(ids[:, :-1], ids[:, 1:], batch_size=16, seed=1)
+model = CausalLM(60, 11, hidden_dim=16, num_layers=1, num_heads=2, dropout=0.1)
+model.compile(optimizer=keras.optimizers.Adam(1e-2),
+              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+class Kill(keras.callbacks.Callback):
+    step = 0
+    def on_train_batch_end(self, batch, logs=None):
+        Kill.step += 1
+        if Kill.step == kill_at_step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+if kill_in_save:  # killed after the new checkpoint is written, before it is renamed in
+    saves, replace = [], os.replace
+    def replace_then_die(src, dst):
+        saves.append(src)
+        if len(saves) == kill_in_save:
+            os.kill(os.getpid(), signal.SIGKILL)
+        replace(src, dst)
+    callbacks.os.replace = replace_then_die
+
+resume = ResumeTraining(folder + "/checkpoint", data)
+model.fit(data, epochs=4, callbacks=[resume, Kill()], verbose=0, shuffle=False)
+print("RESUMED_FROM", resume.resumed_from)
+np.save(folder + "/final.npy", np.concatenate([np.ravel(w) for w in model.get_weights()]))
+"""
+
+
+def train(folder, kill_at_step=-1, kill_in_save=0):
+    return subprocess.Popen([sys.executable, "-c", CHILD, str(folder), str(kill_at_step),
+                             str(kill_in_save)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def finish(process):
+    out, err = process.communicate(timeout=300)
+    return process.returncode, out, err
+
+
+@pytest.mark.slow
+def test_killed_training_resumes_to_identical_weights_with_dropout(tmp_path):
+    folders = {name: tmp_path / name for name in ("whole", "step", "save")}
+    for folder in folders.values():
+        folder.mkdir()
+    # 6 batches an epoch, 4 epochs: killed at step 9 (inside epoch 2), and while the second
+    # checkpoint is being renamed in (the first stays whole).
+    first = [train(folders["whole"]), train(folders["step"], kill_at_step=9)]
+    (code, _, err), (killed, _, _) = (finish(p) for p in first)
+    assert code == 0, err[-3000:]
+    assert killed == -signal.SIGKILL
+    died_saving = finish(train(folders["save"], kill_in_save=2))[0]
+    assert died_saving == -signal.SIGKILL
+    assert list((folders["save"] / "checkpoint").glob(".resume.npz.*"))  # the cut-short write
+    reference = np.load(folders["whole"] / "final.npy")
+    for name, epoch in (("step", 1), ("save", 1)):
+        code, out, err = finish(train(folders[name]))
+        assert code == 0, err[-3000:]
+        assert f"RESUMED_FROM {epoch}" in out
+        assert not list((folders[name] / "checkpoint").glob(".resume.npz.*"))
+        resumed = np.load(folders[name] / "final.npy")
+        assert np.abs(resumed - reference).max() == 0.0, name
+
+
+def test_a_checkpoint_of_another_model_is_refused(tmp_path):
+    def model(width):
+        built = keras.Sequential([keras.Input((3,)), keras.layers.Dense(width)])
+        built.compile("adam", "mse")
+        return built
+
+    x, y = np.ones((4, 3)), np.ones((4, 2))
+    model(2).fit(x, y, epochs=1, verbose=0, callbacks=[ResumeTraining(tmp_path)])
+    assert (tmp_path / "resume.npz").is_file()
+    with pytest.raises(ValueError, match="do not match this model"):
+        other = model(5)
+        other.fit(x, np.ones((4, 5)), epochs=1, verbose=0, callbacks=[ResumeTraining(tmp_path)])
+    data = EpochShuffled(np.ones((12, 3)), np.ones((12, 2)), batch_size=1)  # 12! orders
+    with pytest.raises(ValueError, match=r"pass `fit\(..., shuffle=False\)`"):
+        model(2).fit(data, epochs=1, verbose=0,
+                     callbacks=[ResumeTraining(tmp_path / "other", data)])  # fmt: skip
+    with pytest.raises(ValueError, match="`directory` must be a path"):
+        ResumeTraining(None)
+    with pytest.raises(ValueError, match="`data` must be an EpochShuffled"):
+        ResumeTraining(tmp_path, data=[1])
+
+
+def test_epoch_shuffled_order_is_a_function_of_seed_and_epoch():
+    x = np.arange(10)
+    data = EpochShuffled(x, x * 2, batch_size=4, seed=3)
+    assert len(data) == 3
+
+    def epoch_rows(epoch):
+        data.epoch = epoch
+        batches = [data[i] for i in range(len(data))]
+        assert all(np.array_equal(bx * 2, by) for bx, by in batches)
+        return np.concatenate([bx for bx, _ in batches])
+
+    first, again, second = epoch_rows(0), epoch_rows(0), epoch_rows(1)
+    assert sorted(first) == list(range(10)) and np.array_equal(first, again)
+    assert not np.array_equal(first, second)
+    with pytest.raises(ValueError, match="one length"):
+        EpochShuffled(x, x[:3])

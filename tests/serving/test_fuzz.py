@@ -1,0 +1,314 @@
+"""Fuzzing the server with hypothesis: KServe v2 JSON and binary bodies, TF Serving bodies, text
+bodies, model names and versions, headers. Invariants for every request a client can send: no
+5xx; every 4xx is `{"error": str}` naming no host path, address, traceback or onnxruntime
+node; the server stays ready; its memory stays bounded.
+
+`make test` runs a bounded, derandomized pass (~60 s); `make fuzz` runs a longer random one
+(`KERAS_ATTN_FUZZ_EXAMPLES` examples per strategy) and prints the request count and statuses.
+"""
+
+import collections
+import json
+import os
+import re
+import shutil
+import struct
+from urllib.parse import quote
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from keras_attn_serving.protocol import DATATYPES
+from keras_attn_serving.server import ModelRepository, create_app
+
+EXAMPLES = int(os.environ.get("KERAS_ATTN_FUZZ_EXAMPLES", "0"))
+LONG = EXAMPLES > 0
+FUZZ = settings(
+    max_examples=EXAMPLES or 100,
+    deadline=None,
+    derandomize=not LONG,  # the suite is reproducible; `make fuzz` explores
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
+LEAK = re.compile(
+    r"/tmp/|/work/|/root/|/home/|/usr/|site-packages|0x[0-9a-fA-F]{6,}|Traceback|File \"|"
+    r"\[ONNXRuntimeError\]|onnxruntime::|<[\w.]+ object at|\bNode\b|\bnode_name\b"
+)
+STATUSES = collections.Counter()  # of the fuzzed requests (readiness checks not counted)
+MAX_RSS_GROWTH = 600 * 2**20
+
+
+def rss_bytes():
+    with open("/proc/self/status") as f:
+        line = next(line for line in f if line.startswith("VmRSS:"))
+    return int(line.split()[1]) * 1024
+
+
+@pytest.fixture(scope="module")
+def client(toy_artifact, toy_tokenizer, tmp_path_factory):
+    """A server over a causal LM (`lm`, one input) and a classifier (`cls`, token and
+    segment ids, a tokenizer and a packer), with small limits so limits are reached."""
+    import keras
+    from fastapi.testclient import TestClient
+    from keras_attn_export import export_model
+
+    from keras_attn.models import Encoder, SequenceClassifier
+    from keras_attn.preprocessing import StartEndPacker
+
+    keras.utils.set_random_seed(0)
+    root = tmp_path_factory.mktemp("fuzz_repository")
+    shutil.copytree(toy_artifact[0], root / "lm" / "1")
+    vocabulary = toy_tokenizer.vocabulary_size()
+    encoder = Encoder(vocabulary, 24, hidden_dim=16, num_layers=1, num_heads=2)
+    packer = StartEndPacker(16, start_value=2, end_value=3)
+    export_model(
+        SequenceClassifier(encoder, 2, dropout=0.0), root / "cls" / "1", formats=["onnx"],
+        tokenizer=toy_tokenizer, packer=packer, labels=["no", "yes"], verbose=False,
+    )  # fmt: skip
+    app = create_app(
+        ModelRepository(root), max_body_bytes=1 << 20, max_rows_per_request=64,
+        max_output_bytes=4 << 20, request_timeout_s=20,
+    )  # fmt: skip
+    with TestClient(app, raise_server_exceptions=False) as test_client:
+        test_client.root = str(root)
+        start = rss_bytes()
+        yield test_client
+        grown = rss_bytes() - start
+        total = sum(STATUSES.values())
+        statuses = dict(sorted(STATUSES.items()))
+        print(f"\nfuzz: {total} requests (each followed by a readiness check), statuses "
+              f"{statuses}, RSS grew {grown / 2**20:.0f} MB")  # fmt: skip
+        assert grown < MAX_RSS_GROWTH
+
+
+def check(client, response):
+    """The invariants of one answer, then readiness."""
+    STATUSES[response.status_code] += 1
+    text = response.text
+    assert response.status_code < 500, (response.status_code, text[:500])
+    if response.status_code >= 400:
+        body = json.loads(text)
+        assert isinstance(body, dict) and list(body) == ["error"], text[:500]
+        assert isinstance(body["error"], str) and body["error"], text[:500]
+        assert not LEAK.search(body["error"]) and client.root not in body["error"], body
+    assert client.get("/v2/health/ready").status_code == 200
+
+
+# --- strategies ------------------------------------------------------------------------------
+LEAVES = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), st.text(max_size=12)
+)
+JSON = st.recursive(
+    LEAVES, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner,
+                                                                        max_size=4),
+    max_leaves=16,
+)  # fmt: skip
+ODD_TEXT = st.lists(
+    st.one_of(
+        st.text(max_size=12),
+        st.sampled_from(["\ud800", "\udfff", "д" * 60, "ΟΔΟΣ", "\x00", "🙂", "日本語", "e\u0301",
+                         "\ue000", "##", "[UNK]", " " * 40, "x" * 300]),
+    ),
+    max_size=5,
+).map("".join)  # fmt: skip
+NAMES = st.one_of(st.sampled_from(["token_ids", "segment_ids", "logits", "x", ""]), JSON)
+DATATYPE = st.one_of(st.sampled_from([*DATATYPES, "FP8", "int32", ""]), JSON)
+DIM = st.one_of(st.integers(-2, 40), st.sampled_from([2**31, 2**32, 2**63, 2**64, -(2**64)]))
+SHAPE = st.one_of(st.lists(DIM, max_size=4), JSON)
+IDS = st.integers(-3, 300)
+DATA = st.one_of(
+    st.lists(IDS, max_size=64), st.lists(st.lists(IDS, max_size=8), max_size=4),
+    st.lists(LEAVES, max_size=8), JSON,
+)  # fmt: skip
+PARAMETERS = st.one_of(
+    st.fixed_dictionaries({}, optional={
+        "timeout": st.one_of(st.integers(-5, 10**7), JSON),
+        "binary_data_output": JSON, "binary_data_size": JSON}),
+    JSON,
+)  # fmt: skip
+TENSOR = st.fixed_dictionaries(
+    {"name": NAMES, "shape": SHAPE, "datatype": DATATYPE},
+    optional={"data": DATA, "parameters": PARAMETERS},
+)
+
+
+@st.composite
+def near_valid_ids(draw, names=("token_ids",)):
+    """Mostly-right KServe tensors: ids of a plausible shape, so the model runs too."""
+    rows = draw(st.one_of(st.integers(0, 4), st.integers(60, 70)))  # the row limit is 64
+    length = draw(st.integers(0, 30))
+    tensors = []
+    for name in names:
+        ids = draw(st.sampled_from([st.integers(1, 100), st.integers(-1, 260)]))
+        values = draw(st.lists(ids, min_size=rows * length, max_size=rows * length))
+        shape = draw(st.one_of(st.just([rows, length]), SHAPE))
+        datatype = draw(st.sampled_from(["INT32", "INT64", "INT32", "FP32", "BYTES", "BOOL"]))
+        tensors.append({"name": name, "shape": shape, "datatype": datatype, "data": values})
+    body = {"inputs": tensors}
+    if draw(st.booleans()):
+        body["outputs"] = draw(st.one_of(st.lists(st.fixed_dictionaries(
+            {"name": NAMES}, optional={"parameters": PARAMETERS}), max_size=2), JSON))  # fmt: skip
+    if draw(st.booleans()):
+        body["parameters"] = draw(PARAMETERS)
+    if draw(st.booleans()):
+        body["id"] = draw(JSON)
+    return body
+
+
+V2_BODY = st.one_of(
+    near_valid_ids(), near_valid_ids(("token_ids", "segment_ids")),
+    st.fixed_dictionaries({"inputs": st.lists(TENSOR, max_size=3)},
+                          optional={"outputs": JSON, "parameters": PARAMETERS, "id": JSON}),
+    JSON,
+)  # fmt: skip
+MODEL = st.one_of(st.sampled_from(["lm", "cls"]), st.text(max_size=30), st.just("x" * 5000))
+VERSION = st.one_of(st.none(), st.sampled_from(["1", "2", "0", "²", "-1", "01", "1" * 40]),
+                    st.text(max_size=8))  # fmt: skip
+
+
+def model_path(model, version, action):
+    base = f"/v2/models/{quote(model, safe='')}"
+    if version is not None:
+        base += f"/versions/{quote(version, safe='')}"
+    return f"{base}/{action}"
+
+
+def dumps(body):
+    return json.dumps(body).encode()  # ASCII escapes: lone surrogates travel as \ud800
+
+
+# --- tests -----------------------------------------------------------------------------------
+@FUZZ
+@given(model=MODEL, version=VERSION, body=V2_BODY)
+def test_kserve_json_bodies(client, model, version, body):
+    response = client.post(model_path(model, version, "infer"), content=dumps(body),
+                           headers={"Content-Type": "application/json"})  # fmt: skip
+    check(client, response)
+
+
+@st.composite
+def binary_request(draw):
+    """The binary tensor extension: a JSON header, raw bytes, and a header length that is
+    right, or not."""
+    rows, length = draw(st.integers(0, 3)), draw(st.integers(0, 20))
+    datatype = draw(st.sampled_from(["INT32", "INT64", "BYTES", "FP32", "UINT8"]))
+    if datatype == "BYTES":
+        items = draw(st.lists(st.binary(max_size=6), min_size=rows * length,
+                              max_size=rows * length))  # fmt: skip
+        raw = b"".join(struct.pack("<I", len(i)) + i for i in items)
+    else:
+        ids = np.array(draw(st.lists(st.integers(0, 200), min_size=rows * length,
+                                     max_size=rows * length)))  # fmt: skip
+        raw = ids.astype(np.dtype(DATATYPES[datatype]).newbyteorder("<")).tobytes()
+    raw = draw(st.one_of(st.just(raw), st.binary(max_size=64), st.just(raw + b"\x00")))
+    size = draw(st.one_of(st.just(len(raw)), st.integers(-5, 2**64), JSON))
+    shape = draw(st.one_of(st.just([rows, length]), SHAPE))
+    tensor = {"name": "token_ids", "shape": shape, "datatype": datatype,
+              "parameters": {"binary_data_size": size}}  # fmt: skip
+    header = dumps({"inputs": [tensor], "outputs": [
+        {"name": "logits", "parameters": {"binary_data": draw(st.booleans())}}]})  # fmt: skip
+    printable = st.characters(min_codepoint=32, max_codepoint=126)  # what a header can hold
+    declared = draw(st.one_of(st.just(str(len(header))), st.text(printable, max_size=6),
+                              st.integers(-3, 10**6).map(str)))  # fmt: skip
+    return header + raw, declared
+
+
+@FUZZ
+@given(request=binary_request(), version=VERSION)
+def test_kserve_binary_bodies(client, request, version):
+    body, declared = request
+    response = client.post(model_path("lm", version, "infer"), content=body, headers={
+        "Inference-Header-Content-Length": declared,
+        "Content-Type": "application/octet-stream"})  # fmt: skip
+    check(client, response)
+
+
+TFS_BODY = st.one_of(
+    st.fixed_dictionaries({}, optional={
+        "instances": st.one_of(st.lists(st.lists(IDS, max_size=20), max_size=4), JSON),
+        "inputs": st.one_of(st.lists(st.lists(IDS, max_size=20), max_size=4),
+                            st.dictionaries(NAMES.filter(lambda n: isinstance(n, str)),
+                                            st.lists(st.lists(IDS, max_size=8), max_size=3),
+                                            max_size=3), JSON),
+        "signature_name": JSON}),
+    JSON,
+)  # fmt: skip
+
+
+@FUZZ
+@given(model=MODEL, version=VERSION, body=TFS_BODY)
+def test_tf_serving_bodies(client, model, version, body):
+    path = f"/v1/models/{quote(model, safe='')}"
+    if version is not None:
+        path += f"/versions/{quote(version, safe='')}"
+    check(client, client.post(path + ":predict", content=dumps(body)))
+
+
+TEXT_BODY = st.one_of(
+    st.fixed_dictionaries({}, optional={
+        "text_input": st.one_of(ODD_TEXT, st.lists(ODD_TEXT, max_size=4), JSON),
+        "parameters": st.one_of(st.fixed_dictionaries({}, optional={
+            "max_tokens": st.one_of(st.integers(-2, 80), JSON),
+            "stop_token_ids": st.one_of(st.lists(st.integers(-2, 300), max_size=3), JSON),
+            "pooling": JSON, "normalize": JSON}), JSON)}),
+    JSON,
+)  # fmt: skip
+TEXT_ROUTES = ["classify", "tag", "embed", "generate", "generate_stream"]
+
+
+@FUZZ
+@given(model=st.sampled_from(["lm", "cls"]), route=st.sampled_from(TEXT_ROUTES), body=TEXT_BODY)
+def test_text_bodies(client, model, route, body):
+    check(client, client.post(model_path(model, None, route), content=dumps(body)))
+
+
+ROUTES = st.sampled_from(["", "ready", "infer", "classify", "generate", "metadata"])
+METHODS = st.sampled_from(["GET", "POST", "PUT", "DELETE"])
+ENCODINGS = st.sampled_from(["", "gzip", "deflate", "br", "x"])
+
+
+@FUZZ
+@given(model=MODEL, version=VERSION, route=ROUTES, method=METHODS, body=st.binary(max_size=64),
+       encoding=ENCODINGS)  # fmt: skip
+def test_paths_methods_and_raw_bytes(client, model, version, route, method, body, encoding):
+    path = model_path(model, version, route).rstrip("/")
+    headers = {"Content-Encoding": encoding} if encoding else {}
+    check(client, client.request(method, path, content=body, headers=headers))
+    tfs = f"/v1/models/{quote(model, safe='')}" + ("/metadata" if route == "metadata" else "")
+    check(client, client.request(method, tfs, content=body))
+
+
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/v2/models/lm/infer", b"[" * 100_000 + b"]" * 100_000),
+        ("/v2/models/lm/infer", b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+        ("/v2/models/cls/classify", b'{"text_input": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"),
+        ("/v1/models/lm:predict", b'{"instances": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+        ("/v2/models/cls/classify", b'{"text_input": "\\ud800 a \\udfff"}'),
+        ("/v2/models/lm/generate", b'{"text_input": "\\ud800"}'),
+        ("/v2/models/lm/infer", dumps({"inputs": [{"name": "token_ids", "shape": [2**32, 2**32],
+                                                   "datatype": "INT32", "data": []}]})),
+        ("/v2/models/lm/infer", dumps({"inputs": [{"name": "token_ids", "shape": [1, 2**64],
+                                                   "datatype": "INT32", "data": [1]}]})),
+        ("/v2/models/lm/infer", dumps({"inputs": [{"name": "token_ids", "shape": [0, 3],
+                                                   "datatype": "INT32", "data": []}]})),
+        ("/v2/models/lm/infer", dumps({"inputs": [{"name": "token_ids", "shape": [1, 0],
+                                                   "datatype": "INT32", "data": []}]})),
+        ("/v2/models/lm/infer", dumps({"inputs": [{"name": ["token_ids"], "shape": [1, 1],
+                                                   "datatype": {"a": 1}, "data": [1]}]})),
+        ("/v2/models/lm/infer", dumps({"inputs": [{"name": "token_ids", "shape": [1, 1],
+                                                   "datatype": "INT32", "data": [1]}],
+                                       "outputs": [{"name": {"x": 1}}]})),
+        ("/v2/models/lm/infer", dumps({"inputs": [], "parameters": [1]})),
+        ("/v2/models/lm/versions/%C2%B2/infer", dumps({"inputs": []})),
+        (f"/v2/models/{'x' * 5000}/infer", dumps({"inputs": []})),
+        ("/v2/models/lm/generate", dumps({"text_input": "to", "parameters": {
+            "stop_token_ids": [1e30]}})),
+    ],
+)  # fmt: skip
+def test_the_inputs_that_gave_500_in_issue_19(client, path, body):
+    response = client.post(path, content=body)
+    check(client, response)
+    assert 400 <= response.status_code < 500 or response.status_code == 200, response.text
