@@ -25,6 +25,7 @@ from keras_attn_export.graphs import (
     is_causal_lm,
     write_onnx_files,
 )
+from keras_attn_export.hardware import choose_int8_weights
 from keras_attn_export.manifest import write_manifest
 from keras_attn_export.onnx import check_opset
 from keras_attn_export.parity import (
@@ -94,6 +95,7 @@ def export_model(
     opset: int = 17,
     optimize: bool = False,
     quantize=None,
+    int8_weights=None,
     tolerance=1e-4,
     batch_sizes=DEFAULT_BATCH_SIZES,
     sequence_lengths=DEFAULT_SEQUENCE_LENGTHS,
@@ -126,8 +128,12 @@ def export_model(
         formats: subset of `("saved_model", "onnx")`.
         opset: ONNX opset, 13 to 18 (17 or more for `optimize`: LayerNormalization).
         optimize: also write `model.opt.onnx` with fused LayerNormalization and Gelu.
-        quantize: `None` or `"int8"`: also write `model.int8.onnx` (dynamic quantization,
-            uint8 weights); its drift and argmax agreement are reported, never enforced.
+        quantize: `None` or `"int8"`: also write `model.int8.onnx` (dynamic quantization);
+            its drift and argmax agreement are reported, never enforced.
+        int8_weights: `None` (detect), `"s8"` or `"u8"`: the int8 weight type. Detected:
+            signed where the CPU has VNNI or AMX (accurate and fast there), unsigned where
+            not (signed weights saturate there). The manifest's `quantization` records the
+            choice and the CPU flags.
         tolerance: float, or `{output name: float}`: the largest max-abs difference allowed
             between Keras and each float32 artifact.
         batch_sizes, sequence_lengths: the parity sweep; integer inputs get padded rows.
@@ -143,7 +149,7 @@ def export_model(
             see `keras_attn_export.functional`). Defaults to the class's task, or `None`.
         overwrite: replace an existing `out_dir`.
     Returns:
-        the manifest, as a dict.
+        the manifest (`keras_attn_serving.manifest.Manifest`; also readable by key).
     Raises:
         ParityError: with the table, when an artifact differs beyond `tolerance`.
     """
@@ -152,6 +158,9 @@ def export_model(
     from keras_attn.tokenizers import WordPieceTokenizer
 
     formats = _check_formats(formats, optimize, quantize)
+    quantization = choose_int8_weights(int8_weights) if quantize else None
+    if int8_weights is not None and not quantize:
+        raise ValueError(f"`int8_weights` needs `quantize='int8'`. Received: {int8_weights!r}")
     check_opset(opset)
     check_tolerance(tolerance)
     if optimize and opset < 17:
@@ -191,7 +200,8 @@ def export_model(
             saved = load_signature(tmp / "saved_model")
         onnx_info, sessions, int8 = {}, {}, None
         if "onnx" in formats:
-            onnx_info = write_onnx_files(model, tmp, opset, optimize, quantize)
+            weights = quantization["weights"] if quantization else None
+            onnx_info = write_onnx_files(model, tmp, opset, optimize, quantize, weights)
             sessions = {
                 file: ort.InferenceSession(str(tmp / file), providers=["CPUExecutionProvider"])
                 for file in onnx_info["files"]
@@ -245,6 +255,7 @@ def export_model(
                     "serve_text_vs_serving_default": strings_vs_ids,
                 },
                 "int8": int8,
+                "quantization": quantization,
                 "decoding": decoding,
                 "text_onnx": text_onnx,
             },
@@ -259,6 +270,7 @@ def export_model(
             print(
                 f"int8 {name}: max |difference| {drift['max_abs_diff']:.3e} "
                 f"({drift['relative_drift']:.1%} of the largest output), "
-                f"argmax agreement {drift['argmax_agreement']:.1%}"
+                f"argmax agreement {drift['argmax_agreement']:.1%} ({quantization['weights']} "
+                f"weights, by {quantization['chosen_by']})"
             )
     return manifest

@@ -30,6 +30,12 @@ def parse_args(argv=None):
     parser.add_argument(
         "--quantize", choices=["int8"], default=None, help="also write model.int8.onnx"
     )
+    parser.add_argument(
+        "--int8-weights",
+        choices=["s8", "u8"],
+        default=None,
+        help="int8 weight type (default: s8 where the CPU has VNNI or AMX, else u8)",
+    )
     parser.add_argument("--tolerance", type=float, default=1e-4)
     parser.add_argument(
         "--task",
@@ -144,6 +150,7 @@ def main(argv=None):
             opset=args.opset,
             optimize=args.optimize,
             quantize=args.quantize,
+            int8_weights=args.int8_weights,
             tolerance=args.tolerance,
             labels=labels,
             task=args.task,

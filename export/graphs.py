@@ -13,7 +13,7 @@ from keras_attn_export.parity import ParityError, max_abs_diff
 from keras_attn_export.saved_model import input_specs
 
 
-def write_onnx_files(model, folder: Path, opset, optimize, quantize) -> dict:
+def write_onnx_files(model, folder: Path, opset, optimize, quantize, int8_weights="u8") -> dict:
     """Writes `model.onnx` [+ `model.opt.onnx`] [+ `model.int8.onnx`]; returns the manifest's
     `onnx` entry with the fused operators onnxruntime runs in each file."""
     import onnx
@@ -25,7 +25,7 @@ def write_onnx_files(model, folder: Path, opset, optimize, quantize) -> dict:
         onnx.save(fuse(onnx.load(folder / "model.onnx")), folder / "model.opt.onnx")
         files.append("model.opt.onnx")
     if quantize == "int8":
-        quantize_int8(folder / files[-1], folder / "model.int8.onnx")
+        quantize_int8(folder / files[-1], folder / "model.int8.onnx", int8_weights)
         files.append("model.int8.onnx")
     return {
         "file": "model.onnx",

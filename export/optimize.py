@@ -314,10 +314,14 @@ def runtime_fused_counts(path: Path) -> dict[str, int]:
         return count_ops(onnx.load(options.optimized_model_filepath))
 
 
-def quantize_int8(source: Path, target: Path) -> None:
-    """Dynamic int8 quantization with unsigned (uint8) weights; MatMul and Gemm projections.
+def quantize_int8(source: Path, target: Path, weights="u8") -> None:
+    """Dynamic int8 quantization of the MatMul and Gemm projections, with signed (`"s8"`) or
+    unsigned (`"u8"`) weights (`keras_attn_export.hardware.int8_weight_type` picks by CPU).
 
-    Signed weights drifted 31% (72% argmax agreement) on a CPU without VNNI, unsigned 2%.
+    Signed weights drifted 31% (72% argmax agreement) on a CPU without VNNI, unsigned 2%; with
+    VNNI signed weights are accurate and run onnxruntime's fast int8 kernels. Scales are per
+    output channel: on MiniLM (32 real lines, batch 32) the worst sentence embedding's cosine
+    to float32 rose from 0.929 to 0.988 (s8) and 0.969 to 0.988 (u8) at the same speed.
     `DefaultTensorType` lets the quantizer handle tensors whose type shape inference lost.
     """
     import onnx
@@ -326,7 +330,8 @@ def quantize_int8(source: Path, target: Path) -> None:
     quantize_dynamic(
         str(source),
         str(target),
-        weight_type=QuantType.QUInt8,
+        weight_type={"u8": QuantType.QUInt8, "s8": QuantType.QInt8}[weights],
         op_types_to_quantize=["MatMul", "Gemm"],
+        per_channel=True,
         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
     )

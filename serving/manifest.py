@@ -75,6 +75,15 @@ class Drift(_Strict):
     argmax_agreement: float
 
 
+class Quantization(_Strict):
+    """How `model.int8.onnx` was quantized: the weight type, chosen by argument or from the
+    exporting CPU's flags (signed with VNNI/AMX, unsigned without)."""
+
+    weights: Literal["s8", "u8"]
+    chosen_by: Literal["argument", "cpu flags"]
+    cpu_flags: list[str]
+
+
 class CacheGraph(_Strict):
     """A decode graph and the shape of its key/value cache."""
 
@@ -118,6 +127,7 @@ class Manifest(_Strict):
     versions: dict[str, str]
     parity: Parity
     int8: dict[str, Drift] | None
+    quantization: Quantization | None = None  # absent in manifests before int8 was chosen
     decoding: Decoding | None
     text_onnx: TextOnnx | None
     files: dict[str, str]

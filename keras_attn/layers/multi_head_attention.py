@@ -59,6 +59,24 @@ def _on_tensorflow():
     return keras.backend.backend() == "tensorflow"
 
 
+def _tensorflow_gpus():
+    """The GPUs TensorFlow places ops on by default (none on a CPU-only machine)."""
+    import tensorflow as tf
+
+    return tf.config.list_logical_devices("GPU")
+
+
+def _on_tensorflow_cpu(tensor=None):
+    """TensorFlow placing this computation on a CPU: `tensor`'s device when it has one, else
+    no GPU visible to TensorFlow (where ops go by default)."""
+    if not _on_tensorflow():
+        return False
+    device = getattr(tensor, "device", "") or ""
+    if device:
+        return "GPU" not in device.upper()
+    return not _tensorflow_gpus()
+
+
 def _positive_int(name, value, allow_none=False):
     if value is None and allow_none:
         return
@@ -287,13 +305,14 @@ class MultiHeadAttention(keras.layers.Layer):
 
     @staticmethod
     def _per_head_is_faster(query, key):
-        """Whether `attend_per_head` beats one batched pass: TensorFlow (no fused attention
-        kernel there) with static lengths and T·S >= 1024², where it measured ~1.5x faster on
-        CPU; below that the loop's overhead dominates. (Grouped key/value heads are repeated
-        to every query head before either path.)"""
+        """Whether `attend_per_head` beats one batched pass: TensorFlow on a CPU (no fused
+        attention kernel there) with static lengths and T·S >= 1024², where it measured ~1.5x
+        faster; below that the loop's overhead dominates. Never on a GPU, where it was not
+        measured to win. (Grouped key/value heads are repeated to every query head before
+        either path.)"""
         lengths = query.shape[1], key.shape[1]
         return (
-            _on_tensorflow()
+            _on_tensorflow_cpu(query)
             and None not in lengths
             and lengths[0] * lengths[1] >= PER_HEAD_MIN_SCORES
         )

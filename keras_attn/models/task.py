@@ -2,6 +2,7 @@
 and compile defaults (XLA on where it helps)."""
 
 import keras
+import numpy as np
 
 
 def resolve_jit_compile(jit_compile="auto"):
@@ -56,6 +57,21 @@ class Task(keras.Model):
             **kwargs,
         )
 
+    # NumPy inputs are checked before Keras traces a graph: past the first trace the sequence
+    # axis is unknown, and ids outside the table or a sequence past the position table would
+    # surface as a TensorFlow op error (`GatherV2`, `Slice`) instead of a ValueError.
+    def fit(self, x=None, *args, **kwargs):
+        check_id_arrays(self, x, "x")
+        return super().fit(x, *args, **kwargs)
+
+    def evaluate(self, x=None, *args, **kwargs):
+        check_id_arrays(self, x, "x")
+        return super().evaluate(x, *args, **kwargs)
+
+    def predict(self, x, *args, **kwargs):
+        check_id_arrays(self, x, "x")
+        return super().predict(x, *args, **kwargs)
+
     def compile_from_config(self, config):
         """Compiles a loaded model as it was saved. Keras skips this for a model whose
         `compile` is overridden (ours only fills defaults), which left a reloaded model with no
@@ -93,3 +109,37 @@ class Task(keras.Model):
 def float32_logits(x, name):
     """Logits leave the model as float32 under mixed precision (stable softmax and loss)."""
     return keras.layers.Activation("linear", dtype="float32", name=name)(x)
+
+
+def check_id_arrays(model, x, argument):
+    """`ValueError` naming the input when NumPy ids fall outside the largest token table, or a
+    sequence is longer than the longest position table, of `model` (nested models included).
+    Other inputs (tensors, datasets, floats) are left to Keras."""
+    from keras_attn.layers import PositionEmbedding, TokenEmbedding
+
+    if isinstance(x, np.ndarray) and len(model.inputs) == 1:
+        x = {model.inputs[0].name: x}
+    if not isinstance(x, dict):
+        return
+    layers = list(model._flatten_layers(include_self=False))
+    vocabulary = max((t.vocabulary_size for t in layers if isinstance(t, TokenEmbedding)),
+                     default=None)  # fmt: skip
+    length = max((p.sequence_length for p in layers if isinstance(p, PositionEmbedding)),
+                 default=None)  # fmt: skip
+    for name, array in x.items():
+        if not isinstance(array, np.ndarray) or array.ndim != 2 or array.size == 0:
+            continue
+        if not np.issubdtype(array.dtype, np.integer):
+            continue
+        if length is not None and array.shape[1] > length:
+            raise ValueError(
+                f"`{argument}[{name!r}]` has sequence length {array.shape[1]}; the model's "
+                f"position table holds {length}. Received shape {array.shape}"
+            )
+        if vocabulary is not None and "segment" not in name:
+            low, high = int(array.min()), int(array.max())
+            if low < 0 or high >= vocabulary:
+                raise ValueError(
+                    f"`{argument}[{name!r}]` has ids outside [0, {vocabulary}): min {low}, "
+                    f"max {high}"
+                )

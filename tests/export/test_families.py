@@ -89,11 +89,22 @@ def test_attention_onnxruntime_cannot_fuse_exports_unfused_with_parity(attention
     assert manifest["parity"]["max_abs_diff"] <= 1e-4
 
 
-def test_int8_reports_drift_and_agreement_instead_of_failing(tmp_path):
+@pytest.mark.parametrize("weights", ["s8", "u8", None])
+def test_int8_reports_drift_and_agreement_instead_of_failing(tmp_path, weights):
+    from keras_attn_export.hardware import choose_int8_weights
+
     model = build("classifier_cls")[0]
     manifest = export_model(model, tmp_path / "q", formats=["onnx"], optimize=True,
-                            quantize="int8", verbose=False)  # fmt: skip
+                            quantize="int8", int8_weights=weights, verbose=False)  # fmt: skip
     assert (tmp_path / "q/model.int8.onnx").is_file()
+    # The weight type: as asked, or detected from this CPU's flags; recorded either way.
+    expected = choose_int8_weights(weights)
+    assert manifest.quantization.model_dump() == expected
+    weight_types = {
+        t.data_type for t in onnx.load(tmp_path / "q/model.int8.onnx").graph.initializer
+    }
+    wanted = {"s8": onnx.TensorProto.INT8, "u8": onnx.TensorProto.UINT8}[expected["weights"]]
+    assert wanted in weight_types
     drift = manifest["int8"]["logits"]
     assert 0.0 < drift["max_abs_diff"] < 1.0 and 0.0 <= drift["relative_drift"] < 0.5
     assert 0.5 <= drift["argmax_agreement"] <= 1.0
@@ -130,6 +141,10 @@ def test_per_output_tolerance_and_bad_arguments(tmp_path):
         export_model(model, tmp_path / "t", formats=["tflite"])
     with pytest.raises(ValueError, match="quantize"):
         export_model(model, tmp_path / "t", quantize="int4")
+    with pytest.raises(ValueError, match="`int8_weights` must be one of"):
+        export_model(model, tmp_path / "t", quantize="int8", int8_weights="s4")
+    with pytest.raises(ValueError, match="`int8_weights` needs `quantize='int8'`"):
+        export_model(model, tmp_path / "t", int8_weights="s8")
     with pytest.raises(ValueError, match="opset"):
         export_model(model, tmp_path / "t", optimize=True, opset=16)
     with pytest.raises(ValueError, match="formats"):
@@ -235,3 +250,20 @@ def test_cached_decoding_graph_matches_keras_generate(tmp_path):
     assert stopped == lm.generate(prompts, 10, stop_token_ids=[stop])
     with pytest.raises(ValueError, match="maximum sequence length"):
         predictor.generate_ids(prompts, 30)
+
+
+def test_int8_weight_type_follows_the_cpu_flags(tmp_path):
+    """Signed weights where the CPU multiplies int8 in hardware (VNNI, AMX), unsigned where it
+    does not; both branches, whatever this machine has."""
+    from keras_attn_export.hardware import choose_int8_weights, cpu_flags, int8_weight_type
+
+    assert int8_weight_type(["avx2", "avx512f"]) == "u8"
+    for flag in ("avx512_vnni", "avx_vnni", "amx_int8"):
+        assert int8_weight_type(["avx2", flag]) == "s8"
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor : 0\nflags : fpu avx2 avx512f avx512_vnni sse\n")
+    assert cpu_flags(cpuinfo) == ["avx2", "avx512_vnni", "avx512f"]
+    assert cpu_flags(tmp_path / "none") == []
+    assert choose_int8_weights(None, ["avx512f"]) == {
+        "weights": "u8", "chosen_by": "cpu flags", "cpu_flags": ["avx512f"]}  # fmt: skip
+    assert choose_int8_weights("s8", ["avx512f"])["chosen_by"] == "argument"

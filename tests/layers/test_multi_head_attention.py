@@ -1,3 +1,5 @@
+from types import SimpleNamespace
+
 import keras
 import numpy as np
 import pytest
@@ -386,3 +388,28 @@ def test_long_sequences_take_the_per_head_path_with_the_same_values(masks, monke
     layer(X, return_attention_scores=True, **kwargs)
     layer(X, training=True, **kwargs)
     assert calls == [1, 1]  # paths that need the weights or dropout never take it
+
+
+@pytest.mark.tf_only
+def test_the_per_head_path_runs_only_on_a_tensorflow_cpu(monkeypatch):
+    """Issue 20: it was chosen by backend alone, so a TensorFlow GPU would take it too; it was
+    measured to win on CPU only."""
+    from keras_attn.layers import multi_head_attention as mha
+
+    monkeypatch.setattr(mha, "PER_HEAD_MIN_SCORES", 36)
+    calls = []
+    real = mha.attend_per_head
+    monkeypatch.setattr(mha, "attend_per_head", lambda *a: calls.append(1) or real(*a))
+    layer = ka.MultiHeadAttention(4, 8)
+    layer(X)
+    assert calls == [1]  # this machine: no GPU
+    import tensorflow as tf
+
+    traced = tf.function(layer)  # in a graph, tensors name no device: the default decides
+    traced(X)
+    assert calls == [1, 1]
+    monkeypatch.setattr(mha, "_tensorflow_gpus", lambda: ["/device:GPU:0"])
+    tf.function(layer)(X)
+    assert calls == [1, 1]  # a GPU is where ops go: one batched pass
+    assert mha._on_tensorflow_cpu(SimpleNamespace(device="/job:localhost/device:CPU:0"))
+    assert not mha._on_tensorflow_cpu(SimpleNamespace(device="/device:GPU:1"))

@@ -121,3 +121,22 @@ def test_backup_and_restore_resumes_an_interrupted_fit(tmp_path):
     for a, b in zip(reference.get_weights(), resumed.get_weights(), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5)
     assert TOKENS.shape == (2, 6)
+
+
+def test_numpy_ids_past_the_tables_are_a_value_error_after_the_first_trace():
+    """Issue 19: once `predict` had traced a graph with an unknown sequence axis, a longer
+    sequence or an id outside the vocabulary surfaced as a TensorFlow `Slice` / `GatherV2`
+    error; NumPy inputs are now checked first, in fit, evaluate and predict."""
+    model = CausalLM(50, 16, hidden_dim=16, num_layers=1, num_heads=2)
+    model.compile()
+    for length in (10, 12):  # two lengths: Keras retraces with the sequence axis unknown
+        assert model.predict(np.ones((2, length), "int32"), verbose=0).shape == (2, length, 50)
+    with pytest.raises(ValueError, match=r"`x\['token_ids'\]` has sequence length 20; the "
+                                         r"model's position table holds 16"):  # fmt: skip
+        model.predict(np.ones((2, 20), "int32"), verbose=0)
+    with pytest.raises(ValueError, match=r"ids outside \[0, 50\): min 1, max 70"):
+        model.predict(np.array([[1, 70]], "int32"), verbose=0)
+    with pytest.raises(ValueError, match=r"min -1"):
+        model.fit(np.array([[1, -1]]), np.array([[1, 1]]), verbose=0)
+    with pytest.raises(ValueError, match="ids outside"):
+        model.evaluate({"token_ids": np.array([[50, 1]])}, np.array([[1, 1]]), verbose=0)
