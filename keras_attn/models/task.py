@@ -72,6 +72,35 @@ class Task(keras.Model):
         check_id_arrays(self, x, "x")
         return super().predict(x, *args, **kwargs)
 
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        """Keras's TensorFlow trainer builds from the first distributed batch by averaging it
+        across replicas (`strategy.reduce`), which fails under MultiWorkerMirroredStrategy
+        ("unsupported type PerReplica"; keras-team/keras#20585). A worker's own first batch
+        has the shapes the build needs: it is used instead, for every strategy."""
+        if iterator is not None and getattr(self, "_distribute_strategy", None) is not None:
+            import tensorflow as tf
+
+            strategy = self._distribute_strategy
+            for _, _, batches in iterator:
+                data_batch = keras.tree.map_structure(
+                    lambda value: (
+                        strategy.experimental_local_results(value)[0]
+                        if isinstance(value, tf.distribute.DistributedValues)
+                        else value
+                    ),
+                    next(batches),
+                )
+                break
+            iterator = None
+        return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
+
+    # JAX's steps take `(state, data)` and return `(logs, state)`; TensorFlow's take `data`.
+    def train_step(self, *args, **kwargs):
+        return _per_worker_logs(self, super().train_step(*args, **kwargs))
+
+    def test_step(self, *args, **kwargs):
+        return _per_worker_logs(self, super().test_step(*args, **kwargs))
+
     def compile_from_config(self, config):
         """Compiles a loaded model as it was saved. Keras skips this for a model whose
         `compile` is overridden (ours only fills defaults), which left a reloaded model with no
@@ -143,3 +172,19 @@ def check_id_arrays(model, x, argument):
                     f"`{argument}[{name!r}]` has ids outside [0, {vocabulary}): min {low}, "
                     f"max {high}"
                 )
+
+
+def _per_worker_logs(model, logs):
+    """Under MultiWorkerMirroredStrategy with more than one worker, Keras averages each step's
+    logs over workers with `strategy.reduce("MEAN", value, axis=0)`, which fails on scalars
+    ("Invalid reduction dimension 0", tensorflow#72388): they are given that axis."""
+    if keras.backend.backend() != "tensorflow":
+        return logs
+    import tensorflow as tf
+
+    strategy = tf.distribute.get_strategy()
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return logs
+    if strategy.num_replicas_in_sync <= len(strategy.extended.worker_devices):
+        return logs  # one worker: Keras's own path works
+    return keras.tree.map_structure(lambda value: tf.reshape(value, [1]), logs)
