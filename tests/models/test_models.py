@@ -50,6 +50,30 @@ def test_config_has_every_argument_and_rebuilds_the_same_model(name):
     )
 
 
+@pytest.mark.tf_only
+def test_jit_compile_auto_follows_dtype_policy_and_device(monkeypatch):
+    """Issue 20: XLA for float32 on a CPU; none for bfloat16/float16 compute on a CPU (XLA's
+    CPU backend halved bf16 throughput on an AMX machine); XLA with a GPU."""
+    import tensorflow as tf
+
+    from keras_attn.models import CausalLM
+    from keras_attn.models.task import resolve_jit_compile
+
+    assert resolve_jit_compile("auto", "float32") is True
+    assert resolve_jit_compile("auto", "mixed_bfloat16") is False
+    assert resolve_jit_compile("auto", "mixed_float16") is False
+    assert resolve_jit_compile(True, "mixed_bfloat16") is True  # asked for: kept
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        model = CausalLM(40, 8, hidden_dim=16, num_layers=1, num_heads=2)
+    finally:
+        keras.config.set_dtype_policy("float32")
+    model.compile()  # the model's own policy decides, not the global one at compile time
+    assert model.jit_compile is False
+    monkeypatch.setattr(tf.config, "list_logical_devices", lambda kind=None: ["GPU:0"])
+    assert resolve_jit_compile("auto", "mixed_bfloat16") is True
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_one_fit_step_with_default_loss_and_xla(name):
     model, inputs, targets = build(name)
