@@ -2,6 +2,7 @@
 `model.onnx` (+ fused `model.opt.onnx`, + `model.int8.onnx`), the key/value-cache decode
 graphs of a causal LM, and the text graph (tokenizer as onnxruntime-extensions operators)."""
 
+import tempfile
 from pathlib import Path
 
 import keras
@@ -25,7 +26,12 @@ def write_onnx_files(model, folder: Path, opset, optimize, quantize, int8_weight
         onnx.save(fuse(onnx.load(folder / "model.onnx")), folder / "model.opt.onnx")
         files.append("model.opt.onnx")
     if quantize == "int8":
-        quantize_int8(folder / files[-1], folder / "model.int8.onnx", int8_weights)
+        with tempfile.TemporaryDirectory() as scratch:
+            source = folder / "model.onnx"
+            if optimize:  # fused, with q, k, v left as three matmuls to quantize
+                source = Path(scratch) / "unpacked.onnx"
+                onnx.save(fuse(onnx.load(folder / "model.onnx"), pack_qkv=False), source)
+            quantize_int8(source, folder / "model.int8.onnx", int8_weights)
         files.append("model.int8.onnx")
     return {
         "file": "model.onnx",

@@ -6,8 +6,9 @@ do not recognize (its transformer optimizer fuses zero nodes on these graphs). `
 constant-folds the graph with onnxscript's optimizer and rewrites those patterns with
 onnxscript's pattern rewriter into the standard `LayerNormalization` (opset >= 17) and
 onnxruntime's `Gelu` (com.microsoft); onnxruntime then fuses further at load time (e.g.
-`SkipLayerNormalization`, `FusedMatMul`). `quantize_int8` is onnxruntime's dynamic
-quantization with unsigned weights.
+`SkipLayerNormalization`, `FusedMatMul`), and onnxscript's onnxruntime fusions pack each
+self-attention's q, k, v into `Attention`. `quantize_int8` is onnxruntime's dynamic
+quantization, with signed or unsigned weights as the CPU suits.
 """
 
 import collections
@@ -18,11 +19,13 @@ import numpy as np
 
 FUSED_OPS = (
     "LayerNormalization",
+    "EmbedLayerNormalization",
     "SkipLayerNormalization",
     "Gelu",
     "FastGelu",
     "BiasGelu",
     "Attention",
+    "QAttention",
     "MultiHeadAttention",
     "FusedMatMul",
     "MatMulIntegerToFloat",
@@ -257,15 +260,22 @@ def count_ops(model) -> dict[str, int]:
     return {op: counts[op] for op in FUSED_OPS if counts[op]}
 
 
-def fuse(model):
+def fuse(model, pack_qkv=True):
     """`model` (ONNX proto) with LayerNorm, GELU and attention patterns replaced by fused
-    operators, and its shapes annotated so onnxruntime's own fusions apply."""
+    operators, and its shapes annotated so onnxruntime's own fusions apply.
+
+    `pack_qkv=False` keeps the q, k and v projections as three MatMuls before
+    `MultiHeadAttention`: the graph to quantize, since onnxruntime's quantizer would leave a
+    packed `Attention` in float32 (its `QAttention` takes a mask index, not our additive
+    mask bias)."""
     import onnx
     import onnx_ir as ir
     from onnx_ir.passes.common import TopologicalSortPass
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
     from onnxscript import optimizer
+    from onnxscript.rewriter.ort_fusions.attention import fuse_attention
     from onnxscript.rewriter.ort_fusions.bias_gelu import fuse_bias_gelu
+    from onnxscript.rewriter.ort_fusions.mha_bias import fuse_mha_bias
     from onnxscript.rewriter.ort_fusions.mha_scale import fuse_mha_scale
     from onnxscript.rewriter.ort_fusions.skip_normalization import fuse_skip_layer_normalization
 
@@ -289,8 +299,15 @@ def fuse(model):
     # optimizer writes opset-18 Split attributes into opset-17 graphs.)
     annotated = SymbolicShapeInference.infer_shapes(ir.to_proto(ir_model), auto_merge=True)
     ir_model = ir.from_proto(annotated)
-    for fusion in (fuse_skip_layer_normalization, fuse_bias_gelu, fuse_mha_scale):
+    # With `pack_qkv`, the q, k and v projections of one input are then packed into
+    # onnxruntime's `Attention` (one (d, 3d) matmul, as in the PyTorch path's graph): their
+    # biases move into `MultiHeadAttention`, then the three matmuls and it become one node.
+    fusions = [fuse_skip_layer_normalization, fuse_bias_gelu, fuse_mha_scale]
+    if pack_qkv:
+        fusions += [fuse_mha_bias, fuse_attention]
+    for fusion in fusions:
         fusion(ir_model)
+    optimizer.fold_constants(ir_model)  # the packed weights and biases: one constant each
     optimizer.remove_unused_nodes(ir_model)
     TopologicalSortPass()(ir_model)  # rewrites may leave new nodes after their users
     fused = ir.to_proto(ir_model)

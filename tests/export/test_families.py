@@ -43,13 +43,15 @@ def test_every_family_exports_with_parity_in_both_formats(name, tmp_path):
     assert {o["name"] for o in manifest["outputs"]} == {r["output"] for r in rows}
     assert manifest["onnx"]["files"] == ["model.onnx", "model.opt.onnx"]
     if name != "lstm_attention":
-        # Every block's LayerNorms are fused, and every attention layer is one
-        # MultiHeadAttention node; the unoptimized file has none of them.
+        # Every block's LayerNorms are fused, and every attention layer is one node: a
+        # self-attention's q, k, v packed into `Attention`, a cross-attention (keys and
+        # values from another input) a `MultiHeadAttention`; the unoptimized file has none.
         fused = manifest["onnx"]["fused_ops"]["model.opt.onnx"]
         norms = fused.get("LayerNormalization", 0) + fused.get("SkipLayerNormalization", 0)
         assert norms >= 2
         attention = [la for la in model._flatten_layers() if isinstance(la, MultiHeadAttention)]
-        assert fused["MultiHeadAttention"] == len(attention) >= 1
+        nodes = fused.get("Attention", 0) + fused.get("MultiHeadAttention", 0)
+        assert nodes == len(attention) >= 1 and fused.get("Attention", 0) >= 1
         assert manifest["onnx"]["fused_ops"]["model.onnx"] == {}
 
 
@@ -60,8 +62,8 @@ def test_fused_operator_counts_are_exact_and_outputs_unchanged(tmp_path):
                             verbose=False)  # fmt: skip
     fused = count_ops(onnx.load(tmp_path / "enc/model.opt.onnx"))
     # Embedding LayerNorm + 2 per block, each with the residual (or embedding sum) added
-    # in; one exact GELU and one attention per block.
-    assert fused == {"SkipLayerNormalization": 5, "Gelu": 2, "MultiHeadAttention": 2}
+    # in; one exact GELU and one packed-QKV attention per block.
+    assert fused == {"SkipLayerNormalization": 5, "Gelu": 2, "Attention": 2}
     assert manifest["onnx"]["fused_ops"]["model.opt.onnx"] == fused
     assert manifest["saved_model"] is None and not (tmp_path / "enc/saved_model").exists()
     # A constant row (variance 0) stays finite: the fused node keeps the epsilon.
@@ -85,7 +87,8 @@ def test_attention_onnxruntime_cannot_fuse_exports_unfused_with_parity(attention
     manifest = export_model(model, tmp_path / "m", formats=["onnx"], optimize=True,
                             verbose=False)  # fmt: skip
     fused = manifest["onnx"]["fused_ops"]["model.opt.onnx"]
-    assert "MultiHeadAttention" not in fused and fused["SkipLayerNormalization"] == 2
+    assert not {"Attention", "MultiHeadAttention"} & set(fused)
+    assert fused["SkipLayerNormalization"] == 2
     assert manifest["parity"]["max_abs_diff"] <= 1e-4
 
 
