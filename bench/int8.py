@@ -36,6 +36,7 @@ from keras_attn_export.optimize import fuse, quantize_int8  # noqa: E402
 
 from keras_attn.data import checkpoint_folder, load_corpus  # noqa: E402
 from keras_attn.models import Encoder  # noqa: E402
+from keras_attn.preprocessing import StartEndPacker  # noqa: E402
 from keras_attn.tokenizers import WordPieceTokenizer  # noqa: E402
 
 
@@ -78,12 +79,11 @@ def main():
 
     tokenizer = WordPieceTokenizer.from_pretrained(checkpoint_folder())
     lines = [line for line in load_corpus().lines()[:5000] if len(line.split()) > 6]
+    packer = StartEndPacker(args.seq, start_value=101, end_value=102, pad_value=0)
     results = {}
     for batch in [int(b) for b in args.batches.split(",")]:
-        ids = np.zeros((batch, args.seq), "int32")
-        for row, pieces in enumerate(tokenizer.tokenize(lines[:batch]).to_list()):
-            packed = [101, *pieces[: args.seq - 2], 102]
-            ids[row, : len(packed)] = packed
+        pieces = tokenizer.tokenize(lines[:batch])
+        ids = np.asarray(packer(pieces), "int32")  # [CLS] ... [SEP], padded with 0
         feeds = {n: (ids if "token" in n else np.zeros_like(ids)) for n in names}
         mask = (ids != 0).astype("float32")
         reference = embedding(sessions["fp32 (model.opt.onnx)"], feeds, mask)

@@ -35,6 +35,7 @@ from keras_attn_export.optimize import quantize_int8, runtime_fused_counts  # no
 
 from keras_attn.data import checkpoint_folder, load_corpus  # noqa: E402
 from keras_attn.models import Encoder  # noqa: E402
+from keras_attn.preprocessing import StartEndPacker  # noqa: E402
 from keras_attn.tokenizers import WordPieceTokenizer  # noqa: E402
 
 
@@ -98,12 +99,11 @@ def main():
 
     tokenizer = WordPieceTokenizer.from_pretrained(folder)
     lines = [line for line in load_corpus().lines()[:5000] if len(line.split()) > 6]
+    packer = StartEndPacker(args.seq, start_value=101, end_value=102, pad_value=0)
     results, checks = {}, {}
     for batch in [int(b) for b in args.batches.split(",")]:
-        ids = np.zeros((batch, args.seq), "int64")
-        for row, pieces in enumerate(tokenizer.tokenize(lines[:batch]).to_list()):
-            packed = [101, *pieces[: args.seq - 2], 102]
-            ids[row, : len(packed)] = packed
+        pieces = tokenizer.tokenize(lines[:batch])
+        ids = np.asarray(packer(pieces), "int64")  # [CLS] ... [SEP], padded with 0
         mask = (ids != 0).astype("int64")
         feeds = {
             "ours": {"token_ids": ids.astype("int32"), "segment_ids": np.zeros_like(ids, "int32")},

@@ -25,7 +25,7 @@ def decode_function(runner, spec):
     """A `tf.function` of (token ids, stacked cache, index) running `runner.step`."""
     import tensorflow as tf
 
-    from keras_attn.layers.multi_head_attention import onnx_tracing
+    from keras_attn.layers.tracing import onnx_tracing
 
     signature = [
         tf.TensorSpec([None, None], tf.int32, name="token_ids"),

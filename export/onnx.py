@@ -21,7 +21,7 @@ def write_onnx(model: keras.Model, path: Path, opset: int = 17) -> None:
     import tf2onnx
     from keras_attn_export.saved_model import serving_function
 
-    from keras_attn.layers.multi_head_attention import onnx_tracing
+    from keras_attn.layers.tracing import onnx_tracing
 
     check_opset(opset)
     serve, signature = serving_function(model)

@@ -1,7 +1,9 @@
 """Argument checks shared across the package: each raises a `ValueError` naming the argument."""
 
 
-def check_positive_int(name, value):
+def check_positive_int(name, value, allow_none=False):
+    if value is None and allow_none:
+        return
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
 

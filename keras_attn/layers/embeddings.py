@@ -9,10 +9,7 @@ import math
 import keras
 from keras import ops
 
-
-def _check_positive_int(name, value):
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+from keras_attn.checks import check_positive_int
 
 
 def _check_length(layer, name, length, limit):
@@ -57,8 +54,8 @@ class TokenEmbedding(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        _check_positive_int("vocabulary_size", vocabulary_size)
-        _check_positive_int("embedding_dim", embedding_dim)
+        check_positive_int("vocabulary_size", vocabulary_size)
+        check_positive_int("embedding_dim", embedding_dim)
         self.vocabulary_size = vocabulary_size
         self.embedding_dim = embedding_dim
         self.mask_zero = mask_zero
@@ -115,7 +112,7 @@ class SegmentEmbedding(TokenEmbedding):
     def __init__(
         self, num_segments, embedding_dim, embeddings_initializer="glorot_uniform", **kwargs
     ):
-        _check_positive_int("num_segments", num_segments)
+        check_positive_int("num_segments", num_segments)
         super().__init__(num_segments, embedding_dim, False, embeddings_initializer, **kwargs)
         self.num_segments = num_segments
 
@@ -143,7 +140,7 @@ class PositionEmbedding(keras.layers.Layer):
 
     def __init__(self, sequence_length, initializer="glorot_uniform", **kwargs):
         super().__init__(**kwargs)
-        _check_positive_int("sequence_length", sequence_length)
+        check_positive_int("sequence_length", sequence_length)
         self.sequence_length = sequence_length
         self.initializer = keras.initializers.get(initializer)
         self.supports_masking = True

@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_attn.checks import check_positive_int
 from keras_attn.layers.attention import (
     attend,
     attend_heads_last,
@@ -12,76 +13,18 @@ from keras_attn.layers.attention import (
     resolve_input_masks,
 )
 from keras_attn.layers.initializers import fresh
-from keras_attn.layers.masks import mask_value
 from keras_attn.layers.scores import get_score, serialize_score
+from keras_attn.layers.tracing import (  # noqa: F401  (onnx_tracing: imported from here too)
+    attend_for_onnx,
+    is_onnx_tracing,
+    on_tensorflow,
+    on_tensorflow_cpu,
+    onnx_tracing,
+    write_cache,
+)
 
-_TRACING = {"onnx": False}
 # Smallest T·S where `attend_per_head` runs instead of one batched pass (see `bench/attention.py`).
 PER_HEAD_MIN_SCORES = 1024 * 1024
-
-
-class onnx_tracing:
-    """Context in which attention traces into graphs shaped for tf2onnx and onnxruntime.
-
-    Same values, other operators:
-    - cached attention writes new keys/values with a scatter (`ScatterND`) instead of a
-      dynamic slice update (TensorFlow's `XlaDynamicUpdateSlice` has no tf2onnx converter);
-    - the fused scaled-dot path projects with plain matrix products and attends as
-      `softmax(q kᵀ + bias) v` over `(B, H, T, d)` heads, with the masks as one additive bias.
-      tf2onnx writes that as a handful of MatMul/Transpose/Softmax nodes (the einsums write
-      dozens of shape nodes), and `keras_attn_export.optimize.fuse` rewrites it into onnxruntime's
-      `MultiHeadAttention` operator.
-    """
-
-    def __enter__(self):
-        self._previous = _TRACING["onnx"]
-        _TRACING["onnx"] = True
-        return self
-
-    def __exit__(self, *exc):
-        _TRACING["onnx"] = self._previous
-
-
-def write_cache(cache, start, new):
-    """`cache (B, S, ...)` with `new (B, T, ...)` written at positions `start .. start+T-1`."""
-    if not _TRACING["onnx"]:
-        return ops.slice_update(cache, [0, start] + [0] * (len(cache.shape) - 2), new)
-    batch, length = ops.shape(new)[0], ops.shape(new)[1]
-    rows = ops.broadcast_to(ops.expand_dims(ops.arange(batch), 1), (batch, length))
-    columns = ops.arange(length) + ops.cast(start, "int32")
-    columns = ops.broadcast_to(ops.expand_dims(columns, 0), (batch, length))
-    indices = ops.stack([ops.reshape(rows, (-1,)), ops.reshape(columns, (-1,))], axis=1)
-    updates = ops.reshape(new, (-1, *new.shape[2:]))
-    return ops.scatter_update(cache, indices, updates)
-
-
-def _on_tensorflow():
-    return keras.backend.backend() == "tensorflow"
-
-
-def _tensorflow_gpus():
-    """The GPUs TensorFlow places ops on by default (none on a CPU-only machine)."""
-    import tensorflow as tf
-
-    return tf.config.list_logical_devices("GPU")
-
-
-def _on_tensorflow_cpu(tensor=None):
-    """TensorFlow placing this computation on a CPU: `tensor`'s device when it has one, else
-    no GPU visible to TensorFlow (where ops go by default)."""
-    if not _on_tensorflow():
-        return False
-    device = getattr(tensor, "device", "") or ""
-    if device:
-        return "GPU" not in device.upper()
-    return not _tensorflow_gpus()
-
-
-def _positive_int(name, value, allow_none=False):
-    if value is None and allow_none:
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -151,11 +94,11 @@ class MultiHeadAttention(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        _positive_int("num_heads", num_heads)
-        _positive_int("key_dim", key_dim)
-        _positive_int("value_dim", value_dim, allow_none=True)
-        _positive_int("num_key_value_heads", num_key_value_heads, allow_none=True)
-        _positive_int("output_dim", output_dim, allow_none=True)
+        check_positive_int("num_heads", num_heads)
+        check_positive_int("key_dim", key_dim)
+        check_positive_int("value_dim", value_dim, allow_none=True)
+        check_positive_int("num_key_value_heads", num_key_value_heads, allow_none=True)
+        check_positive_int("output_dim", output_dim, allow_none=True)
         if num_key_value_heads is not None and num_heads % num_key_value_heads:
             raise ValueError(
                 "`num_key_value_heads` must divide `num_heads`. Received: "
@@ -275,11 +218,11 @@ class MultiHeadAttention(keras.layers.Layer):
         fused = (
             self.score.is_scaled_dot
             and not return_attention_scores
-            and (_on_tensorflow() or (same_width and not use_dropout))
+            and (on_tensorflow() or (same_width and not use_dropout))
         )
         if (
             fused
-            and _TRACING["onnx"]
+            and is_onnx_tracing()
             and self._kv_heads == self.num_heads
             and same_width
             and not use_dropout
@@ -288,7 +231,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 query_mask, value_mask, key_mask, attention_mask, use_causal_mask,
                 ops.shape(query)[1], ops.shape(key)[1],
             )  # fmt: skip
-            return self._attend_for_onnx(query, key, value, merged)
+            return attend_for_onnx(self, query, key, value, merged)
         per_head = fused and not use_dropout and self._per_head_is_faster(query, key)
         # The fused kernel takes (B, T, H, d); scores take (B, H, T, d). Projecting straight
         # into the layout each path needs saves three transposes on the explicit path.
@@ -312,7 +255,7 @@ class MultiHeadAttention(keras.layers.Layer):
         either path.)"""
         lengths = query.shape[1], key.shape[1]
         return (
-            _on_tensorflow_cpu(query)
+            on_tensorflow_cpu(query)
             and None not in lengths
             and lengths[0] * lengths[1] >= PER_HEAD_MIN_SCORES
         )
@@ -346,7 +289,7 @@ class MultiHeadAttention(keras.layers.Layer):
             q = ops.multiply(q, ops.cast(self.score.scale_for(self.key_dim), q.dtype))
             if per_head:
                 out = attend_per_head(q, k, v, merged)
-            elif _on_tensorflow():
+            elif on_tensorflow():
                 # No fused kernel there: skip `dot_product_attention`'s pass scaling the scores.
                 dropout = self.dropout_layer if use_dropout else None
                 out = attend_heads_last(q, k, v, merged, dropout=dropout, training=training)
@@ -381,42 +324,6 @@ class MultiHeadAttention(keras.layers.Layer):
         if return_attention_scores:
             return output, weights
         return output
-
-    def _attend_for_onnx(self, query, key, value, merged):
-        """The fused path as `onnx_tracing` writes it: `(B, T, H·d)` projections by matmul,
-        `softmax(q kᵀ + bias) v` over `(B, H, T, d)` heads, the output projection by matmul."""
-        heads, depth = self.num_heads, self.key_dim
-
-        def project(dense, x):
-            kernel = ops.reshape(dense.kernel, (x.shape[-1], -1))
-            y = ops.matmul(x, ops.cast(kernel, x.dtype))
-            if dense.bias is None:
-                return y
-            return y + ops.cast(ops.reshape(dense.bias, (-1,)), x.dtype)
-
-        def split(x, perm):  # (B, T, H·d) -> (B, H, T, d), or (B, H, d, T) for keys
-            shape = ops.shape(x)
-            return ops.transpose(ops.reshape(x, (shape[0], shape[1], heads, depth)), perm)
-
-        q = project(self.query_dense, query)
-        q = ops.multiply(q, ops.cast(self.score.scale_for(depth), q.dtype))
-        k = project(self.key_dense, key)
-        v = project(self.value_dense, value)
-        scores = ops.matmul(split(q, (0, 2, 1, 3)), split(k, (0, 2, 3, 1)))  # (B, H, T, S)
-        if merged is not None:  # (B|1, T|1, S), as `combined_mask` returns it
-            # One additive bias (B|1, 1, T, S): onnxruntime's attention takes it as it is.
-            full = (ops.shape(merged)[0], ops.shape(query)[1], ops.shape(key)[1])
-            merged = ops.broadcast_to(merged, full)
-            bias = ops.where(merged, 0.0, mask_value(scores.dtype))
-            scores = scores + ops.expand_dims(ops.cast(bias, scores.dtype), 1)
-        weights = ops.softmax(scores, axis=-1)
-        out = ops.transpose(ops.matmul(weights, split(v, (0, 2, 1, 3))), (0, 2, 1, 3))
-        shape = ops.shape(out)
-        out = ops.reshape(out, (shape[0], shape[1], heads * depth))
-        if merged is not None:  # rows with no visible key give zeros, as on every path
-            visible = ops.any(merged, axis=-1, keepdims=True)
-            out = out * ops.cast(visible, out.dtype)
-        return project(self.output_dense, out)
 
     def key_value_cache(self, value, key=None):
         """Projected keys and values of a fixed sequence, `(batch, 2, S, kv_heads, key_dim)`.

@@ -104,7 +104,7 @@ def test_decoder_block_with_both_caches_equals_full():
 
 
 def test_scatter_cache_writes_equal_slice_writes():
-    from keras_attn.layers.multi_head_attention import onnx_tracing, write_cache
+    from keras_attn.layers.tracing import onnx_tracing, write_cache
 
     cache = RNG.normal(size=(2, 7, 2, 8)).astype("float32")
     new = RNG.normal(size=(2, 3, 2, 8)).astype("float32")

@@ -395,6 +395,7 @@ def test_the_per_head_path_runs_only_on_a_tensorflow_cpu(monkeypatch):
     """Issue 20: it was chosen by backend alone, so a TensorFlow GPU would take it too; it was
     measured to win on CPU only."""
     from keras_attn.layers import multi_head_attention as mha
+    from keras_attn.layers import tracing
 
     monkeypatch.setattr(mha, "PER_HEAD_MIN_SCORES", 36)
     calls = []
@@ -408,8 +409,8 @@ def test_the_per_head_path_runs_only_on_a_tensorflow_cpu(monkeypatch):
     traced = tf.function(layer)  # in a graph, tensors name no device: the default decides
     traced(X)
     assert calls == [1, 1]
-    monkeypatch.setattr(mha, "_tensorflow_gpus", lambda: ["/device:GPU:0"])
+    monkeypatch.setattr(tracing, "_tensorflow_gpus", lambda: ["/device:GPU:0"])
     tf.function(layer)(X)
     assert calls == [1, 1]  # a GPU is where ops go: one batched pass
-    assert mha._on_tensorflow_cpu(SimpleNamespace(device="/job:localhost/device:CPU:0"))
-    assert not mha._on_tensorflow_cpu(SimpleNamespace(device="/device:GPU:1"))
+    assert tracing.on_tensorflow_cpu(SimpleNamespace(device="/job:localhost/device:CPU:0"))
+    assert not tracing.on_tensorflow_cpu(SimpleNamespace(device="/device:GPU:1"))

@@ -1,0 +1,109 @@
+"""Where and how attention is traced: for ONNX export (`onnx_tracing`, `write_cache`) and on
+which device (`on_tensorflow_cpu`, which picks the per-(batch, head) path)."""
+
+import keras
+from keras import ops
+
+from keras_attn.layers.masks import mask_value
+
+_TRACING = {"onnx": False}
+
+
+class onnx_tracing:
+    """Context in which attention traces into graphs shaped for tf2onnx and onnxruntime.
+
+    Same values, other operators:
+    - cached attention writes new keys/values with a scatter (`ScatterND`) instead of a
+      dynamic slice update (TensorFlow's `XlaDynamicUpdateSlice` has no tf2onnx converter);
+    - the fused scaled-dot path projects with plain matrix products and attends as
+      `softmax(q kᵀ + bias) v` over `(B, H, T, d)` heads, with the masks as one additive bias.
+      tf2onnx writes that as a handful of MatMul/Transpose/Softmax nodes (the einsums write
+      dozens of shape nodes), and `keras_attn_export.optimize.fuse` rewrites it into onnxruntime's
+      `MultiHeadAttention` operator.
+    """
+
+    def __enter__(self):
+        self._previous = _TRACING["onnx"]
+        _TRACING["onnx"] = True
+        return self
+
+    def __exit__(self, *exc):
+        _TRACING["onnx"] = self._previous
+
+
+def write_cache(cache, start, new):
+    """`cache (B, S, ...)` with `new (B, T, ...)` written at positions `start .. start+T-1`."""
+    if not _TRACING["onnx"]:
+        return ops.slice_update(cache, [0, start] + [0] * (len(cache.shape) - 2), new)
+    batch, length = ops.shape(new)[0], ops.shape(new)[1]
+    rows = ops.broadcast_to(ops.expand_dims(ops.arange(batch), 1), (batch, length))
+    columns = ops.arange(length) + ops.cast(start, "int32")
+    columns = ops.broadcast_to(ops.expand_dims(columns, 0), (batch, length))
+    indices = ops.stack([ops.reshape(rows, (-1,)), ops.reshape(columns, (-1,))], axis=1)
+    updates = ops.reshape(new, (-1, *new.shape[2:]))
+    return ops.scatter_update(cache, indices, updates)
+
+
+def on_tensorflow():
+    return keras.backend.backend() == "tensorflow"
+
+
+def _tensorflow_gpus():
+    """The GPUs TensorFlow places ops on by default (none on a CPU-only machine)."""
+    import tensorflow as tf
+
+    return tf.config.list_logical_devices("GPU")
+
+
+def on_tensorflow_cpu(tensor=None):
+    """TensorFlow placing this computation on a CPU: `tensor`'s device when it has one, else
+    no GPU visible to TensorFlow (where ops go by default)."""
+    if not on_tensorflow():
+        return False
+    device = getattr(tensor, "device", "") or ""
+    if device:
+        return "GPU" not in device.upper()
+    return not _tensorflow_gpus()
+
+
+def is_onnx_tracing():
+    """Whether attention is being traced for ONNX (inside `onnx_tracing`)."""
+    return _TRACING["onnx"]
+
+
+def attend_for_onnx(layer, query, key, value, merged):
+    """The fused path of `layer` (a `MultiHeadAttention`) as `onnx_tracing` writes it:
+    `(B, T, H·d)` projections by matmul, `softmax(q kᵀ + bias) v` over `(B, H, T, d)` heads,
+    the output projection by matmul."""
+    heads, depth = layer.num_heads, layer.key_dim
+
+    def project(dense, x):
+        kernel = ops.reshape(dense.kernel, (x.shape[-1], -1))
+        y = ops.matmul(x, ops.cast(kernel, x.dtype))
+        if dense.bias is None:
+            return y
+        return y + ops.cast(ops.reshape(dense.bias, (-1,)), x.dtype)
+
+    def split(x, perm):  # (B, T, H·d) -> (B, H, T, d), or (B, H, d, T) for keys
+        shape = ops.shape(x)
+        return ops.transpose(ops.reshape(x, (shape[0], shape[1], heads, depth)), perm)
+
+    q = project(layer.query_dense, query)
+    q = ops.multiply(q, ops.cast(layer.score.scale_for(depth), q.dtype))
+    k = project(layer.key_dense, key)
+    v = project(layer.value_dense, value)
+    scores = ops.matmul(split(q, (0, 2, 1, 3)), split(k, (0, 2, 3, 1)))  # (B, H, T, S)
+    if merged is not None:  # (B|1, T|1, S), as `combined_mask` returns it
+        # One additive bias (B|1, 1, T, S): onnxruntime's attention takes it as it is.
+        full = (ops.shape(merged)[0], ops.shape(query)[1], ops.shape(key)[1])
+        merged = ops.broadcast_to(merged, full)
+        bias = ops.where(merged, 0.0, mask_value(scores.dtype))
+        scores = scores + ops.expand_dims(ops.cast(bias, scores.dtype), 1)
+    weights = ops.softmax(scores, axis=-1)
+    out = ops.transpose(ops.matmul(weights, split(v, (0, 2, 1, 3))), (0, 2, 1, 3))
+    shape = ops.shape(out)
+    out = ops.reshape(out, (shape[0], shape[1], heads * depth))
+    if merged is not None:  # rows with no visible key give zeros, as on every path
+        visible = ops.any(merged, axis=-1, keepdims=True)
+        out = out * ops.cast(visible, out.dtype)
+    return project(layer.output_dense, out)
