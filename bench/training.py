@@ -8,9 +8,10 @@
 Models: our `CausalLM`; the same pre-norm decoder written with plain Keras layers
 (`keras.layers.MultiHeadAttention` with a causal mask, LayerNormalization, Dense); keras-hub's
 `TransformerDecoder` stack if `keras_hub` imports (`pip install keras-hub`, a bench-only peer).
-Each cell is tokens/s of `fit` after a warm-up fit that pays compilation, medians over
-rounds. `default` rows are what each library does untold: ours `compile(jit_compile="auto")`
-(`keras_attn.models.task.resolve_jit_compile`), Keras's own `"auto"`. Prints the CPU flags
+Each cell is tokens/s of `fit`'s steps (first step's start to last step's end) after a
+warm-up fit that pays compilation, medians over rounds. `default` rows are what each library
+does untold: ours `compile(jit_compile="auto")` (`keras_attn.models.task.resolve_jit_compile`),
+Keras's own `"auto"` (no XLA on a CPU-only TensorFlow). Prints the CPU flags
 that decide the default (XLA for float32, none for bfloat16 on a CPU). Writes JSON.
 """
 
@@ -76,6 +77,20 @@ def cpu_flags():
     return flags()
 
 
+class StepClock(keras.callbacks.Callback):
+    """Wall time from the first step's start to the last step's end. `fit`'s set-up and
+    tear-down are left out: on the 2-core machine of 2026-11-23, tearing down the input
+    pipeline after `fit` stalled 0 to 13 s at random, whichever the model (cProfile put it
+    in `fit`'s own frame, after `on_train_end`)."""
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if batch == 0:
+            self.start = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.end = time.perf_counter()
+
+
 def measure(name, policy, xla, x, args):
     """tokens/s of `fit` for one cell; `xla` True, False or "default"."""
     keras.config.set_dtype_policy(policy)
@@ -89,9 +104,9 @@ def measure(name, policy, xla, x, args):
             model.compile(optimizer="adam", loss=loss, jit_compile=xla)
         chosen = model.jit_compile
         model.fit(x[: 2 * args.batch], x[: 2 * args.batch], batch_size=args.batch, verbose=0)
-        start = time.perf_counter()
-        model.fit(x, x, batch_size=args.batch, verbose=0)
-        seconds = time.perf_counter() - start
+        clock = StepClock()
+        model.fit(x, x, batch_size=args.batch, verbose=0, callbacks=[clock])
+        seconds = clock.end - clock.start
     finally:
         keras.config.set_dtype_policy("float32")
     return x.size / seconds, bool(chosen)

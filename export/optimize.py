@@ -234,6 +234,27 @@ def _tensordot_replace(op, flat, kernel, out_shape, **_):
     return op.MatMul(_tensordot_input(flat, kernel, out_shape), kernel)
 
 
+# Keras's `take` wraps negative ids (`where(ids < 0, ids + rows, ids)`, which tf2onnx writes
+# as nine arithmetic nodes); ONNX's `Gather` wraps them itself.
+def _wrapped_gather(op, table, ids, zero, size):
+    negative = op.Less(op.Cast(ids), zero)
+    wrapped = op.Add(
+        op.Mul(op.Cast(negative), op.Add(ids, size)), op.Mul(ids, op.Cast(op.Not(negative)))
+    )
+    return op.Gather(table, wrapped, _outputs=["gathered"])
+
+
+def _wrapped_gather_check(context, table, ids, zero, size, gathered, **_):
+    from keras_attn_export.passes import wrapped_index
+
+    axis = gathered.producer().attributes.get_int("axis", 0)
+    return axis == 0 and _scalar(zero) == 0.0 and wrapped_index(table, ids, size)
+
+
+def _wrapped_gather_replace(op, table, ids, **_):
+    return op.Gather(table, ids, axis=0)
+
+
 def _rules():
     from onnxscript.rewriter import pattern
 
@@ -245,6 +266,7 @@ def _rules():
             ),
             pattern.RewriteRule(_gelu_pattern, _gelu_replace, _gelu_check, name="Gelu"),
             pattern.RewriteRule(_tensordot, _tensordot_replace, _tensordot_check),
+            pattern.RewriteRule(_wrapped_gather, _wrapped_gather_replace, _wrapped_gather_check),
             *(
                 pattern.RewriteRule(target, _attention_replace, _attention_check)
                 for target in (_attention_bias, _attention_plain)
@@ -270,6 +292,7 @@ def fuse(model, pack_qkv=True):
     mask bias)."""
     import onnx
     import onnx_ir as ir
+    from keras_attn_export import passes
     from onnx_ir.passes.common import TopologicalSortPass
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
     from onnxscript import optimizer
@@ -307,6 +330,9 @@ def fuse(model, pack_qkv=True):
         fusions += [fuse_mha_bias, fuse_attention]
     for fusion in fusions:
         fusion(ir_model)
+    passes.mask_index(ir_model)
+    passes.drop_redundant_expands(ir_model)
+    passes.trim_outputs(ir_model)
     optimizer.fold_constants(ir_model)  # the packed weights and biases: one constant each
     optimizer.remove_unused_nodes(ir_model)
     TopologicalSortPass()(ir_model)  # rewrites may leave new nodes after their users

@@ -148,18 +148,22 @@ def combined_mask(
     query_mask, value_mask, key_mask, attention_mask, use_causal_mask, q_len, k_len, offset=0
 ):
     """Every mask source merged into one bool `(B|1, T|1, S)` tensor, or `None`."""
-    key_side = value_mask
-    if key_mask is not None:
-        key_side = key_mask if key_side is None else ops.logical_and(key_side, key_mask)
     return merge_masks(
         query_mask=query_mask,
-        key_mask=key_side,
+        key_mask=key_side_mask(value_mask, key_mask),
         attention_mask=attention_mask,
         use_causal_mask=use_causal_mask,
         query_length=q_len,
         key_length=k_len,
         causal_offset=offset,
     )
+
+
+def key_side_mask(value_mask, key_mask):
+    """The padding masks of values and keys as one `(B, S)` mask (either may be `None`)."""
+    if value_mask is None or key_mask is None:
+        return key_mask if value_mask is None else value_mask
+    return ops.logical_and(ops.cast(value_mask, "bool"), ops.cast(key_mask, "bool"))
 
 
 def check_rank3(name, shape):

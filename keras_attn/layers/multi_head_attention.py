@@ -10,6 +10,7 @@ from keras_attn.layers.attention import (
     attend_per_head,
     check_rank3,
     combined_mask,
+    key_side_mask,
     resolve_input_masks,
 )
 from keras_attn.layers.initializers import fresh
@@ -231,7 +232,10 @@ class MultiHeadAttention(keras.layers.Layer):
                 query_mask, value_mask, key_mask, attention_mask, use_causal_mask,
                 ops.shape(query)[1], ops.shape(key)[1],
             )  # fmt: skip
-            return attend_for_onnx(self, query, key, value, merged)
+            padding = None  # padding masks alone: kept apart for onnxruntime's mask index
+            if merged is not None and attention_mask is None and not use_causal_mask:
+                padding = (query_mask, key_side_mask(value_mask, key_mask))
+            return attend_for_onnx(self, query, key, value, merged, padding)
         per_head = fused and not use_dropout and self._per_head_is_faster(query, key)
         # The fused kernel takes (B, T, H, d); scores take (B, H, T, d). Projecting straight
         # into the layout each path needs saves three transposes on the explicit path.

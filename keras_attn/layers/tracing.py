@@ -71,10 +71,16 @@ def is_onnx_tracing():
     return _TRACING["onnx"]
 
 
-def attend_for_onnx(layer, query, key, value, merged):
+def attend_for_onnx(layer, query, key, value, merged, padding=None):
     """The fused path of `layer` (a `MultiHeadAttention`) as `onnx_tracing` writes it:
     `(B, T, H·d)` projections by matmul, `softmax(q kᵀ + bias) v` over `(B, H, T, d)` heads,
-    the output projection by matmul."""
+    the output projection by matmul.
+
+    `merged` is every mask as one bool `(B|1, T|1, S)`, added as one `(B, 1, T, S)` bias.
+    `padding`, when the masks are padding masks alone, is `(query_mask, key_mask)` (each
+    `(B, T|S)` or `None`): the keys' mask is then added as a `(B, 1, 1, S)` bias row,
+    `(mask - 1) · |mask_value|`, which `keras_attn_export.optimize.fuse` turns into
+    onnxruntime's 2-D mask index (no `(B, T, S)` tensor is built in each layer)."""
     heads, depth = layer.num_heads, layer.key_dim
 
     def project(dense, x):
@@ -93,17 +99,28 @@ def attend_for_onnx(layer, query, key, value, merged):
     k = project(layer.key_dense, key)
     v = project(layer.value_dense, value)
     scores = ops.matmul(split(q, (0, 2, 1, 3)), split(k, (0, 2, 3, 1)))  # (B, H, T, S)
-    if merged is not None:  # (B|1, T|1, S), as `combined_mask` returns it
+    query_mask, key_mask = padding if padding is not None else (None, None)
+    visible = None  # (B, T, 1): rows with a visible key
+    if key_mask is not None:
+        keep = ops.cast(key_mask, scores.dtype)
+        bias = (keep - 1.0) * ops.cast(-mask_value(scores.dtype), scores.dtype)
+        scores = scores + ops.expand_dims(ops.expand_dims(bias, 1), 1)
+        visible = ops.any(ops.cast(key_mask, "bool"), axis=-1, keepdims=True)  # (B, 1)
+        visible = ops.expand_dims(visible, 1)
+    if query_mask is not None:
+        rows = ops.expand_dims(ops.cast(query_mask, "bool"), -1)
+        visible = rows if visible is None else ops.logical_and(visible, rows)
+    if merged is not None and padding is None:  # (B|1, T|1, S), as `combined_mask` returns it
         # One additive bias (B|1, 1, T, S): onnxruntime's attention takes it as it is.
         full = (ops.shape(merged)[0], ops.shape(query)[1], ops.shape(key)[1])
         merged = ops.broadcast_to(merged, full)
         bias = ops.where(merged, 0.0, mask_value(scores.dtype))
         scores = scores + ops.expand_dims(ops.cast(bias, scores.dtype), 1)
+        visible = ops.any(merged, axis=-1, keepdims=True)
     weights = ops.softmax(scores, axis=-1)
     out = ops.transpose(ops.matmul(weights, split(v, (0, 2, 1, 3))), (0, 2, 1, 3))
     shape = ops.shape(out)
     out = ops.reshape(out, (shape[0], shape[1], heads * depth))
-    if merged is not None:  # rows with no visible key give zeros, as on every path
-        visible = ops.any(merged, axis=-1, keepdims=True)
+    if visible is not None:  # rows with no visible key give zeros, as on every path
         out = out * ops.cast(visible, out.dtype)
     return project(layer.output_dense, out)
