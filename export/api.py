@@ -202,6 +202,8 @@ def export_model(
         if "onnx" in formats:
             weights = quantization["weights"] if quantization else None
             onnx_info = write_onnx_files(model, tmp, opset, optimize, quantize, weights)
+            if quantization is not None:
+                quantization["float_matmuls"] = onnx_info.pop("float_matmuls")
             sessions = {
                 file: ort.InferenceSession(str(tmp / file), providers=["CPUExecutionProvider"])
                 for file in onnx_info["files"]

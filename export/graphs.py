@@ -16,7 +16,8 @@ from keras_attn_export.saved_model import input_specs
 
 def write_onnx_files(model, folder: Path, opset, optimize, quantize, int8_weights="u8") -> dict:
     """Writes `model.onnx` [+ `model.opt.onnx`] [+ `model.int8.onnx`]; returns the manifest's
-    `onnx` entry with the fused operators onnxruntime runs in each file."""
+    `onnx` entry with the fused operators onnxruntime runs in each file (and, with int8, the
+    MatMuls left in float32 under `float_matmuls`, for the manifest's `quantization`)."""
     import onnx
     from keras_attn_export.optimize import fuse, quantize_int8, runtime_fused_counts
 
@@ -31,9 +32,10 @@ def write_onnx_files(model, folder: Path, opset, optimize, quantize, int8_weight
             if optimize:  # fused, with q, k, v left as three matmuls to quantize
                 source = Path(scratch) / "unpacked.onnx"
                 onnx.save(fuse(onnx.load(folder / "model.onnx"), pack_qkv=False), source)
-            quantize_int8(source, folder / "model.int8.onnx", int8_weights)
+            float_matmuls = quantize_int8(source, folder / "model.int8.onnx", int8_weights)
         files.append("model.int8.onnx")
     return {
+        **({"float_matmuls": float_matmuls} if quantize == "int8" else {}),
         "file": "model.onnx",
         "opset": opset,
         "files": files,

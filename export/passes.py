@@ -168,3 +168,71 @@ def wrapped_index(table, ids, size) -> bool:
         and size.size == 1
         and int(np.asarray(size).reshape(-1)[0]) == rows
     )
+
+
+def _embedding_terms(value, terms):
+    """Collects the `Gather(table, ids)` and position `Slice(table, 0, ...)` terms summed into
+    `value` (through Adds) into `terms`; False where something else is added."""
+    node = value.producer()
+    if node is None or node.domain != "":
+        return False
+    if node.op_type == "Add" and len(node.inputs) == 2:
+        return all(_embedding_terms(v, terms) for v in node.inputs)
+    table = _constant(node.inputs[0]) if node.inputs else None
+    if table is None or table.ndim != 2:
+        return False
+    if node.op_type == "Gather" and node.attributes.get_int("axis", 0) == 0:
+        terms.setdefault("gathers", []).append(node)
+        return True
+    if node.op_type == "Slice" and "slice" not in terms:
+        starts = _constant(node.inputs[1])
+        steps = _constant(node.inputs[4]) if len(node.inputs) > 4 else None
+        if starts is None or starts.any() or (steps is not None and (steps != 1).any()):
+            return False
+        terms["slice"] = node
+        return True
+    return False
+
+
+def embed_layer_norm(model) -> int:
+    """`SkipLayerNormalization` of summed token, position (rows 0..S-1) and segment lookups
+    becomes onnxruntime's `EmbedLayerNormalization` (the PyTorch path's graph has one);
+    returns how many."""
+    import onnx_ir as ir
+
+    changed = 0
+    for node in list(model.graph):
+        if node.op_type != "SkipLayerNormalization" or node.domain != "com.microsoft":
+            continue
+        if any(v is not None for v in node.inputs[4:]) or len(node.outputs) != 1:
+            continue  # a projection bias, or statistics someone reads
+        terms = {}
+        if not all(_embedding_terms(v, terms) for v in node.inputs[:2]):
+            continue
+        gathers, position = terms.get("gathers", []), terms.get("slice")
+        if position is None or len(gathers) not in (1, 2):
+            continue
+        gathers.sort(key=lambda g: -g.inputs[0].const_value.shape[0])  # the vocabulary first
+        ids = [g.inputs[1] for g in gathers]
+        if any(i.dtype != ir.DataType.INT32 or i.shape is None or len(i.shape) != 2 for i in ids):
+            continue
+        # Positions 0..S-1 of a (P, H) table: the slice is as long as the ids.
+        sliced, table = position.outputs[0].shape, position.inputs[0].const_value.shape
+        if sliced is None or not _same_dims(sliced, [ids[0].shape[1], table[1]]):
+            continue
+        segment = (ids[1], gathers[1].inputs[0]) if len(gathers) == 2 else (None, None)
+        fused = ir.node(
+            "EmbedLayerNormalization",
+            [ids[0], segment[0], gathers[0].inputs[0], position.inputs[0], segment[1],
+             node.inputs[2], node.inputs[3]],
+            attributes={"epsilon": node.attributes.get_float("epsilon", 1e-12)},
+            domain="com.microsoft",
+            num_outputs=2,  # onnxruntime's shape inference wants the mask index named
+        )  # fmt: skip
+        model.graph.insert_before(node, fused)
+        ir.convenience.replace_all_uses_with(node.outputs[0], fused.outputs[0])
+        for index, graph_output in enumerate(model.graph.outputs):
+            if graph_output is node.outputs[0]:
+                model.graph.outputs[index] = fused.outputs[0]
+        changed += 1
+    return changed

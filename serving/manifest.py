@@ -82,6 +82,8 @@ class Quantization(_Strict):
     weights: Literal["s8", "u8"]
     chosen_by: Literal["argument", "cpu flags"]
     cpu_flags: list[str]
+    # MatMuls kept in float32 (the first feed-forward output projections).
+    float_matmuls: list[str] = []
 
 
 class CacheGraph(_Strict):

@@ -61,9 +61,11 @@ def test_fused_operator_counts_are_exact_and_outputs_unchanged(tmp_path):
     manifest = export_model(encoder, tmp_path / "enc", formats=["onnx"], optimize=True,
                             verbose=False)  # fmt: skip
     fused = count_ops(onnx.load(tmp_path / "enc/model.opt.onnx"))
-    # Embedding LayerNorm + 2 per block, each with the residual (or embedding sum) added
-    # in; one exact GELU and one packed-QKV attention per block.
-    assert fused == {"SkipLayerNormalization": 5, "Gelu": 2, "Attention": 2}
+    # Token + position + segment lookups and their LayerNorm as one node, 2 LayerNorms per
+    # block with the residual added in; one exact GELU and one packed-QKV attention per block.
+    assert fused == {
+        "EmbedLayerNormalization": 1, "SkipLayerNormalization": 4, "Gelu": 2, "Attention": 2
+    }  # fmt: skip
     assert manifest["onnx"]["fused_ops"]["model.opt.onnx"] == fused
     assert manifest["saved_model"] is None and not (tmp_path / "enc/saved_model").exists()
     # A constant row (variance 0) stays finite: the fused node keeps the epsilon.
@@ -102,10 +104,19 @@ def test_int8_reports_drift_and_agreement_instead_of_failing(tmp_path, weights):
     assert (tmp_path / "q/model.int8.onnx").is_file()
     # The weight type: as asked, or detected from this CPU's flags; recorded either way.
     expected = choose_int8_weights(weights)
-    assert manifest.quantization.model_dump() == expected
-    weight_types = {
-        t.data_type for t in onnx.load(tmp_path / "q/model.int8.onnx").graph.initializer
-    }
+    quantization = manifest.quantization.model_dump()
+    assert {key: quantization[key] for key in expected} == expected
+    int8_graph = onnx.load(tmp_path / "q/model.int8.onnx").graph
+    # The first feed-forward output projection (input: a GELU output; this model has one
+    # block, so one of the two kept) stays float32.
+    from keras_attn_export.optimize import fuse, gelu_fed_matmuls
+
+    unpacked = fuse(onnx.load(tmp_path / "q/model.onnx"), pack_qkv=False)
+    assert quantization["float_matmuls"] == gelu_fed_matmuls(unpacked)[:2]
+    assert len(quantization["float_matmuls"]) == 1
+    float_matmuls = {n.name for n in int8_graph.node if n.op_type == "MatMul"}
+    assert set(quantization["float_matmuls"]) <= float_matmuls
+    weight_types = {t.data_type for t in int8_graph.initializer}
     wanted = {"s8": onnx.TensorProto.INT8, "u8": onnx.TensorProto.UINT8}[expected["weights"]]
     assert wanted in weight_types
     drift = manifest["int8"]["logits"]

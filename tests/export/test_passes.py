@@ -1,5 +1,6 @@
 """The graph passes after onnxruntime's fusions: padding biases become mask indices, redundant
-expands, wrapped gathers and unread outputs go, and every value stays the same."""
+expands, wrapped gathers and unread outputs go, lookups + LayerNorm become one node, and every
+value stays the same."""
 
 import keras
 import numpy as np
@@ -52,8 +53,11 @@ def test_padding_masks_reach_attention_as_a_mask_index(encoder_files):
     assert cast.op_type == "Cast" and cast.attribute[0].i == onnx.TensorProto.INT32
     # Neither the (B, T, S) mask nor the position embeddings' BroadcastTo is built, ids are
     # not wrapped (Gather wraps negative ids itself), LayerNorm statistics are not written.
-    for op_type in ("Expand", "Less", "Where"):
+    for op_type in ("Expand", "Less", "Where", "Gather"):
         assert not _nodes(graph, op_type), op_type
+    # The lookups and the embeddings' LayerNorm: one node, as in the PyTorch path's graph.
+    (embed,) = _nodes(graph, "EmbedLayerNormalization")
+    assert embed.input[:2] == ["token_ids", "segment_ids"]
     assert all(len(n.output) == 1 for n in _nodes(graph, "SkipLayerNormalization"))
     raw = onnx.load(folder / "model.onnx")
     assert _nodes(raw, "Expand") and _nodes(raw, "Less")  # what the passes removed
