@@ -2,9 +2,8 @@
 work the PyTorch path's graph never had, removed without changing a value.
 
 - `mask_index`: attention whose bias is a padding row `(mask - 1) · c` (`c` huge), as our
-  `attend_for_onnx` writes it, takes the mask as onnxruntime's 2-D mask index instead (no
-  `(B, 1, T, S)` bias; onnxruntime masks with its own filter value, -10000 by default, which
-  gives the same weights, exp(-10000) = 0 in float32);
+  `attend_for_onnx` writes it, takes the mask as onnxruntime's 2-D mask index instead, with
+  `mask_filter_value = -c` (the same scores; no `(B, 1, T, S)` bias);
 - `drop_redundant_expands`: `Add(x, Expand(y, shape))` where the expansion only reaches
   `x`'s own shape (tf2onnx's `BroadcastTo` of position embeddings) adds `y` as it is;
 - `trim_outputs`: optional outputs nobody reads (`SkipLayerNormalization`'s mean, inverse
@@ -50,7 +49,8 @@ def _unsqueezed_axes(value):
 
 
 def _padding_mask(bias):
-    """The bool `(B, S)` mask behind a `(B, 1, 1, S)` bias `(Cast(mask) - 1) · c`, or None."""
+    """`(mask, c)`: the bool `(B, S)` mask behind a `(B, 1, 1, S)` bias `(Cast(mask) - 1) · c`,
+    or None."""
     import onnx_ir as ir
 
     row, axes = _unsqueezed_axes(bias)
@@ -68,7 +68,7 @@ def _padding_mask(bias):
             continue
         mask = cast.inputs[0]
         if mask.dtype == ir.DataType.BOOL:
-            return mask
+            return mask, float(scale.reshape(-1)[0])
     return None
 
 
@@ -86,15 +86,18 @@ def mask_index(model) -> int:
             continue
         if any(v is not None for v in node.inputs[_BIAS_SLOT + 1 :]):
             continue  # a cache (past key/value) is in play: leave the bias as it is
-        mask = _padding_mask(node.inputs[_BIAS_SLOT])
-        if mask is None:
+        found = _padding_mask(node.inputs[_BIAS_SLOT])
+        if found is None:
             continue
+        mask, scale = found
         if mask not in as_int32:
             cast = ir.node("Cast", [mask], attributes={"to": ir.DataType.INT32})
             cast.outputs[0].name = f"{mask.name}_mask_index"
             model.graph.insert_before(node, cast)
             as_int32[mask] = cast.outputs[0]
         node.replace_input_with(slot, as_int32[mask])
+        # Masked scores get -c, exactly what the bias added.
+        node.attributes["mask_filter_value"] = ir.AttrFloat32("mask_filter_value", -scale)
         node.resize_inputs(_BIAS_SLOT)
         while node.inputs and node.inputs[-1] is None:
             node.resize_inputs(len(node.inputs) - 1)
