@@ -105,8 +105,9 @@ def attend_for_onnx(layer, query, key, value, merged, padding=None):
         keep = ops.cast(key_mask, scores.dtype)
         bias = (keep - 1.0) * ops.cast(-mask_value(scores.dtype), scores.dtype)
         scores = scores + ops.expand_dims(ops.expand_dims(bias, 1), 1)
-        visible = ops.any(ops.cast(key_mask, "bool"), axis=-1, keepdims=True)  # (B, 1)
-        visible = ops.expand_dims(visible, 1)
+        if query_mask is not key_mask:  # one mask for both: a visible query sees itself
+            visible = ops.any(ops.cast(key_mask, "bool"), axis=-1, keepdims=True)  # (B, 1)
+            visible = ops.expand_dims(visible, 1)
     if query_mask is not None:
         rows = ops.expand_dims(ops.cast(query_mask, "bool"), -1)
         visible = rows if visible is None else ops.logical_and(visible, rows)

@@ -11,10 +11,12 @@ def resolve_jit_compile(jit_compile="auto", dtype_policy=None):
     - PyTorch: off. JAX: on (XLA is how JAX runs).
     - TensorFlow under a `tf.distribute` strategy: off.
     - TensorFlow, float32: on, CPU included (Keras's own `"auto"` turns XLA off on CPU-only
-      machines, where it made our training steps 13-39% faster).
+      machines, where it made our training steps 13-39% faster; on a 2-core EPYC with
+      AVX-512 and no AMX it was a wash: +8%, -4%, -3% in three runs).
     - TensorFlow, bfloat16 or float16 compute (`mixed_bfloat16`, ...) on a CPU: off. XLA's
       CPU backend has no fast low-precision matmuls: on an AMX CPU bf16 ran 12,685 tokens/s
-      without XLA and 6,363 with it; `bench/training.py` measures this machine.
+      without XLA and 6,363 with it; on that EPYC (avx512_bf16, no AMX) 6,662-7,006 and
+      4,278-4,332. `bench/training.py` measures the machine it runs on.
     - TensorFlow with a GPU: on.
 
     Args:

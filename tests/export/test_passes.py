@@ -53,7 +53,9 @@ def test_padding_masks_reach_attention_as_a_mask_index(encoder_files):
     assert cast.op_type == "Cast" and cast.attribute[0].i == onnx.TensorProto.INT32
     # Neither the (B, T, S) mask nor the position embeddings' BroadcastTo is built, ids are
     # not wrapped (Gather wraps negative ids itself), LayerNorm statistics are not written.
-    for op_type in ("Expand", "Less", "Where", "Gather"):
+    # Self-attention's one padding mask: a visible query sees itself, so the zeroed rows
+    # are the padded queries, with no reduction over keys.
+    for op_type in ("Expand", "Less", "Where", "Gather", "ReduceSum", "ReduceMax"):
         assert not _nodes(graph, op_type), op_type
     # The lookups and the embeddings' LayerNorm: one node, as in the PyTorch path's graph.
     (embed,) = _nodes(graph, "EmbedLayerNormalization")
