@@ -10,7 +10,7 @@ work the PyTorch path's graph never had, removed without changing a value.
   standard deviation and sum) are not computed.
 """
 
-import numpy as np
+from keras_attn_export.patterns import constant_array
 
 # Attention's inputs: input, weights, bias, mask_index, past, attention_bias.
 # MultiHeadAttention's: query, key, value, bias, key_padding_mask, attention_bias, ...
@@ -24,16 +24,11 @@ def _producer(value, op_type):
     return node if node is not None and node.op_type == op_type and node.domain == "" else None
 
 
-def _constant(value):
-    const = None if value is None else value.const_value
-    return None if const is None else const.numpy()
-
-
 def _unsqueezed_axes(value):
     """`(source, axes)` for a chain of Unsqueezes ending in `value` (axes of the result)."""
     axes = []
     while (node := _producer(value, "Unsqueeze")) is not None:
-        step = _constant(node.inputs[1]) if len(node.inputs) > 1 else None
+        step = constant_array(node.inputs[1]) if len(node.inputs) > 1 else None
         if step is None:
             return value, None
         rank = len(node.outputs[0].shape) if node.outputs[0].shape is not None else None
@@ -60,10 +55,10 @@ def _padding_mask(bias):
     if mul is None:
         return None
     for sub_value, scale_value in (mul.inputs, mul.inputs[::-1]):
-        sub, scale = _producer(sub_value, "Sub"), _constant(scale_value)
+        sub, scale = _producer(sub_value, "Sub"), constant_array(scale_value)
         if sub is None or scale is None or scale.size != 1 or float(scale.reshape(-1)[0]) < _HUGE:
             continue
-        one, cast = _constant(sub.inputs[1]), _producer(sub.inputs[0], "Cast")
+        one, cast = constant_array(sub.inputs[1]), _producer(sub.inputs[0], "Cast")
         if one is None or one.size != 1 or float(one.reshape(-1)[0]) != 1.0 or cast is None:
             continue
         mask = cast.inputs[0]
@@ -161,18 +156,6 @@ def trim_outputs(model, op_types=("SkipLayerNormalization",)) -> int:
     return changed
 
 
-def wrapped_index(table, ids, size) -> bool:
-    """Whether `size` wraps negative `ids` into `table`'s rows (ONNX `Gather` does that itself)."""
-    rows = None if table.shape is None else table.shape[0]
-    size = _constant(size)
-    return (
-        isinstance(rows, int)
-        and size is not None
-        and size.size == 1
-        and int(np.asarray(size).reshape(-1)[0]) == rows
-    )
-
-
 def _embedding_terms(value, terms):
     """Collects the `Gather(table, ids)` and position `Slice(table, 0, ...)` terms summed into
     `value` (through Adds) into `terms`; False where something else is added."""
@@ -181,15 +164,15 @@ def _embedding_terms(value, terms):
         return False
     if node.op_type == "Add" and len(node.inputs) == 2:
         return all(_embedding_terms(v, terms) for v in node.inputs)
-    table = _constant(node.inputs[0]) if node.inputs else None
+    table = constant_array(node.inputs[0]) if node.inputs else None
     if table is None or table.ndim != 2:
         return False
     if node.op_type == "Gather" and node.attributes.get_int("axis", 0) == 0:
         terms.setdefault("gathers", []).append(node)
         return True
     if node.op_type == "Slice" and "slice" not in terms:
-        starts = _constant(node.inputs[1])
-        steps = _constant(node.inputs[4]) if len(node.inputs) > 4 else None
+        starts = constant_array(node.inputs[1])
+        steps = constant_array(node.inputs[4]) if len(node.inputs) > 4 else None
         if starts is None or starts.any() or (steps is not None and (steps != 1).any()):
             return False
         terms["slice"] = node
