@@ -30,12 +30,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import keras_attn as ka  # noqa: E402
-
-
-def cpu_flags():
-    from keras_attn_export.hardware import cpu_flags as flags
-
-    return flags()
+from keras_attn.hardware import cpu_flags  # noqa: E402
 
 
 def flops(kind, n, d):

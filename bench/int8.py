@@ -31,10 +31,10 @@ import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 from keras_attn_export import export_model  # noqa: E402
-from keras_attn_export.hardware import choose_int8_weights  # noqa: E402
 from keras_attn_export.optimize import fuse, quantize_int8  # noqa: E402
 
 from keras_attn.data import checkpoint_folder, load_corpus  # noqa: E402
+from keras_attn.hardware import cpu_flags  # noqa: E402
 from keras_attn.models import Encoder  # noqa: E402
 from keras_attn.preprocessing import StartEndPacker  # noqa: E402
 from keras_attn.tokenizers import WordPieceTokenizer  # noqa: E402
@@ -60,13 +60,17 @@ def main():
     parser.add_argument("--out", default="bench/results/int8.json")
     args = parser.parse_args()
 
-    choice = choose_int8_weights()
+    choice = {"cpu_flags": cpu_flags(), "weights": "measured at export"}
     print(f"CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"flags: {' '.join(choice['cpu_flags']) or '(none read)'}")  # fmt: skip
-    print(f"export_model(quantize='int8') picks {choice['weights']} weights here")
     encoder = Encoder.from_pretrained(checkpoint_folder(), dropout=0.0)
     folder = tempfile.mkdtemp() + "/minilm"
-    export_model(encoder, folder, formats=["onnx"], optimize=True, verbose=False)
+    manifest = export_model(encoder, folder, formats=["onnx"], optimize=True, quantize="int8",
+                            verbose=False)  # fmt: skip
+    choice["weights"] = manifest.quantization.weights
+    print(f"export_model(quantize='int8') measured and kept {choice['weights']} here: "
+          + ", ".join(f"{k} {v.ms:.2f} ms, drift {v.relative_drift:.3f}"
+                      for k, v in manifest.quantization.candidates.items()))  # fmt: skip
     paths = {"fp32 (model.opt.onnx)": f"{folder}/model.opt.onnx"}
     # What export_model quantizes: the fused graph with q, k, v left as three matmuls.
     unpacked = f"{folder}/unpacked.onnx"

@@ -29,6 +29,7 @@ sys.path = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
+from keras_attn.hardware import cpu_flags  # noqa: E402
 from keras_attn.models import CausalLM  # noqa: E402
 from keras_attn.models.task import resolve_jit_compile  # noqa: E402
 
@@ -69,12 +70,6 @@ def build(name, args):
                         num_layers=args.layers, num_heads=args.heads,
                         intermediate_dim=args.ffn)  # fmt: skip
     return {"plain keras": plain_keras, "keras-hub": keras_hub_model}[name](*shape)
-
-
-def cpu_flags():
-    from keras_attn_export.hardware import cpu_flags as flags
-
-    return flags()
 
 
 class StepClock(keras.callbacks.Callback):

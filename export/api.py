@@ -7,7 +7,7 @@ from pathlib import Path
 import keras
 import numpy as np
 from keras_attn_export.atomic import replace, temporary_folder
-from keras_attn_export.compare import parity_rows, quantization_drift, sweep, text_parity
+from keras_attn_export.compare import parity_rows, sweep, text_parity
 from keras_attn_export.describe import (
     check_labels,
     layer_attribute,
@@ -23,9 +23,10 @@ from keras_attn_export.graphs import (
     export_decoding,
     export_text_onnx,
     is_causal_lm,
+    write_int8,
     write_onnx_files,
 )
-from keras_attn_export.hardware import choose_int8_weights
+from keras_attn_export.hardware import check_int8_weights
 from keras_attn_export.manifest import write_manifest
 from keras_attn_export.onnx import check_opset
 from keras_attn_export.parity import (
@@ -130,10 +131,11 @@ def export_model(
         optimize: also write `model.opt.onnx` with fused LayerNormalization and Gelu.
         quantize: `None` or `"int8"`: also write `model.int8.onnx` (dynamic quantization);
             its drift and argmax agreement are reported, never enforced.
-        int8_weights: `None` (detect), `"s8"` or `"u8"`: the int8 weight type. Detected:
-            signed where the CPU has VNNI or AMX (accurate and fast there), unsigned where
-            not (signed weights saturate there). The manifest's `quantization` records the
-            choice and the CPU flags.
+        int8_weights: `None` (measure), `"s8"` or `"u8"`: the int8 weight type. Measured:
+            both are written and run on the parity inputs, and the faster of those whose
+            drift is within `keras_attn_export.hardware.DRIFT_BOUND` is kept (signed weights
+            saturate on some CPUs, and which type is faster differs between CPUs). The
+            manifest's `quantization` records both measurements, the choice and the CPU flags.
         tolerance: float, or `{output name: float}`: the largest max-abs difference allowed
             between Keras and each float32 artifact.
         batch_sizes, sequence_lengths: the parity sweep; integer inputs get padded rows.
@@ -158,7 +160,7 @@ def export_model(
     from keras_attn.tokenizers import WordPieceTokenizer
 
     formats = _check_formats(formats, optimize, quantize)
-    quantization = choose_int8_weights(int8_weights) if quantize else None
+    check_int8_weights(int8_weights)
     if int8_weights is not None and not quantize:
         raise ValueError(f"`int8_weights` needs `quantize='int8'`. Received: {int8_weights!r}")
     check_opset(opset)
@@ -198,16 +200,12 @@ def export_model(
                 model, tmp / "saved_model", assets, tokenizer, packer, max_length
             )
             saved = load_signature(tmp / "saved_model")
-        onnx_info, sessions, int8 = {}, {}, None
+        onnx_info, sessions, int8, quantization = {}, {}, None, None
         if "onnx" in formats:
-            weights = quantization["weights"] if quantization else None
-            onnx_info = write_onnx_files(model, tmp, opset, optimize, quantize, weights)
-            if quantization is not None:
-                quantization["float_matmuls"] = onnx_info.pop("float_matmuls")
+            onnx_info = write_onnx_files(model, tmp, opset, optimize)
             sessions = {
                 file: ort.InferenceSession(str(tmp / file), providers=["CPUExecutionProvider"])
                 for file in onnx_info["files"]
-                if file != "model.int8.onnx"
             }
         cases = sweep(model, batch_sizes, sequence_lengths, input_ranges)
         rows = parity_rows(cases, saved, sessions)
@@ -219,10 +217,7 @@ def export_model(
         if "onnx" in formats and is_causal_lm(model, task):
             decoding = export_decoding(model, tmp, opset, tolerance)
         if quantize:
-            session = ort.InferenceSession(
-                str(tmp / "model.int8.onnx"), providers=["CPUExecutionProvider"]
-            )
-            int8 = quantization_drift(cases, session)
+            quantization, int8 = write_int8(tmp, onnx_info, optimize, cases, int8_weights)
         strings_vs_ids = None
         if tokenizer is not None and saved is not None:
             strings_vs_ids = text_parity(tmp / "saved_model", tokenizer, packer, max_length)

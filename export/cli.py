@@ -34,7 +34,7 @@ def parse_args(argv=None):
         "--int8-weights",
         choices=["s8", "u8"],
         default=None,
-        help="int8 weight type (default: s8 where the CPU has VNNI or AMX, else u8)",
+        help="int8 weight type (default: measure both, keep the faster one within the drift bound)",
     )
     parser.add_argument("--tolerance", type=float, default=1e-4)
     parser.add_argument(

@@ -14,33 +14,70 @@ from keras_attn_export.parity import ParityError, max_abs_diff
 from keras_attn_export.saved_model import input_specs
 
 
-def write_onnx_files(model, folder: Path, opset, optimize, quantize, int8_weights="u8") -> dict:
-    """Writes `model.onnx` [+ `model.opt.onnx`] [+ `model.int8.onnx`]; returns the manifest's
-    `onnx` entry with the fused operators onnxruntime runs in each file (and, with int8, the
-    MatMuls left in float32 under `float_matmuls`, for the manifest's `quantization`)."""
+def write_onnx_files(model, folder: Path, opset, optimize) -> dict:
+    """Writes `model.onnx` [+ `model.opt.onnx`]; returns the manifest's `onnx` entry with the
+    fused operators onnxruntime runs in each file (`write_int8` adds the int8 file)."""
     import onnx
-    from keras_attn_export.optimize import fuse, quantize_int8, runtime_fused_counts
+    from keras_attn_export.optimize import fuse, runtime_fused_counts
 
     write_onnx(model, folder / "model.onnx", opset)
     files = ["model.onnx"]
     if optimize:
         onnx.save(fuse(onnx.load(folder / "model.onnx")), folder / "model.opt.onnx")
         files.append("model.opt.onnx")
-    if quantize == "int8":
-        with tempfile.TemporaryDirectory() as scratch:
-            source = folder / "model.onnx"
-            if optimize:  # fused, with q, k, v left as three matmuls to quantize
-                source = Path(scratch) / "unpacked.onnx"
-                onnx.save(fuse(onnx.load(folder / "model.onnx"), pack_qkv=False), source)
-            float_matmuls = quantize_int8(source, folder / "model.int8.onnx", int8_weights)
-        files.append("model.int8.onnx")
     return {
-        **({"float_matmuls": float_matmuls} if quantize == "int8" else {}),
         "file": "model.onnx",
         "opset": opset,
         "files": files,
         "fused_ops": {file: runtime_fused_counts(folder / file) for file in files},
     }
+
+
+def write_int8(folder: Path, onnx_info: dict, optimize, cases, requested=None):
+    """Writes `model.int8.onnx` and adds it to `onnx_info`; returns `(quantization, drift)`,
+    the manifest's `quantization` and `int8` entries.
+
+    With `requested` (`"s8"`/`"u8"`) that weight type is used and its drift reported. Without,
+    both are written, each is run on the parity `cases` (drift against Keras, median time on
+    the largest case), and `keras_attn_export.hardware.pick` keeps the faster one within the
+    drift bound; both measurements go into the manifest.
+    """
+    import onnx
+    import onnxruntime as ort
+    from keras_attn_export.compare import quantization_drift
+    from keras_attn_export.hardware import (
+        INT8_WEIGHTS,
+        largest_feeds,
+        pick,
+        quantization_entry,
+        time_session,
+        worst_drift,
+    )
+    from keras_attn_export.optimize import fuse, quantize_int8, runtime_fused_counts
+
+    target = folder / "model.int8.onnx"
+    with tempfile.TemporaryDirectory() as scratch:
+        source = folder / "model.onnx"
+        if optimize:  # fused, with q, k, v left as three matmuls to quantize
+            source = Path(scratch) / "unpacked.onnx"
+            onnx.save(fuse(onnx.load(folder / "model.onnx"), pack_qkv=False), source)
+        measured, drifts, float_matmuls = {}, {}, []
+        for weights in (requested,) if requested else INT8_WEIGHTS:
+            path = Path(scratch) / f"{weights}.onnx"
+            float_matmuls = quantize_int8(source, path, weights)
+            session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+            drifts[weights] = quantization_drift(cases, session)
+            measured[weights] = {
+                "relative_drift": worst_drift(drifts[weights]),
+                "ms": time_session(session, largest_feeds(cases)),
+            }
+        chosen = requested or pick(measured)
+        Path(scratch, f"{chosen}.onnx").replace(target)
+    quantization = quantization_entry(chosen, "argument" if requested else "measurement", measured)
+    quantization["float_matmuls"] = float_matmuls
+    onnx_info["files"].append(target.name)
+    onnx_info["fused_ops"][target.name] = runtime_fused_counts(target)
+    return quantization, drifts[chosen]
 
 
 def is_causal_lm(model, task):

@@ -128,7 +128,7 @@ def gelu_fed_matmuls(model) -> list[str]:
 
 def quantize_int8(source: Path, target: Path, weights="u8", float_ffn_outputs=2) -> list[str]:
     """Dynamic int8 quantization of the MatMul and Gemm projections, with signed (`"s8"`) or
-    unsigned (`"u8"`) weights (`keras_attn_export.hardware.int8_weight_type` picks by CPU);
+    unsigned (`"u8"`) weights (`keras_attn_export.graphs.write_int8` measures both);
     returns the names of the MatMuls left in float32.
 
     Signed weights drifted 31% (72% argmax agreement) on a CPU without VNNI, unsigned 2%; with

@@ -16,7 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 MANIFEST = "manifest.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: int8 weights chosen by measurement (2026-11-24)
 TASKS = ("classify", "tag", "embed", "generate", "span_qa", "multiple_choice", "pretraining",
          "seq2seq")  # fmt: skip
 
@@ -75,13 +75,24 @@ class Drift(_Strict):
     argmax_agreement: float
 
 
+class Int8Candidate(_Strict):
+    """One weight type as measured at export: worst relative drift against Keras over the
+    outputs, and median milliseconds on the largest parity input."""
+
+    relative_drift: float
+    ms: float
+
+
 class Quantization(_Strict):
-    """How `model.int8.onnx` was quantized: the weight type, chosen by argument or from the
-    exporting CPU's flags (signed with VNNI/AMX, unsigned without)."""
+    """How `model.int8.onnx` was quantized: the weight type, chosen by argument or by
+    measurement on the exporting machine (the faster type within `drift_bound`), each
+    measured candidate, and that machine's CPU flags."""
 
     weights: Literal["s8", "u8"]
-    chosen_by: Literal["argument", "cpu flags"]
+    chosen_by: Literal["argument", "measurement"]
     cpu_flags: list[str]
+    drift_bound: float
+    candidates: dict[Literal["s8", "u8"], Int8Candidate] = {}
     # MatMuls kept in float32 (the first feed-forward output projections).
     float_matmuls: list[str] = []
 

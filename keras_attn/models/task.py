@@ -4,28 +4,34 @@ and compile defaults (XLA on where it helps)."""
 import keras
 import numpy as np
 
+from keras_attn.hardware import native_low_precision
 
-def resolve_jit_compile(jit_compile="auto", dtype_policy=None):
-    """Our `"auto"`, decided by backend, device and dtype policy (`bench/training.py`):
+
+def resolve_jit_compile(
+    jit_compile: bool | str = "auto", dtype_policy=None, flags: list[str] | None = None
+) -> bool:
+    """Our `"auto"`, decided by backend, device, dtype policy and what the CPU does natively
+    (`bench/training.py` measures it on the machine it runs on):
 
     - PyTorch: off. JAX: on (XLA is how JAX runs).
     - TensorFlow under a `tf.distribute` strategy: off.
-    - TensorFlow, float32: on, CPU included (Keras's own `"auto"` turns XLA off on CPU-only
-      machines, where it made our training steps 13-39% faster; on a 2-core EPYC with
-      AVX-512 and no AMX it was a wash: +8%, -4%, -3% in three runs).
-    - TensorFlow, bfloat16 or float16 compute (`mixed_bfloat16`, ...) on a CPU: off. XLA's
-      CPU backend has no fast low-precision matmuls: on an AMX CPU bf16 ran 12,685 tokens/s
-      without XLA and 6,363 with it; on that EPYC (avx512_bf16, no AMX) 6,662-7,006 and
-      4,278-4,332. `bench/training.py` measures the machine it runs on.
     - TensorFlow with a GPU: on.
+    - TensorFlow on a CPU, float32: on (Keras's own `"auto"` is off on CPU-only machines;
+      XLA made our steps 13-39% faster on one, and was a wash, +8% / -4% / -3%, on another).
+    - TensorFlow on a CPU, bfloat16 or float16 compute: off where the CPU multiplies that
+      dtype in hardware (`avx512_bf16`, AMX), whose fast kernels XLA's CPU backend does not
+      use: bf16 ran 12,685 tokens/s without XLA and 6,363 with it on an AMX CPU, 6,662-7,006
+      and 4,278-4,332 on an EPYC with `avx512_bf16`. On where it does not: an AVX2-only EPYC
+      ran bf16 at 2,757 tokens/s with XLA and 2,081 without.
 
     Args:
         jit_compile: `"auto"`, or a bool returned as is.
         dtype_policy: the model's policy (name or `keras.DTypePolicy`); defaults to the
             global one.
+        flags: CPU flags (`keras_attn.hardware.cpu_flags()` when None).
     """
     if jit_compile != "auto":
-        return jit_compile
+        return bool(jit_compile)
     backend = keras.backend.backend()
     if backend == "torch":
         return False
@@ -35,9 +41,14 @@ def resolve_jit_compile(jit_compile="auto", dtype_policy=None):
 
     if tf.distribute.has_strategy():
         return False
+    if tf.config.list_logical_devices("GPU"):
+        return True
     policy = keras.dtype_policies.get(dtype_policy or keras.config.dtype_policy())
-    low_precision = policy.compute_dtype in ("bfloat16", "float16")
-    return not (low_precision and not tf.config.list_logical_devices("GPU"))
+    if policy.compute_dtype == "float16":
+        return False  # unmeasured; XLA's CPU float16 is emulated
+    if policy.compute_dtype == "bfloat16":
+        return not native_low_precision("bfloat16", flags)
+    return True
 
 
 class Task(keras.Model):

@@ -51,27 +51,34 @@ def test_config_has_every_argument_and_rebuilds_the_same_model(name):
 
 
 @pytest.mark.tf_only
-def test_jit_compile_auto_follows_dtype_policy_and_device(monkeypatch):
-    """Issue 20: XLA for float32 on a CPU; none for bfloat16/float16 compute on a CPU (XLA's
-    CPU backend halved bf16 throughput on an AMX machine); XLA with a GPU."""
+def test_jit_compile_auto_follows_dtype_policy_cpu_and_device(monkeypatch):
+    """XLA for float32 on a CPU; for bfloat16 compute only where the CPU has no bf16
+    instructions (XLA halved bf16 throughput on AMX and avx512_bf16 CPUs, and raised it 1.3x
+    on an AVX2-only one); XLA with a GPU. Both CPU branches, whatever this machine has."""
     import tensorflow as tf
 
+    from keras_attn.hardware import cpu_flags, native_low_precision
     from keras_attn.models import CausalLM
     from keras_attn.models.task import resolve_jit_compile
 
-    assert resolve_jit_compile("auto", "float32") is True
-    assert resolve_jit_compile("auto", "mixed_bfloat16") is False
-    assert resolve_jit_compile("auto", "mixed_float16") is False
-    assert resolve_jit_compile(True, "mixed_bfloat16") is True  # asked for: kept
+    avx2, bf16, amx = ["avx2"], ["avx2", "avx512_bf16", "avx512f"], ["amx_bf16", "amx_tile"]
+    assert resolve_jit_compile("auto", "float32", avx2) is True
+    assert resolve_jit_compile("auto", "float32", amx) is True
+    assert resolve_jit_compile("auto", "mixed_bfloat16", avx2) is True
+    assert resolve_jit_compile("auto", "mixed_bfloat16", bf16) is False
+    assert resolve_jit_compile("auto", "mixed_bfloat16", amx) is False
+    assert resolve_jit_compile("auto", "mixed_float16", avx2) is False
+    assert resolve_jit_compile(True, "mixed_bfloat16", amx) is True  # asked for: kept
+    native = native_low_precision("bfloat16", cpu_flags())
     keras.config.set_dtype_policy("mixed_bfloat16")
     try:
         model = CausalLM(40, 8, hidden_dim=16, num_layers=1, num_heads=2)
     finally:
         keras.config.set_dtype_policy("float32")
     model.compile()  # the model's own policy decides, not the global one at compile time
-    assert model.jit_compile is False
+    assert model.jit_compile is (not native)
     monkeypatch.setattr(tf.config, "list_logical_devices", lambda kind=None: ["GPU:0"])
-    assert resolve_jit_compile("auto", "mixed_bfloat16") is True
+    assert resolve_jit_compile("auto", "mixed_bfloat16", amx) is True
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -89,8 +89,8 @@ def test_greedy_batches_prompts_of_different_lengths():
         (lambda m, f: m.update(files={}), "lists no files"),
         # The typed manifest: a version this reader does not know, a key it does not know, a
         # missing or mistyped field, a bare NaN.
-        (lambda m, f: m.update(format_version=2), "format_version 2; this reader knows 1"),
-        (lambda m, f: m.update(format_version="1"), "format_version '1'"),
+        (lambda m, f: m.update(format_version=1), "format_version 1; this reader knows 2"),
+        (lambda m, f: m.update(format_version="2"), "format_version '2'"),
         (lambda m, f: m.update(surprise=1), "field 'surprise': Extra inputs"),
         (lambda m, f: m.pop("outputs"), "field 'outputs': Field required"),
         (lambda m, f: m["inputs"][0].update(shape="batch"), "field 'inputs.0.shape'"),
