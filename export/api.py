@@ -49,7 +49,7 @@ def as_float32(model: keras.Model) -> keras.Model:
     """`model` itself when it computes in float32, else a float32 copy with its weights:
     exported graphs are float32 whatever policy the model trained under."""
     layers = list(model._flatten_layers(include_self=True))
-    if all(layer.dtype_policy.name == "float32" for layer in layers):
+    if all(layer.compute_dtype not in ("float16", "bfloat16") for layer in layers):
         return model
 
     def float32_policies(value):
@@ -118,12 +118,14 @@ def export_model(
 
     Args:
         model: a functional Keras model (any `keras_attn.models` family or head, or the
-            user's own). A model whose string input goes through our `WordPieceTokenizer`
-            (and packer) is exported as its ids part with that tokenizer and packer
-            (`keras_attn_export.functional.split_text_model`).
+            user's own). A task with a `preprocessor` is served with it (tokenizer files,
+            `serve_text`, the manifest's `packer`), and so is a model whose string input goes
+            through our `WordPieceTokenizer` (and packer): it is exported as its ids part
+            (`keras_attn_export.functional.split_text_model`). Neither takes `tokenizer=`.
         out_dir: destination folder.
-        tokenizer: optional `WordPieceTokenizer`; its vocabulary is exported with the model,
-            and the SavedModel gets a `serve_text` signature taking raw strings.
+        tokenizer: optional `WordPieceTokenizer`, for a model with no preprocessor; its
+            vocabulary is exported with the model, and the SavedModel gets a `serve_text`
+            signature taking raw strings. A model with more than one input needs `packer`.
         packer: optional packer (e.g. `StartEndPacker`) between tokenizer and model in
             `serve_text`; without one, rows are padded with 0 to the longest.
         formats: subset of `("saved_model", "onnx")`.
@@ -155,8 +157,31 @@ def export_model(
     Raises:
         ParityError: with the table, when an artifact differs beyond `tolerance`.
     """
+    if keras.backend.backend() != "tensorflow":
+        raise ValueError(
+            "export_model traces the model as a TensorFlow graph (SavedModel, tf2onnx): run it "
+            "under the TensorFlow backend (KERAS_BACKEND=tensorflow; a model trained under "
+            f"another backend loads there from its .keras file). Received backend: "
+            f"{keras.backend.backend()!r}"
+        )
+    # Exported graphs are float32: a global mixed policy left set would make the layers
+    # built while tracing compute in it (onnxruntime: "MatMul bound to different types").
+    policy = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("float32")
+    try:
+        return _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantize,
+                       int8_weights, tolerance, batch_sizes, sequence_lengths, input_ranges,
+                       strings_in, labels, task, overwrite, verbose)  # fmt: skip
+    finally:
+        keras.config.set_dtype_policy(policy)
+
+
+def _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantize, int8_weights,
+            tolerance, batch_sizes, sequence_lengths, input_ranges, strings_in, labels, task,
+            overwrite, verbose) -> dict:  # fmt: skip
     import onnxruntime as ort
 
+    from keras_attn.preprocessing import TextPreprocessor
     from keras_attn.tokenizers import WordPieceTokenizer
 
     formats = _check_formats(formats, optimize, quantize)
@@ -170,35 +195,49 @@ def export_model(
             "`optimize` fuses LayerNormalization, an ONNX operator since opset 17. "
             f"Received: opset={opset}"
         )
+    if not isinstance(model, keras.Model) or not hasattr(model, "inputs") or not model.inputs:
+        raise ValueError(f"`model` must be a built functional keras.Model. Received: {model!r}")
+    task = check_task(model, task, task_of(model))
+    preprocessor = getattr(model, "preprocessor", None)
+    text_model = split_text_model(model)
+    if preprocessor is not None or text_model is not None:
+        if tokenizer is not None or packer is not None:
+            raise ValueError(
+                "`model` carries how it tokenizes ("
+                + ("its `preprocessor`" if preprocessor is not None else "its string input")
+                + "), and export serves exactly that: do not pass `tokenizer` or `packer`."
+            )
+    if text_model is not None:
+        model, tokenizer, packer = text_model
+    elif preprocessor is not None:
+        tokenizer, packer = preprocessor.tokenizer, preprocessor.packer
+    if tokenizer is not None and packer is None and len(model.inputs) > 1:
+        raise ValueError(
+            f"`model` takes {[t.name for t in model.inputs]}: a `tokenizer` without the packer "
+            "the model was trained with would serve ids without its special tokens. Give the "
+            "task its preprocessor (`model.preprocessor = TextPreprocessor(tokenizer, "
+            "SegmentPacker(...))`, as `from_pretrained` does) or pass `packer`."
+        )
     if tokenizer is not None and not isinstance(tokenizer, WordPieceTokenizer):
         raise ValueError(
             "`tokenizer` must be a WordPieceTokenizer: the server-side tokenizer files "
             f"exist for WordPiece only so far. Received: {type(tokenizer).__name__}"
         )
-    if not isinstance(model, keras.Model) or not hasattr(model, "inputs") or not model.inputs:
-        raise ValueError(f"`model` must be a built functional keras.Model. Received: {model!r}")
-    task = check_task(model, task, task_of(model))
-    text_model = split_text_model(model)
-    if text_model is not None:
-        if tokenizer is not None or packer is not None:
-            raise ValueError(
-                "`model` tokenizes its string input itself; do not pass `tokenizer` or `packer`."
-            )
-        model, tokenizer, packer = text_model
     check_labels(model, labels, task)
     model = as_float32(model)
+    if tokenizer is not None and preprocessor is None:
+        preprocessor = TextPreprocessor(
+            tokenizer, packer, None if packer is not None else max_sequence_length(model)
+        )
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
         raise ValueError(f"`out_dir` exists and overwrite=False. Received: out_dir={out_dir}")
     tmp = temporary_folder(out_dir)  # sweeps what a crashed export of out_dir left
     try:
         assets = write_tokenizer(tokenizer, tmp / "tokenizer") if tokenizer is not None else []
-        max_length = max_sequence_length(model)
         signatures, saved = [], None
         if "saved_model" in formats:
-            signatures = write_saved_model(
-                model, tmp / "saved_model", assets, tokenizer, packer, max_length
-            )
+            signatures = write_saved_model(model, tmp / "saved_model", assets, preprocessor)
             saved = load_signature(tmp / "saved_model")
         onnx_info, sessions, int8, quantization = {}, {}, None, None
         if "onnx" in formats:
@@ -220,7 +259,7 @@ def export_model(
             quantization, int8 = write_int8(tmp, onnx_info, optimize, cases, int8_weights)
         strings_vs_ids = None
         if tokenizer is not None and saved is not None:
-            strings_vs_ids = text_parity(tmp / "saved_model", tokenizer, packer, max_length)
+            strings_vs_ids = text_parity(tmp / "saved_model", preprocessor)
             if strings_vs_ids != 0.0:
                 raise ParityError(
                     f"`serve_text` differs from `serving_default` on the same text by "

@@ -14,7 +14,6 @@ from keras_attn_export.saved_model import (
     call_model,
     input_specs,
     load_signature,
-    pack_text,
 )
 
 COLUMNS = {"model.onnx": "onnx", "model.opt.onnx": "onnx_opt"}  # parity table columns
@@ -26,17 +25,23 @@ TEXT_SAMPLES = [
 ]
 
 
-def text_parity(folder: Path, tokenizer, packer=None, max_length=None) -> float:
-    """Max |serve_text(strings) - serving_default(ids of those strings)|; 0 when they agree."""
+def text_parity(folder: Path, preprocessor) -> float:
+    """Max |serve_text(strings) - serving_default(the preprocessor's ids of those strings)|;
+    0 when they agree."""
     import tensorflow as tf
 
     serve_text = load_signature(folder, TEXT_SIGNATURE)
     serve_ids = load_signature(folder, SIGNATURE)
     text = tf.constant(TEXT_SAMPLES)
-    ids = pack_text(tokenizer, packer, max_length, text)
+    features = preprocessor(text)
+    names = [spec.name for spec in serve_ids.structured_input_signature[1].values()]
+    feeds = (
+        {names[0]: features["token_ids"]}
+        if len(names) == 1
+        else {name: features[name] for name in names}
+    )
     from_text = serve_text(text=text)
-    (name,) = [spec.name for spec in serve_ids.structured_input_signature[1].values()]
-    from_ids = serve_ids(**{name: ids})
+    from_ids = serve_ids(**feeds)
     return max(max_abs_diff(from_text[k].numpy(), from_ids[k].numpy()) for k in from_ids)
 
 

@@ -74,48 +74,41 @@ def serving_function(model: keras.Model):
     return serve, signature
 
 
-def text_serving_function(model: keras.Model, tokenizer, packer=None, max_length=None):
-    """A `tf.function` of raw strings `(batch,)` to the model's named outputs.
-
-    Strings go through `tokenizer`, then `packer` when given (e.g. `StartEndPacker`), else are
-    padded with 0 to the longest row (cut at `max_length`); the ids then take exactly the
-    path of the ids-in signature.
-    """
-    if len(model.inputs) != 1:
-        raise ValueError(
-            "`serve_text` needs a model with one ids input. "
-            f"Received a model with {len(model.inputs)} inputs"
-        )
+def text_serving_function(model: keras.Model, preprocessor):
+    """A `tf.function` of raw strings `(batch,)` to the model's named outputs: `preprocessor`
+    (a `TextPreprocessor`) turns them into the model's inputs, which then take exactly the
+    path of the ids-in signature."""
     serve, _ = serving_function(model)
     spec = [tf.TensorSpec([None], tf.string, name="text")]
-    dtype = model.inputs[0].dtype
 
     @tf.function(input_signature=spec)
     def serve_text(text):
-        return serve(tf.cast(pack_text(tokenizer, packer, max_length, text), dtype))
+        return serve(*text_feeds(model, preprocessor, text))
 
     return serve_text, spec
 
 
-def pack_text(tokenizer, packer, max_length, text):
-    """Strings `(batch,)` to the dense int ids `serve_text` feeds the model."""
-    ids = tokenizer.tokenize(text)
-    if packer is not None:
-        return packer(ids)
-    if isinstance(ids, tf.RaggedTensor):
-        if max_length is not None:
-            ids = ids[:, :max_length]
-        ids = ids.to_tensor(default_value=0)
-    return ids
+def text_feeds(model: keras.Model, preprocessor, text) -> list:
+    """The model's inputs for strings `text`, in `input_specs` order, each in its dtype."""
+    from keras_attn.preprocessing.preprocessor import FEATURES
+
+    features = preprocessor(text)
+    specs = input_specs(model)
+    if len(specs) == 1:
+        return [tf.cast(features["token_ids"], specs[0]["dtype"])]
+    unknown = [s["name"] for s in specs if s["name"] not in FEATURES]
+    if unknown:
+        raise ValueError(
+            f"`serve_text` fills the inputs {list(FEATURES)}; the model also takes {unknown}"
+        )
+    return [tf.cast(features[s["name"]], s["dtype"]) for s in specs]
 
 
-def write_saved_model(
-    model: keras.Model, path: Path, assets=(), tokenizer=None, packer=None, max_length=None
-) -> list[str]:
+def write_saved_model(model: keras.Model, path: Path, assets=(), preprocessor=None) -> list[str]:
     """Writes `model` as a SavedModel; returns the signature names.
 
-    `serving_default` takes the model's inputs (ids). With a `tokenizer`, `serve_text` takes
-    raw strings and runs tokenizer (and `packer`) in the graph; loading it needs
+    `serving_default` takes the model's inputs (ids). With a `preprocessor`, `serve_text`
+    takes raw strings and runs its tokenizer and packer in the graph; loading it needs
     `import tensorflow_text` first (its ops are tensorflow-text's). Files in `assets` (the
     tokenizer's vocabulary) are copied into `saved_model/assets/`.
     """
@@ -124,11 +117,9 @@ def write_saved_model(
     archive.track(model)
     archive.add_endpoint(name=SIGNATURE, fn=serve, input_signature=signature)
     names = [SIGNATURE]
-    if tokenizer is not None:
-        archive.track(tokenizer)
-        if packer is not None:
-            archive.track(packer)
-        serve_text, spec = text_serving_function(model, tokenizer, packer, max_length)
+    if preprocessor is not None:
+        archive.track(preprocessor)
+        serve_text, spec = text_serving_function(model, preprocessor)
         archive.add_endpoint(name=TEXT_SIGNATURE, fn=serve_text, input_signature=spec)
         names.append(TEXT_SIGNATURE)
     archive.write_out(str(path), verbose=False)

@@ -25,6 +25,14 @@ async def text_task(request, name, version, task):
         raise ServingError(
             400, f"the body must be a JSON object; received {type(payload).__name__}"
         )
+    extra = sorted(set(payload) - {"text_input", "parameters", "id"})
+    if extra:  # a top-level `max_tokens` was silently ignored before
+        hint = " (per-request options go inside `parameters`)" if set(extra) & set(
+            TEXT_PARAMETERS[task]) else ""  # fmt: skip
+        raise ServingError(
+            400, f"unknown fields {[str(k)[:40] for k in extra[:8]]} in the body: it takes "
+                 f"`text_input` and `parameters`{hint}"[:400],
+        )  # fmt: skip
     parameters = payload.get("parameters")
     if parameters is not None and not isinstance(parameters, dict):
         raise ServingError(400, f"`parameters` must be an object; received {parameters!r}"[:300])

@@ -23,6 +23,34 @@ def _until_stop(ids, stop):
     return ids
 
 
+def as_prompts(prompts) -> list[list[int]]:
+    """Prompts as lists of ints, from a list of id lists, a 2-D NumPy array or a 2-D backend
+    tensor (Hugging Face's and keras-hub's `(batch, seq)` ids)."""
+    if not isinstance(prompts, (list, tuple)):
+        array = np.asarray(ops.convert_to_numpy(prompts))
+        if array.ndim != 2:
+            raise ValueError(
+                "`prompts` must be a list of id lists or a 2-D array `(batch, seq)`. "
+                f"Received: shape={array.shape}"
+            )
+        prompts = array.tolist()
+    if not prompts or any(not isinstance(p, (list, tuple, np.ndarray)) or len(p) == 0
+                          for p in prompts):  # fmt: skip
+        raise ValueError(
+            "`prompts` must be a non-empty list of non-empty id lists (one per prompt). "
+            f"Received: {str(prompts)[:80]}"
+        )
+    out = []
+    for prompt in prompts:
+        array = np.asarray(prompt)
+        if not np.issubdtype(array.dtype, np.integer):
+            raise ValueError(
+                f"`prompts` must hold integer ids. Received dtype {array.dtype}: {str(prompt)[:60]}"
+            )
+        out.append([int(t) for t in array.ravel()])
+    return out
+
+
 def generate(
     runner,
     prompts,
@@ -60,14 +88,23 @@ def generate(
     Returns:
         list (one per prompt) of lists of new ids.
     """
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("`prompts` must be a non-empty list of non-empty id lists.")
+    prompts = as_prompts(prompts)
     if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
         raise ValueError(
             f"`max_new_tokens` must be a positive int. Received: max_new_tokens={max_new_tokens!r}"
         )
     if sampler not in SAMPLERS:
         raise ValueError(f"`sampler` must be one of {SAMPLERS}. Received: sampler={sampler!r}")
+    if sampler != "sample":  # never silently decoded greedily
+        unused = {"temperature": temperature if temperature != 1.0 else None, "top_k": top_k,
+                  "top_p": top_p}  # fmt: skip
+        unused = {key: value for key, value in unused.items() if value is not None}
+        if unused:
+            raise ValueError(
+                f"{', '.join(f'`{key}`' for key in unused)} only apply with sampler='sample'. "
+                f"Received: sampler={sampler!r}, "
+                + ", ".join(f"{key}={value!r}" for key, value in unused.items())
+            )
     size = getattr(runner, "vocabulary_size", None)
     bad = sorted({int(t) for p in prompts for t in p if size is not None and not 0 <= t < size})
     if bad:

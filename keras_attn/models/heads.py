@@ -20,9 +20,16 @@ class Head(Task):
         return SparseCrossEntropy()
 
     @classmethod
-    def from_pretrained(cls, folder, strict=True, encoder_kwargs=None, **kwargs):
+    def from_pretrained(
+        cls, folder, strict=True, encoder_kwargs=None, sequence_length=None, **kwargs
+    ):
         """This head on `Encoder.from_pretrained(folder, **encoder_kwargs)`; `kwargs` are the
         head's own (`num_classes`, …). The head's layers start from fresh weights.
+
+        When the folder has a WordPiece vocabulary, the head gets a `TextPreprocessor`
+        (`[CLS] text [SEP]`, packed to `sequence_length`, by default the longest input the
+        encoder takes): `fit`, `predict` and export then take raw strings. Pass
+        `preprocessor=None` for a head without one.
 
         Example:
             >>> SequenceClassifier.from_pretrained("all-MiniLM-L6-v2", num_classes=3)
@@ -30,7 +37,23 @@ class Head(Task):
         from keras_attn.models.encoder import Encoder
 
         encoder = Encoder.from_pretrained(folder, strict=strict, **(encoder_kwargs or {}))
+        if "preprocessor" not in kwargs:
+            kwargs["preprocessor"] = folder_preprocessor(
+                folder, sequence_length or encoder.max_sequence_length - encoder.position_offset
+            )
         return cls(encoder, **kwargs)
+
+
+def folder_preprocessor(folder, sequence_length):
+    """The `TextPreprocessor` of a folder's vocabulary, or None (no vocabulary, or no
+    TensorFlow to run the tokenizer: a JAX or PyTorch-only install)."""
+    try:
+        from keras_attn.preprocessing.preprocessor import TextPreprocessor
+    except ModuleNotFoundError as error:
+        if error.name in ("tensorflow", "tensorflow_text"):
+            return None
+        raise
+    return TextPreprocessor.from_pretrained(folder, sequence_length)
 
 
 def _classify(x, num_classes, dropout, name, output_name="logits"):

@@ -63,7 +63,7 @@ class Task(keras.Model):
     config_args = ()
     nested_models = ()
 
-    def __init__(self, inputs, outputs, name=None, **kwargs):
+    def __init__(self, inputs, outputs, name=None, preprocessor=None, **kwargs):
         # keras.Model accepts and drops any keyword: a misspelt or unsupported argument
         # (`CausalLM(..., num_key_value_heads=2)`) would silently build another model.
         unknown = sorted(set(kwargs) - {"trainable"})
@@ -73,6 +73,13 @@ class Task(keras.Model):
                 + ", ".join(f"{key}={kwargs[key]!r}" for key in unknown)
             )
         super().__init__(inputs, outputs, name=name, **kwargs)
+        self.preprocessor = preprocessor
+
+    @property
+    def layers(self):
+        # The preprocessor is an attribute (saved with the task), not a layer of the graph.
+        preprocessor = getattr(self, "preprocessor", None)
+        return [layer for layer in super().layers if layer is not preprocessor]
 
     def compile(self, optimizer="adam", loss=None, jit_compile="auto", **kwargs):
         """`keras.Model.compile`, with `loss` defaulting to the model's `default_loss()` and
@@ -84,18 +91,24 @@ class Task(keras.Model):
             **kwargs,
         )
 
-    # NumPy inputs are checked before Keras traces a graph: past the first trace the sequence
-    # axis is unknown, and ids outside the table or a sequence past the position table would
+    # Raw strings go through the task's preprocessor (the one export serves with). NumPy
+    # inputs are checked before Keras traces a graph: past the first trace the sequence axis
+    # is unknown, and ids outside the table or a sequence past the position table would
     # surface as a TensorFlow op error (`GatherV2`, `Slice`) instead of a ValueError.
-    def fit(self, x=None, *args, **kwargs):
+    def fit(self, x=None, y=None, *args, **kwargs):
+        x = preprocess_text(self, x)
         check_id_arrays(self, x, "x")
-        return super().fit(x, *args, **kwargs)
+        check_label_array(self, y)
+        return super().fit(x, y, *args, **kwargs)
 
-    def evaluate(self, x=None, *args, **kwargs):
+    def evaluate(self, x=None, y=None, *args, **kwargs):
+        x = preprocess_text(self, x)
         check_id_arrays(self, x, "x")
-        return super().evaluate(x, *args, **kwargs)
+        check_label_array(self, y)
+        return super().evaluate(x, y, *args, **kwargs)
 
     def predict(self, x, *args, **kwargs):
+        x = preprocess_text(self, x)
         check_id_arrays(self, x, "x")
         return super().predict(x, *args, **kwargs)
 
@@ -152,19 +165,69 @@ class Task(keras.Model):
             if arg in self.nested_models:
                 value = keras.saving.serialize_keras_object(value)
             config[arg] = value
+        if self.preprocessor is not None:
+            config["preprocessor"] = keras.saving.serialize_keras_object(self.preprocessor)
         return config
 
     @classmethod
     def from_config(cls, config):
         config = dict(config)
-        for arg in cls.nested_models:
-            config[arg] = keras.saving.deserialize_keras_object(config[arg])
+        for arg in (*cls.nested_models, "preprocessor"):
+            if config.get(arg) is not None:
+                config[arg] = keras.saving.deserialize_keras_object(config[arg])
         return cls(**config)
 
 
 def float32_logits(x, name):
     """Logits leave the model as float32 under mixed precision (stable softmax and loss)."""
     return keras.layers.Activation("linear", dtype="float32", name=name)(x)
+
+
+def is_text(x) -> bool:
+    """Whether `x` is raw text: a string, a list or tuple of strings, a NumPy array of strings,
+    or a string tensor."""
+    if isinstance(x, str):
+        return True
+    if isinstance(x, (list, tuple)):
+        return bool(x) and all(isinstance(item, str) for item in x)
+    if isinstance(x, np.ndarray):
+        return x.dtype.kind in "UO" and x.size > 0 and isinstance(x.flat[0], str)
+    return getattr(x, "dtype", None) is not None and str(x.dtype) in ("string", "<dtype: 'string'>")
+
+
+def preprocess_text(model, x):
+    """`x` itself, unless it is raw text (or a `tf.data.Dataset` whose features are) and
+    `model` has a preprocessor: then the model's inputs for that text (NumPy, or a mapped
+    dataset). Raw text without a preprocessor is a `ValueError`."""
+    dataset = _text_dataset(x)
+    if not is_text(x) and not dataset:
+        return x
+    preprocessor = getattr(model, "preprocessor", None)
+    if preprocessor is None:
+        raise ValueError(
+            f"`x` is raw text, and {type(model).__name__} has no preprocessor to tokenize it. "
+            "Pass token ids, or build the task with `preprocessor=TextPreprocessor(tokenizer, "
+            "packer)` (the `from_pretrained` of a folder with a vocabulary attaches one)."
+        )
+    from keras_attn.preprocessing.preprocessor import model_inputs
+
+    if dataset:
+
+        def convert(features, *rest):
+            return (model_inputs(preprocessor(features), model.input), *rest)
+
+        return x.map(convert)
+    features = preprocessor([x] if isinstance(x, str) else x)
+    return keras.tree.map_structure(np.asarray, model_inputs(features, model.input))
+
+
+def _text_dataset(x) -> bool:
+    """Whether `x` is a `tf.data.Dataset` whose first component is strings."""
+    spec = getattr(x, "element_spec", None)
+    if spec is None or not type(x).__module__.startswith("tensorflow"):
+        return False
+    first = spec[0] if isinstance(spec, tuple) else spec
+    return getattr(first, "dtype", None) is not None and first.dtype.name == "string"
 
 
 def check_id_arrays(model, x, argument):
@@ -186,6 +249,11 @@ def check_id_arrays(model, x, argument):
         if not isinstance(array, np.ndarray) or array.ndim != 2 or array.size == 0:
             continue
         if not np.issubdtype(array.dtype, np.integer):
+            if np.issubdtype(array.dtype, np.floating) and _int_input(model, name):
+                raise ValueError(
+                    f"`{argument}[{name!r}]` must hold integer ids; floats would be cast "
+                    f"(5.7 -> 5). Received dtype {array.dtype}"
+                )
             continue
         if length is not None and array.shape[1] > length:
             raise ValueError(
@@ -199,6 +267,32 @@ def check_id_arrays(model, x, argument):
                     f"`{argument}[{name!r}]` has ids outside [0, {vocabulary}): min {low}, "
                     f"max {high}"
                 )
+
+
+def _int_input(model, name) -> bool:
+    inputs = model.input if isinstance(model.input, dict) else {model.inputs[0].name: None}
+    tensor = inputs.get(name) if isinstance(model.input, dict) else model.inputs[0]
+    return tensor is not None and "int" in str(tensor.dtype)
+
+
+def check_label_array(model, y):
+    """`ValueError` when NumPy integer labels fall outside the classes of a model with one
+    output `(..., classes)` (the head's `ignore_label`, or the loss's ignored id, excepted):
+    Keras's sparse cross-entropy trains on them silently (label 5 of 2 classes: loss 0.46)."""
+    if not isinstance(y, np.ndarray) or y.size == 0 or not np.issubdtype(y.dtype, np.integer):
+        return
+    if isinstance(model.output, dict) or len(model.outputs) != 1:
+        return
+    classes = model.outputs[0].shape[-1]
+    if classes is None:
+        return
+    ignored = {getattr(model, "ignore_label", None), getattr(model, "pad_id", None)}
+    values = np.unique(y)
+    bad = [int(v) for v in values if not 0 <= v < classes and int(v) not in ignored]
+    if bad:
+        raise ValueError(
+            f"`y` holds labels outside the model's {classes} classes [0, {classes}): {bad[:5]}"
+        )
 
 
 def _per_worker_logs(model, logs):

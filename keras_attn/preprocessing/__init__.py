@@ -2,5 +2,6 @@
 
 from keras_attn.preprocessing.masked_lm import MaskedLMMaskGenerator
 from keras_attn.preprocessing.packers import SegmentPacker, StartEndPacker
+from keras_attn.preprocessing.preprocessor import TextPreprocessor
 
-__all__ = ["MaskedLMMaskGenerator", "SegmentPacker", "StartEndPacker"]
+__all__ = ["MaskedLMMaskGenerator", "SegmentPacker", "StartEndPacker", "TextPreprocessor"]

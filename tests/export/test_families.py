@@ -175,6 +175,27 @@ def test_mixed_precision_models_export_as_float32(tmp_path):
     np.testing.assert_allclose(out["logits"], bf16_logits, atol=0.1)  # bf16 rounding only
 
 
+def test_export_works_whatever_the_global_dtype_policy(tmp_path):
+    """A `mixed_bfloat16` global policy left set made tracing build bf16 layers beside float32
+    ones (onnxruntime: "MatMul bound to different types"); export restores the policy."""
+    model = build("causal_lm")[0]
+    keras.mixed_precision.set_dtype_policy("mixed_bfloat16")
+    try:
+        manifest = export_model(model, tmp_path / "m", formats=["onnx"], verbose=False)
+        assert keras.config.dtype_policy().name == "mixed_bfloat16"
+    finally:
+        keras.mixed_precision.set_dtype_policy("float32")
+    assert manifest["parity"]["max_abs_diff"] <= 1e-4
+    assert manifest["decoding"]["gqa"]["step_logits_max_abs_diff"] <= 1e-4
+
+
+def test_export_names_the_backend_it_needs(monkeypatch, tmp_path):
+    model = build("causal_lm")[0]
+    monkeypatch.setattr(keras.backend, "backend", lambda: "jax")
+    with pytest.raises(ValueError, match=r"TensorFlow backend.*Received backend: 'jax'"):
+        export_model(model, tmp_path / "m")
+
+
 def test_per_output_tolerance_and_bad_arguments(tmp_path):
     model = build("span_qa")[0]
     with pytest.raises(ParityError, match="end_logits"):

@@ -315,3 +315,36 @@ def _has_dropout(model):
 
     rates = re.findall(r'"(?:\w*dropout|rate)": ([0-9.e-]+)', json.dumps(model.get_config()))
     return any(float(rate) > 0 for rate in rates)
+
+
+def test_silent_wrong_inputs_raise_naming_the_value():
+    """Issue 25: label 5 of 2 classes trained (loss 0.459); float ids 5.7 were cast to 5."""
+    from keras_attn.models import Encoder, SequenceClassifier
+
+    classifier = SequenceClassifier(Encoder(30, 8, hidden_dim=8, num_layers=1, num_heads=2), 2)
+    classifier.compile()
+    ids = np.array([[2, 5, 7, 0]], dtype="int32")
+    x = {"token_ids": ids, "segment_ids": np.zeros_like(ids)}
+    with pytest.raises(ValueError, match=r"outside the model's 2 classes \[0, 2\): \[5\]"):
+        classifier.fit(x, np.array([5]), verbose=0)
+    with pytest.raises(ValueError, match=r"x\['token_ids'\]` must hold integer ids.*float64"):
+        classifier.predict({**x, "token_ids": ids + 0.7}, verbose=0)
+
+
+def test_generate_takes_arrays_and_refuses_sampling_options_on_greedy():
+    from keras_attn.models import CausalLM
+
+    keras.utils.set_random_seed(0)
+    lm = CausalLM(40, 16, hidden_dim=16, num_layers=1, num_heads=2)
+    expected = lm.generate([[5, 6, 7]], 6)
+    # What a Hugging Face or keras-hub user types: a (batch, seq) array or tensor.
+    assert lm.generate(np.array([[5, 6, 7]]), 6) == expected
+    assert lm.generate(keras.ops.convert_to_tensor([[5, 6, 7]]), 6) == expected
+    with pytest.raises(ValueError, match=r"`top_k` only apply with sampler='sample'.*top_k=5"):
+        lm.generate([[5, 6, 7]], 6, top_k=5)
+    with pytest.raises(ValueError, match="`temperature`, `top_p` only apply"):
+        lm.generate([[5, 6, 7]], 6, sampler="beam", temperature=0.5, top_p=0.9)
+    with pytest.raises(ValueError, match="must hold integer ids"):
+        lm.generate(np.array([[5.5, 6.0]]), 6)
+    with pytest.raises(ValueError, match="2-D array"):
+        lm.generate(np.array([5, 6, 7]), 6)

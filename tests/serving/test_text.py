@@ -218,6 +218,11 @@ def test_concurrent_generations_keep_their_own_caches(text_models, toy_lm, toy_t
         ("encoder/embed", {"text_input": "a", "parameters": {"pool": "cls"}}, 400,
          "supported: normalize, pooling"),
         ("nope/classify", {"text_input": "a"}, 404, "nope"),
+        # A top-level option was ignored (20 tokens came back for `max_tokens: 5`).
+        ("lm/generate", {"text_input": "a", "max_tokens": 5}, 400,
+         "unknown fields ['max_tokens'] in the body: it takes `text_input` and `parameters` "
+         "(per-request options go inside `parameters`)"),
+        ("sentiment/classify", {"text_input": "a", "labels": 2}, 400, "unknown fields"),
     ],
 )  # fmt: skip
 def test_text_errors_name_the_problem(text_models, path, body, status, words):

@@ -1,0 +1,166 @@
+"""A task's preprocessor: raw strings to the model's inputs, saved inside the task's `.keras`.
+
+It is the one place that says how text becomes ids for a model: `Task.fit`/`predict`/
+`generate` run it on raw strings, and `keras_attn_export.export_model` writes the SavedModel's
+`serve_text`, the tokenizer files and the manifest's `packer` from it, so what is served is
+what was trained (keras-hub's task/preprocessor shape).
+"""
+
+import keras
+import tensorflow as tf
+
+from keras_attn.checks import check_positive_int
+from keras_attn.preprocessing.base import PreprocessingLayer
+from keras_attn.preprocessing.packers import SegmentPacker, StartEndPacker
+
+FEATURES = ("token_ids", "segment_ids", "padding_mask")
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class TextPreprocessor(PreprocessingLayer):
+    """Strings → `{"token_ids", "segment_ids", "padding_mask"}`, int32 `(batch, length)`.
+
+    The tokenizer splits each string into ids; the packer adds the special tokens the model
+    was trained with (`SegmentPacker`: BERT's `[CLS] a [SEP]`; `StartEndPacker`: GPT's
+    `[BOS] … [EOS]`), truncates and pads. Without a packer rows are padded with 0 to the
+    longest (cut at `sequence_length` when given). `padding_mask` is 1 at real tokens
+    (Hugging Face's `attention_mask`); `segment_ids` is 0 for a single segment.
+
+    Args:
+        tokenizer: a `keras_attn.tokenizers.Tokenizer`.
+        packer: optional `SegmentPacker` or `StartEndPacker`.
+        sequence_length: optional int; only without a packer (a packer has its own).
+    Call arguments:
+        inputs: strings (`str`, list, NumPy or tensor, `(batch,)`), or for a `SegmentPacker`
+            a tuple of such, one per segment.
+    Returns:
+        dict of int32 `(batch, length)` tensors.
+    Example:
+        >>> from keras_attn.tokenizers import SPECIAL_TOKENS, WordPieceTokenizer
+        >>> tokenizer = WordPieceTokenizer([*SPECIAL_TOKENS, "hello", "world"])
+        >>> packer = SegmentPacker(6, start_value=2, end_value=3)
+        >>> TextPreprocessor(tokenizer, packer)(["hello world"])["token_ids"].numpy().tolist()
+        [[2, 7, 8, 3, 0, 0]]
+    """
+
+    def __init__(self, tokenizer, packer=None, sequence_length=None, **kwargs):
+        super().__init__(**kwargs)
+        from keras_attn.tokenizers import Tokenizer
+
+        if not isinstance(tokenizer, Tokenizer):
+            raise ValueError(
+                "`tokenizer` must be a keras_attn Tokenizer. "
+                f"Received: tokenizer={type(tokenizer).__name__}"
+            )
+        if packer is not None and not isinstance(packer, (SegmentPacker, StartEndPacker)):
+            raise ValueError(
+                "`packer` must be a SegmentPacker, a StartEndPacker or None. "
+                f"Received: packer={type(packer).__name__}"
+            )
+        if sequence_length is not None:
+            check_positive_int("sequence_length", sequence_length)
+            if packer is not None:
+                raise ValueError(
+                    "`sequence_length` is the packer's own when a packer is given. Received: "
+                    f"sequence_length={sequence_length}, packer.sequence_length="
+                    f"{packer.sequence_length}"
+                )
+        if isinstance(packer, StartEndPacker) and packer.return_padding_mask:
+            raise ValueError(
+                "`packer` must return ids only (`return_padding_mask=False`): the preprocessor "
+                "computes the padding mask itself."
+            )
+        self.tokenizer = tokenizer
+        self.packer = packer
+        self.sequence_length = sequence_length
+
+    @classmethod
+    def from_pretrained(cls, folder, sequence_length: int):
+        """BERT's preprocessing for a Hugging Face folder: its WordPiece vocabulary
+        (`vocab.txt` or `tokenizer.json`) and `[CLS] text [SEP]` packed to `sequence_length`.
+        `None` when the folder has no vocabulary."""
+        import os
+
+        from keras_attn.tokenizers import WordPieceTokenizer
+
+        if not any(os.path.exists(os.path.join(folder, name))
+                   for name in ("vocab.txt", "tokenizer.json")):  # fmt: skip
+            return None
+        tokenizer = WordPieceTokenizer.from_pretrained(folder)
+        packer = SegmentPacker(
+            sequence_length,
+            start_value=tokenizer.token_to_id("[CLS]"),
+            end_value=tokenizer.token_to_id("[SEP]"),
+        )
+        return cls(tokenizer, packer)
+
+    @property
+    def max_length(self):
+        """The longest row this preprocessor produces, or None."""
+        return self.packer.sequence_length if self.packer is not None else self.sequence_length
+
+    def call(self, inputs):
+        segments = inputs if isinstance(inputs, tuple) else (inputs,)
+        if len(segments) > 1 and not isinstance(self.packer, SegmentPacker):
+            raise ValueError(
+                f"`inputs` has {len(segments)} segments; only a SegmentPacker packs more "
+                f"than one. Received packer: {type(self.packer).__name__}"
+            )
+        ids = [self.tokenizer(segment) for segment in segments]
+        if isinstance(self.packer, SegmentPacker):
+            packed = self.packer(tuple(ids))
+            return {
+                "token_ids": packed["token_ids"],
+                "segment_ids": packed["segment_ids"],
+                "padding_mask": tf.cast(packed["padding_mask"], tf.int32),
+            }
+        (ids,) = ids
+        if self.packer is not None:
+            token_ids = self.packer(ids)
+            mask = tf.cast(tf.not_equal(token_ids, self.packer.pad_value), tf.int32)
+        else:
+            if not isinstance(ids, tf.RaggedTensor):
+                ids = tf.RaggedTensor.from_tensor(ids)
+            if self.sequence_length is not None:
+                ids = ids[:, : self.sequence_length]
+            mask = tf.ones_like(ids, dtype=tf.int32).to_tensor(0)
+            token_ids = ids.to_tensor(0)
+        return {
+            "token_ids": tf.cast(token_ids, tf.int32),
+            "segment_ids": tf.zeros_like(token_ids, dtype=tf.int32),
+            "padding_mask": mask,
+        }
+
+    def compute_output_spec(self, inputs):
+        first = inputs[0] if isinstance(inputs, tuple) else inputs
+        shape = (first.shape[0], self.max_length)
+        return {name: keras.KerasTensor(shape, dtype="int32") for name in FEATURES}
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "tokenizer": keras.saving.serialize_keras_object(self.tokenizer),
+            "packer": keras.saving.serialize_keras_object(self.packer),
+            "sequence_length": self.sequence_length,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        for key in ("tokenizer", "packer"):
+            if config.get(key) is not None:
+                config[key] = keras.saving.deserialize_keras_object(config[key])
+        return cls(**config)
+
+
+def model_inputs(features: dict, model_input):
+    """The entries of `features` a model takes, in the structure of its `model.input`: a
+    dict by input name, or the token ids alone for a model with one input."""
+    if not isinstance(model_input, dict):
+        return features["token_ids"]
+    missing = sorted(set(model_input) - set(features))
+    if missing:
+        raise ValueError(
+            f"the preprocessor makes {sorted(features)}; the model also takes {missing}"
+        )
+    return {name: features[name] for name in model_input}
