@@ -82,7 +82,7 @@ def start_server(repository, max_batch_size, clients, session_threads=None):
            "KERAS_ATTN_LOG_LEVEL": "warning"}  # fmt: skip
     if session_threads:
         env["KERAS_ATTN_SESSION_THREADS"] = str(session_threads)
-    process = subprocess.Popen([sys.executable, "-m", "keras_attn_serving.server"], env=env)
+    process = subprocess.Popen([sys.executable, "-m", "keras_attn_serving"], env=env)
     url = f"http://127.0.0.1:{port}"
     import httpx
 

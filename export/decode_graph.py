@@ -27,11 +27,11 @@ import numpy as np
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swish", "silu")
 
 
-def supported(runner):
+def supported(lm):
     """`None` if `write_decode_graph` can express the model, else the reason."""
-    if runner.positions is None:
+    if lm.position_embedding is None:
         return "the embedding is a TokenAndPositionEmbedding (one position layer is expressed)"
-    for block in runner.blocks:
+    for block in lm.decoder_blocks:
         attention = block.self_attention
         if not attention.score.is_scaled_dot:
             return f"{block.name}: score {attention.score.__class__.__name__} is not scaled dot"
@@ -124,23 +124,24 @@ def _feed_forward(g, block, h, prefix):
     return g.dense(h, w2, b2, f"{prefix}.ffn2")
 
 
-def write_decode_graph(runner, path, max_length, opset=17):
-    """Writes the decode-step graph of a `CausalLMRunner`'s model to `path`; returns the
+def write_decode_graph(lm, path, max_length, opset=17):
+    """Writes the decode-step graph of a causal LM's cached call (`CausalLM`, or
+    `keras_attn.models.cached.FunctionalCausalLM`) to `path`; returns the
     spec the manifest records (`layers`, `kv_heads`, `key_dim`, `max_length`, names)."""
     import onnx
     from onnx import TensorProto, helper
 
-    reason = supported(runner)
+    reason = supported(lm)
     if reason is not None:
         raise ValueError(f"the decode graph cannot express this model: {reason}")
     # LayerNormalization needs opset 17; the graph needs onnxruntime (its contrib operators)
     # anyway, so an older export opset for model.onnx does not lower this one.
     opset = max(int(opset), 17)
     g = _Graph()
-    embeddings = _weights(runner.token_embedding)[0]  # (vocab, d)
+    embeddings = _weights(lm.token_embedding)[0]  # (vocab, d)
     vocab, hidden = embeddings.shape
     table = np.asarray(
-        runner.positions(np.zeros((1, max_length, hidden), np.float32), start_index=0)
+        lm.position_embedding(np.zeros((1, max_length, hidden), np.float32), start_index=0)
     ).reshape(max_length, hidden)
     tokens = g.op("Gather", [g.const("token_embedding", embeddings), "token_ids"])
     shape = g.op("Shape", ["token_ids"])  # (batch, new)
@@ -161,8 +162,8 @@ def write_decode_graph(runner, path, max_length, opset=17):
         helper.make_tensor_value_info("index", TensorProto.INT32, []),
     ]
     outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", vocab])]
-    spec = {"layers": len(runner.blocks), "max_length": int(max_length)}
-    for n, block in enumerate(runner.blocks):
+    spec = {"layers": len(lm.decoder_blocks), "max_length": int(max_length)}
+    for n, block in enumerate(lm.decoder_blocks):
         attention = block.self_attention
         kv_heads = attention.num_key_value_heads or attention.num_heads
         key_dim = attention.key_dim
@@ -189,12 +190,12 @@ def write_decode_graph(runner, path, max_length, opset=17):
     # Only the last new position's logits are returned: take it before the final norm.
     position = g.op("Sub", [new, g.const("one_i64", np.array(1))])
     x = g.op("Gather", [x, position], axis=1)  # (batch, d)
-    if runner.final_norm is not None:
-        x = g.layer_norm(x, runner.final_norm, "final_layer_norm")
-    if runner.head is None:  # tied: the token embedding, transposed
+    if lm.final_norm is not None:
+        x = g.layer_norm(x, lm.final_norm, "final_layer_norm")
+    if lm.head is None:  # tied: the token embedding, transposed
         g.op("MatMul", [x, g.const("output_projection", embeddings.T.copy())], outputs=["logits"])
     else:
-        kernel, *bias = _weights(runner.head)
+        kernel, *bias = _weights(lm.head)
         projected = g.op("MatMul", [x, g.const("output_projection", kernel)])
         if bias:
             g.op("Add", [projected, g.const("output_bias", bias[0])], outputs=["logits"])

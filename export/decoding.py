@@ -10,19 +10,19 @@ time (`index` t), so onnxruntime generation never recomputes the prefix.
 from pathlib import Path
 
 
-def cache_spec(runner, max_length):
-    """`{"layers", "kv_heads", "key_dim", "max_length"}` of a `CausalLMRunner`'s cache."""
-    attention = runner.blocks[0].self_attention
+def cache_spec(lm, max_length):
+    """`{"layers", "kv_heads", "key_dim", "max_length"}` of a causal LM's cache."""
+    attention = lm.decoder_blocks[0].self_attention
     return {
-        "layers": len(runner.blocks),
+        "layers": len(lm.decoder_blocks),
         "kv_heads": attention.num_key_value_heads or attention.num_heads,
         "key_dim": attention.key_dim,
         "max_length": int(max_length),
     }
 
 
-def decode_function(runner, spec):
-    """A `tf.function` of (token ids, stacked cache, index) running `runner.step`."""
+def decode_function(lm, spec):
+    """A `tf.function` of (token ids, stacked cache, index) running `lm.call_with_cache`."""
     import tensorflow as tf
 
     from keras_attn.layers.tracing import onnx_tracing
@@ -41,8 +41,8 @@ def decode_function(runner, spec):
     def decode(token_ids, cache, index):
         caches = [cache[:, n] for n in range(spec["layers"])]
         with onnx_tracing():  # tf2onnx converts ScatterND, not XlaDynamicUpdateSlice
-            logits, state = runner.step(token_ids, {"caches": caches}, index)
-        return {"logits": logits[:, -1], "updated_cache": tf.stack(state["caches"], axis=1)}
+            logits, caches = lm.call_with_cache(token_ids, caches, index)
+        return {"logits": logits[:, -1], "updated_cache": tf.stack(caches, axis=1)}
 
     return decode, signature
 
@@ -52,11 +52,11 @@ def write_decode_onnx(model, path: Path, max_length, opset=17) -> dict:
     manifest)."""
     import tf2onnx
 
-    from keras_attn.decoding import CausalLMRunner
+    from keras_attn.models.cached import cached_causal_lm
 
-    runner = CausalLMRunner(model)
-    spec = cache_spec(runner, max_length)
-    decode, signature = decode_function(runner, spec)
+    lm = cached_causal_lm(model)
+    spec = cache_spec(lm, max_length)
+    decode, signature = decode_function(lm, spec)
     proto, _ = tf2onnx.convert.from_function(decode, input_signature=signature, opset=opset)
     with open(path, "wb") as f:
         f.write(proto.SerializeToString())

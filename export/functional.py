@@ -5,7 +5,8 @@ The contract (README, "Your own functional model"):
 - `task=` names what the outputs are: `classify` (one output `(batch, classes)`), `tag` (one
   output `(batch, sequence, classes)`), `embed` (`sequence_output`/`pooled_output` outputs, or
   one output `(batch, sequence, dim)` mean-pooled by the server, or `(batch, dim)` served as
-  it is), `generate` (a causal LM following `keras_attn.decoding.stack`'s contract: its
+  it is), `generate` (a causal LM following the contract of
+  `keras_attn.models.cached.FunctionalCausalLM`: its
   decode graphs are exported with it). Our own classes need no `task=`: it comes from the
   class.
 - A model whose one input is a string tensor feeding a `WordPieceTokenizer` (then optionally a
@@ -35,9 +36,9 @@ def check_task(model, task, inferred):
         raise ValueError(f"`task` must be one of {known}. Received: task={task!r}")
     if task == "generate":
         if inferred != "generate":
-            from keras_attn.decoding.stack import CausalStack
+            from keras_attn.models.cached import cached_causal_lm
 
-            CausalStack(model)  # raises, naming the contract, if it cannot decode
+            cached_causal_lm(model)  # raises, naming the contract, if it cannot decode
         return task
     outputs = _outputs(model)
     if task == "embed" and "sequence_output" in outputs:

@@ -98,12 +98,12 @@ def export_decoding(model, folder: Path, opset, tolerance) -> dict:
     from keras_attn_export.decoding import write_decode_onnx
     from keras_attn_serving.generation import BoundCache, empty_cache, gqa_step, session_step
 
-    from keras_attn.decoding import CausalLMRunner
+    from keras_attn.models.cached import cached_causal_lm
 
     # The cache holds as many positions as the learned position table; a sinusoidal model has
     # no table, and its cache is as long as the `sequence_length` it was built with.
-    runner = CausalLMRunner(model)
-    max_length = runner.max_length or model.get_config().get("sequence_length")
+    lm = cached_causal_lm(model)
+    max_length = lm.max_length or model.get_config().get("sequence_length")
     if max_length is None:
         raise ValueError(
             "Exporting generation needs a learned position table (its length bounds the "
@@ -112,21 +112,21 @@ def export_decoding(model, folder: Path, opset, tolerance) -> dict:
     spec = write_decode_onnx(model, folder / "decode.onnx", max_length, opset)
     session = ort.InferenceSession(str(folder / "decode.onnx"), providers=["CPUExecutionProvider"])
     worst = _check_decoding(
-        model, runner, "decode.onnx", session_step(session), lambda b: empty_cache(spec, b),
+        model, "decode.onnx", session_step(session), lambda b: empty_cache(spec, b),
         max_length, tolerance,
     )  # fmt: skip
     decoding = {"file": "decode.onnx", **spec, "step_logits_max_abs_diff": worst,
                 "greedy_equals_keras": True}  # fmt: skip
-    reason = supported(runner)
+    reason = supported(lm)
     if reason is not None:
         decoding["gqa"] = {"file": None, "unsupported": reason}
         return decoding
-    gqa_spec = write_decode_graph(runner, folder / "decode_gqa.onnx", max_length, opset)
+    gqa_spec = write_decode_graph(lm, folder / "decode_gqa.onnx", max_length, opset)
     session = ort.InferenceSession(
         str(folder / "decode_gqa.onnx"), providers=["CPUExecutionProvider"]
     )
     worst = _check_decoding(
-        model, runner, "decode_gqa.onnx", gqa_step(session),
+        model, "decode_gqa.onnx", gqa_step(session),
         lambda b: BoundCache(session, gqa_spec, b), max_length, tolerance,
     )  # fmt: skip
     decoding["gqa"] = {"file": "decode_gqa.onnx", **gqa_spec, "step_logits_max_abs_diff": worst,
@@ -134,13 +134,14 @@ def export_decoding(model, folder: Path, opset, tolerance) -> dict:
     return decoding
 
 
-def _check_decoding(model, runner, name, step, new_state, max_length, tolerance):
+def _check_decoding(model, name, step, new_state, max_length, tolerance):
     """Raises `ParityError` unless a decode graph's `step` (from the state `new_state(batch)`)
     gives the Keras model's logits at every position and Keras `generate()`'s greedy ids;
     returns the largest logits difference."""
     from keras_attn_serving.generation import greedy_decode
 
     from keras_attn.models import generate
+    from keras_attn.models.cached import model_inputs
 
     rng = np.random.default_rng(0)
     vocabulary = max_token_id(model)
@@ -148,7 +149,7 @@ def _check_decoding(model, runner, name, step, new_state, max_length, tolerance)
     new_tokens = max(1, min(8, max_length - 5))
     ids = np.asarray([prompts[1] + [0] * new_tokens], "int32")[:, : 5 + new_tokens]
     ids[0, 5:] = rng.integers(1, vocabulary, size=ids.shape[1] - 5)
-    full = keras.ops.convert_to_numpy(model(runner.model_inputs(ids), training=False))
+    full = keras.ops.convert_to_numpy(model(model_inputs(model, ids), training=False))
     logits, state = step(ids[:, :5], new_state(1), 0)
     worst = max_abs_diff(logits, full[:, 4])
     for t in range(5, ids.shape[1]):

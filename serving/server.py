@@ -9,18 +9,17 @@ its `manifest.json` before the model loads; the newest version answers when none
 
 The parts: `repository` (models and their batchers), `handling` (limits, errors, the call
 through a batcher), one router per protocol (`routes_v2`, `routes_text`, `routes_tfs`) and
-`cli` (flags and `main`).
+`cli` (flags and `main`; `python -m keras_attn_serving` runs it).
 """
 
 import asyncio
 import contextlib
 
-from keras_attn_serving.cli import main, parse_settings
 from keras_attn_serving.handling import Gate, install_error_handlers, log
 from keras_attn_serving.repository import ModelRepository
 from keras_attn_serving.settings import ServerSettings
 
-__all__ = ["ModelRepository", "create_app", "main", "parse_settings"]
+__all__ = ["ModelRepository", "create_app"]
 
 
 def create_app(repository, settings=None, **overrides):
@@ -76,7 +75,3 @@ def create_app(repository, settings=None, **overrides):
     for module in (routes_v2, routes_text, routes_tfs):
         app.include_router(module.router)
     return app
-
-
-if __name__ == "__main__":
-    main()

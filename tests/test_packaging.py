@@ -80,3 +80,74 @@ def test_a_user_file_named_export_or_serving_does_not_shadow_ours(tmp_path):
     loaded = imported_after(["keras_attn_serving.manifest", "keras_attn_export.cli"], tmp_path)
     assert {"keras_attn_serving", "keras_attn_export"} <= loaded
     assert not loaded & {"export", "serving"}
+
+
+def imports_of(package):
+    """`{module: {imported module}}` of every module of `package`, from its source: every
+    import statement, at module level or inside a function (deferred), resolved to names."""
+    import ast
+
+    found = {}
+    for name in modules(package):
+        parts = name.split(".")[1:]
+        folder = ROOT / FOLDERS[package]
+        path = folder.joinpath(*parts, "__init__.py")
+        if not path.is_file():
+            path = folder.joinpath(*parts[:-1], parts[-1] + ".py") if parts else path
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                # `from a.b import c` imports `a.b.c` when that is a module, else `a.b`: the
+                # longest known module prefix of `a.b.c` (resolved by the caller).
+                targets |= {f"{node.module}.{alias.name}" for alias in node.names}
+        found[name] = targets
+    return found
+
+
+def unit(module):
+    """The node of the import graph a module belongs to: a subpackage of `keras_attn`
+    (`keras_attn.models`), or a module of export and serving."""
+    parts = module.split(".")
+    if parts[0] == "keras_attn":
+        return ".".join(parts[:2])
+    return module
+
+
+OURS = tuple(FOLDERS)
+# The one deferred import across packages besides the manifest: export checks its decode
+# graphs with the server's own onnxruntime decoding loop (issue 25 leaves it for now).
+ALLOWED_CROSSING = {("keras_attn_export", "keras_attn_serving.generation")}
+
+
+def test_no_import_circle_and_no_deferred_crossing():
+    """Every import, deferred (function-level) ones included: the units form no circle, and
+    nothing crosses between keras_attn, export and serving but the manifest schema."""
+    graph, known = {}, [m for p in OURS for m in modules(p)]
+    for package in OURS:
+        for module, targets in imports_of(package).items():
+            for target in targets:
+                top = target.split(".")[0]
+                if top not in OURS:
+                    continue
+                resolved = max((m for m in known if target == m or target.startswith(m + ".")),
+                               key=len, default=None)  # fmt: skip
+                if resolved is None:
+                    continue
+                if top != package:
+                    allowed = resolved == "keras_attn_serving.manifest" or (
+                        package == "keras_attn_export" and top == "keras_attn")
+                    allowed |= (package, resolved) in ALLOWED_CROSSING
+                    assert allowed, f"{module} imports {resolved}"
+                if unit(resolved) != unit(module):
+                    graph.setdefault(unit(module), set()).add(unit(resolved))
+    # A circle is a unit that reaches itself.
+    for start in graph:
+        seen, stack = set(), list(graph[start])
+        while stack:
+            node = stack.pop()
+            assert node != start, f"import circle through {start}: {sorted(graph[start])}"
+            if node not in seen:
+                seen.add(node)
+                stack.extend(graph.get(node, ()))

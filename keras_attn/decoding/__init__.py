@@ -1,13 +1,14 @@
-"""Decoding: cached step functions per model family, samplers, and the search loops."""
+"""Decoding over a model's cached call: samplers and the search loops. Model-agnostic: a model
+hands in a `Runner` of its own callables (`CausalLM.runner()`, `Seq2Seq.runner(...)`)."""
 
-from keras_attn.decoding.runners import CausalLMRunner, Seq2SeqRunner, select_rows
+from keras_attn.decoding.runners import Runner, select_rows
 from keras_attn.decoding.samplers import Sampler, top_k_filter, top_p_filter
-from keras_attn.decoding.search import beam_search, generate, length_normalized
+from keras_attn.decoding.search import as_prompts, beam_search, generate, length_normalized
 
 __all__ = [
-    "CausalLMRunner",
+    "Runner",
     "Sampler",
-    "Seq2SeqRunner",
+    "as_prompts",
     "beam_search",
     "generate",
     "length_normalized",

@@ -74,7 +74,7 @@ def generate(
     every row has. Beam search runs one prompt at a time with `num_beams` rows.
 
     Args:
-        runner: a `CausalLMRunner` or `Seq2SeqRunner`.
+        runner: a `keras_attn.decoding.Runner` (`CausalLM.runner()`, `Seq2Seq.runner(...)`).
         prompts: list of non-empty lists of ids.
         max_new_tokens: int.
         sampler: `"greedy"`, `"sample"` (temperature, top-k, top-p) or `"beam"`.

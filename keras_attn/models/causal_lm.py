@@ -11,11 +11,14 @@ from keras_attn.layers.token_and_position_embedding import (
 )
 from keras_attn.layers.transformer_decoder import TransformerDecoder
 from keras_attn.losses import SparseCrossEntropy
+from keras_attn.models.cached import CachedCausalLM
 from keras_attn.models.task import Task, float32_logits
+from keras_attn.pretrained import load_pretrained, save_pretrained
+from keras_attn.pretrained.registry import register_model_class
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class CausalLM(Task):
+class CausalLM(CachedCausalLM, Task):
     """GPT-style causal LM: `token_ids (batch, seq) int32 -> logits (batch, seq, vocab)`.
 
     Token id 0 is padding: `mask_zero=True` creates the padding mask, which reaches every
@@ -96,13 +99,14 @@ class CausalLM(Task):
             name="token_embedding",
         )
         x = token_embedding(token_ids)
-        positions = position_encoding_layer(
+        position_embedding = position_encoding_layer(
             position_encoding, sequence_length, "position_embedding"
-        )(x, **position_kwargs)
+        )
+        positions = position_embedding(x, **position_kwargs)
         x = keras.layers.Add(name="embeddings_add")([x, positions])
         x = keras.layers.Dropout(dropout, name="embeddings_dropout")(x)
-        for i in range(num_layers):
-            x = TransformerDecoder(
+        blocks = [
+            TransformerDecoder(
                 num_heads=num_heads,
                 intermediate_dim=intermediate_dim or 4 * hidden_dim,
                 dropout=dropout,
@@ -110,14 +114,25 @@ class CausalLM(Task):
                 normalize_first=normalize_first,
                 layer_norm_epsilon=layer_norm_epsilon,
                 name=f"decoder_block_{i}",
-            )(x, **block_kwargs)
+            )
+            for i in range(num_layers)
+        ]
+        for block in blocks:
+            x = block(x, **block_kwargs)
+        final_norm = None
         if normalize_first:
-            x = keras.layers.LayerNormalization(
+            final_norm = keras.layers.LayerNormalization(
                 epsilon=layer_norm_epsilon, name="final_layer_norm"
-            )(x)
+            )
+            x = final_norm(x)
         logits = float32_logits(token_embedding(x, reverse=True), "logits")
         super().__init__(inputs, logits, name=name, **kwargs)
         self._set_config_args(locals())
+        # What the cached call (`keras_attn.models.cached.CachedCausalLM`) runs.
+        self.token_embedding = token_embedding
+        self.position_embedding = position_embedding
+        self.decoder_blocks = blocks
+        self.final_norm = final_norm
 
     def default_loss(self):
         return lm_loss()
@@ -127,14 +142,10 @@ class CausalLM(Task):
         """A causal LM with the weights of a Hugging Face GPT-2 folder (`config.json`,
         `model.safetensors`); `kwargs` override constructor arguments. See
         `keras_attn.pretrained.load_pretrained`."""
-        from keras_attn.pretrained import load_pretrained
-
         return load_pretrained(folder, cls, strict=strict, **kwargs)
 
     def save_pretrained(self, folder, tokenizer=None):
         """Writes the Hugging Face GPT-2 layout; see `keras_attn.pretrained.save_pretrained`."""
-        from keras_attn.pretrained import save_pretrained
-
         save_pretrained(self, folder, tokenizer=tokenizer)
 
     def generate(self, prompts, max_new_tokens, **kwargs):
@@ -161,3 +172,6 @@ def build_causal_lm(vocabulary_size, sequence_length, **kwargs):
 def lm_loss(pad_id=0, label_smoothing=0.0):
     """Next-token cross-entropy over logits, ignoring targets equal to `pad_id`."""
     return SparseCrossEntropy(ignore_class=pad_id, label_smoothing=label_smoothing)
+
+
+register_model_class("CausalLM", CausalLM)

@@ -1,6 +1,7 @@
 """BERT-style encoder: token + position + segment embeddings, then Transformer encoder blocks."""
 
 import keras
+from keras import ops
 
 from keras_attn.checks import (
     check_choice,
@@ -14,6 +15,8 @@ from keras_attn.layers.token_and_position_embedding import (
 )
 from keras_attn.layers.transformer_encoder import TransformerEncoder
 from keras_attn.models.task import Task
+from keras_attn.pretrained import load_pretrained, save_pretrained
+from keras_attn.pretrained.registry import register_model_class
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -121,8 +124,8 @@ class Encoder(Task):
         block_kwargs = {}
         if not mask_zero:
             block_kwargs["padding_mask"] = padding_of(inputs, pad_token_id)
-        for i in range(num_layers):
-            x = TransformerEncoder(
+        blocks = [
+            TransformerEncoder(
                 num_heads=num_heads,
                 intermediate_dim=intermediate_dim or 4 * hidden_dim,
                 dropout=dropout,
@@ -130,17 +133,36 @@ class Encoder(Task):
                 normalize_first=normalize_first,
                 layer_norm_epsilon=layer_norm_epsilon,
                 name=f"encoder_block_{i}",
-            )(x, **block_kwargs)
+            )
+            for i in range(num_layers)
+        ]
+        for block in blocks:
+            x = block(x, **block_kwargs)
+        final_norm = None
         if normalize_first:
-            x = keras.layers.LayerNormalization(
+            final_norm = keras.layers.LayerNormalization(
                 epsilon=layer_norm_epsilon, name="final_layer_norm"
-            )(x)
+            )
+            x = final_norm(x)
         pooled = x[:, 0]
         if use_pooler:
             pooled = keras.layers.Dense(hidden_dim, activation="tanh", name="pooler")(pooled)
         outputs = {"sequence_output": x, "pooled_output": pooled}
         super().__init__(inputs, outputs, name=name, **kwargs)
         self._set_config_args(locals())
+        self.embeddings, self.encoder_blocks, self.final_norm = embeddings, blocks, final_norm
+
+    def call_with_attention_scores(self, inputs: dict):
+        """`(sequence_output, {block name: {"self": (batch, heads, T, T)}})` for a dict of
+        inputs built like this encoder's."""
+        inputs = {key: ops.convert_to_tensor(value) for key, value in inputs.items()}
+        segments = (inputs["segment_ids"],) if "segment_ids" in inputs else ()
+        x = self.embeddings(inputs["token_ids"], *segments, start_index=self.position_offset)
+        mask, maps = self.padding_mask(inputs), {}
+        for block in self.encoder_blocks:
+            x, weights = block(x, padding_mask=mask, return_attention_scores=True)
+            maps[block.name] = {"self": weights}
+        return (self.final_norm(x) if self.final_norm is not None else x), maps
 
     def padding_mask(self, inputs):
         """Bool `(batch, seq)` padding mask (`True` = real token) of a dict of inputs built
@@ -155,28 +177,22 @@ class Encoder(Task):
         `kwargs` override the constructor arguments read from `config.json` (`dropout`, …);
         see `keras_attn.pretrained.load_pretrained`.
         """
-        from keras_attn.pretrained import load_pretrained
-
         return load_pretrained(folder, cls, strict=strict, **kwargs)
 
     def save_pretrained(self, folder, tokenizer=None):
         """Writes `config.json`, `model.safetensors` (and `vocab.txt`) in the Hugging Face
         layout; see `keras_attn.pretrained.save_pretrained`."""
-        from keras_attn.pretrained import save_pretrained
-
         save_pretrained(self, folder, tokenizer=tokenizer)
 
     @property
     def token_embedding(self):
         """The `TokenEmbedding` layer (a masked-LM head ties its output projection to it)."""
-        return self.get_layer("embeddings").token_embedding
+        return self.embeddings.token_embedding
 
 
 def padding_of(inputs, pad_token_id=0):
     """Bool padding mask of a dict of encoder inputs: its `padding_mask` input when it has one,
     else `token_ids != pad_token_id`."""
-    from keras import ops
-
     if "padding_mask" in inputs:
         return ops.cast(inputs["padding_mask"], "bool")
     return ops.not_equal(inputs["token_ids"], pad_token_id)
@@ -188,3 +204,6 @@ def encoder_inputs(encoder, leading_shape=()):
         name: keras.Input((*leading_shape, None), dtype="int32", name=name)
         for name in encoder.input
     }
+
+
+register_model_class("Encoder", Encoder)

@@ -1,14 +1,33 @@
-"""Generation with model-level functions: for a `CausalLM` or a user's functional causal LM made
-of our layers (the contract of `keras_attn.decoding.stack`)."""
+"""Generation for causal LMs: a `CausalLM`, or a user's functional causal LM of our layers
+(`keras_attn.models.cached.FunctionalCausalLM`)."""
 
-from keras_attn.decoding import CausalLMRunner
+from keras_attn.decoding import Runner
 from keras_attn.decoding import generate as generate_ids
+from keras_attn.models.cached import cached_causal_lm, model_inputs
+
+
+def causal_runner(model) -> Runner:
+    """The decoding `Runner` of a causal LM, over its cached call."""
+    lm = cached_causal_lm(model)
+
+    def step(token_ids, state, index):
+        logits, caches = lm.call_with_cache(token_ids, state["caches"], index)
+        return logits, {"caches": caches}
+
+    def full(token_ids, state):
+        return model(model_inputs(model, token_ids), training=False)
+
+    def initial_state(rows, max_length):
+        return {"caches": lm.init_cache(len(rows), max_length)}
+
+    vocabulary = lm.token_embedding.vocabulary_size
+    return Runner(model, step, full, initial_state, vocabulary, lm.max_length)
 
 
 def greedy_generate(model, prompts, max_new_tokens, pad_id=0, use_cache=True):
     """Greedy continuation of id prompts of any lengths; see `keras_attn.decoding.generate`."""
     return generate_ids(
-        CausalLMRunner(model), prompts, max_new_tokens, pad_id=pad_id, use_cache=use_cache
+        causal_runner(model), prompts, max_new_tokens, pad_id=pad_id, use_cache=use_cache
     )
 
 
@@ -20,7 +39,7 @@ def generate(model, prompts, max_new_tokens, **kwargs):
     is a real token (`mask_zero=False`, GPT-2), the last id pads the decoding buffer instead
     and is the one never generated.
     """
-    runner = CausalLMRunner(model)
-    if not runner.mask_zero:
-        kwargs.setdefault("pad_id", runner.token_embedding.vocabulary_size - 1)
+    runner = causal_runner(model)
+    if not cached_causal_lm(model).zero_is_padding:
+        kwargs.setdefault("pad_id", runner.vocabulary_size - 1)
     return generate_ids(runner, prompts, max_new_tokens, **kwargs)

@@ -1,5 +1,7 @@
 """Task heads on any `Encoder`: sequence and token classification, span QA, multiple choice."""
 
+import os
+
 import keras
 import numpy as np
 from keras import ops
@@ -45,15 +47,27 @@ class Head(Task):
 
 
 def folder_preprocessor(folder, sequence_length):
-    """The `TextPreprocessor` of a folder's vocabulary, or None (no vocabulary, or no
-    TensorFlow to run the tokenizer: a JAX or PyTorch-only install)."""
+    """BERT's preprocessing for a Hugging Face folder: its WordPiece vocabulary (`vocab.txt` or
+    `tokenizer.json`) and `[CLS] text [SEP]` packed to `sequence_length`. None when the folder
+    has no vocabulary, or TensorFlow is not installed to run the tokenizer (a JAX or
+    PyTorch-only install)."""
+    if not any(os.path.exists(os.path.join(folder, name))
+               for name in ("vocab.txt", "tokenizer.json")):  # fmt: skip
+        return None
     try:
-        from keras_attn.preprocessing.preprocessor import TextPreprocessor
+        from keras_attn.preprocessing import SegmentPacker, TextPreprocessor
+        from keras_attn.tokenizers import WordPieceTokenizer
     except ModuleNotFoundError as error:
         if error.name in ("tensorflow", "tensorflow_text"):
             return None
         raise
-    return TextPreprocessor.from_pretrained(folder, sequence_length)
+    tokenizer = WordPieceTokenizer.from_pretrained(folder)
+    packer = SegmentPacker(
+        sequence_length,
+        start_value=tokenizer.token_to_id("[CLS]"),
+        end_value=tokenizer.token_to_id("[SEP]"),
+    )
+    return TextPreprocessor(tokenizer, packer)
 
 
 def _classify(x, num_classes, dropout, name, output_name="logits"):

@@ -1,6 +1,8 @@
 """Encoder-decoder Transformer (Vaswani et al.), trained with teacher forcing."""
 
 import keras
+import numpy as np
+from keras import ops
 
 from keras_attn.checks import check_choice, check_positive_ints, check_rate
 from keras_attn.layers.embeddings import TokenEmbedding
@@ -94,32 +96,152 @@ class Seq2Seq(Task):
                 target_vocabulary_size, hidden_dim, mask_zero=True, name="decoder_token_embedding"
             )
 
-        def embed(ids, table, side):
+        def positions(side):
+            return position_encoding_layer(position_encoding, sequence_length, f"{side}_positions")
+
+        def embed(ids, table, position_layer, side):
             x = table(ids)
-            positions = position_encoding_layer(
-                position_encoding, sequence_length, f"{side}_positions"
-            )
-            x = keras.layers.Add(name=f"{side}_embeddings_add")([x, positions(x)])
+            x = keras.layers.Add(name=f"{side}_embeddings_add")([x, position_layer(x)])
             return keras.layers.Dropout(dropout, name=f"{side}_embeddings_dropout")(x)
 
-        x = embed(source_ids, source_embedding, "encoder")
-        for i in range(num_encoder_layers):
-            x = TransformerEncoder(**block_args, name=f"encoder_block_{i}")(x)
-        if normalize_first:
-            x = keras.layers.LayerNormalization(epsilon=1e-5, name="encoder_final_norm")(x)
-        encoded = x
-        y = embed(target_ids, target_embedding, "decoder")
-        for i in range(num_decoder_layers):
-            y = TransformerDecoder(**block_args, name=f"decoder_block_{i}")(y, encoded)
-        if normalize_first:
-            y = keras.layers.LayerNormalization(epsilon=1e-5, name="decoder_final_norm")(y)
+        def final_norm(side):
+            if not normalize_first:
+                return None
+            return keras.layers.LayerNormalization(epsilon=1e-5, name=f"{side}_final_norm")
+
+        source_positions, target_positions = positions("encoder"), positions("decoder")
+        encoder_blocks = [TransformerEncoder(**block_args, name=f"encoder_block_{i}")
+                          for i in range(num_encoder_layers)]  # fmt: skip
+        decoder_blocks = [TransformerDecoder(**block_args, name=f"decoder_block_{i}")
+                          for i in range(num_decoder_layers)]  # fmt: skip
+        encoder_norm, decoder_norm = final_norm("encoder"), final_norm("decoder")
+        x = embed(source_ids, source_embedding, source_positions, "encoder")
+        for block in encoder_blocks:
+            x = block(x)
+        encoded = encoder_norm(x) if encoder_norm is not None else x
+        y = embed(target_ids, target_embedding, target_positions, "decoder")
+        for block in decoder_blocks:
+            y = block(y, encoded)
+        if decoder_norm is not None:
+            y = decoder_norm(y)
         logits = float32_logits(target_embedding(y, reverse=True), "logits")
         inputs = {"encoder_token_ids": source_ids, "decoder_token_ids": target_ids}
         super().__init__(inputs, logits, name=name, **kwargs)
         self._set_config_args(locals())
+        # What `encode`, `call_with_cache` and `call_with_attention_scores` run.
+        self.encoder_token_embedding, self.decoder_token_embedding = (
+            source_embedding,
+            target_embedding,
+        )
+        self.encoder_position_embedding = source_positions
+        self.decoder_position_embedding = target_positions
+        self.encoder_blocks, self.decoder_blocks = encoder_blocks, decoder_blocks
+        self.encoder_final_norm, self.decoder_final_norm = encoder_norm, decoder_norm
 
     def default_loss(self):
         return lm_loss()
+
+    @property
+    def max_length(self):
+        """The longest target the position table allows (None: sinusoidal)."""
+        return getattr(self.decoder_position_embedding, "sequence_length", None)
+
+    def encode(self, source_ids, maps=None):
+        """The encoder's output `(batch, S, hidden)` for int ids `(batch, S)` (0 = padding);
+        with a dict `maps`, each block's attention weights are written into it."""
+        source_ids = ops.convert_to_tensor(source_ids, "int32")
+        x = self.encoder_token_embedding(source_ids)
+        x = x + self.encoder_position_embedding(x)
+        mask = ops.not_equal(source_ids, 0)
+        for block in self.encoder_blocks:
+            if maps is None:
+                x = block(x, padding_mask=mask)
+            else:
+                x, weights = block(x, padding_mask=mask, return_attention_scores=True)
+                maps[block.name] = {"self": weights}
+        return self.encoder_final_norm(x) if self.encoder_final_norm is not None else x
+
+    def _embed_targets(self, token_ids, index=0):
+        y = self.decoder_token_embedding(token_ids)
+        return y + self.decoder_position_embedding(y, start_index=index)
+
+    def _logits(self, y):
+        if self.decoder_final_norm is not None:
+            y = self.decoder_final_norm(y)
+        return ops.cast(self.decoder_token_embedding(y, reverse=True), "float32")
+
+    def init_cache(self, encoded, source_ids, max_length: int) -> dict:
+        """The decoding state of rows whose sources are `source_ids` and encoder outputs
+        `encoded`: an empty self-attention cache per block, each block's cross-attention keys
+        and values (projected once), the source mask and ids."""
+        caches = []
+        for block in self.decoder_blocks:
+            attention = block.self_attention
+            heads = attention.num_key_value_heads or attention.num_heads
+            shape = (ops.shape(encoded)[0], 2, max_length, heads, attention.key_dim)
+            caches.append(ops.zeros(shape, dtype=block.compute_dtype))
+        source_ids = ops.convert_to_tensor(source_ids, "int32")
+        return {
+            "caches": caches,
+            "cross_caches": [
+                block.cross_attention.key_value_cache(encoded) for block in self.decoder_blocks
+            ],
+            "source_mask": ops.not_equal(source_ids, 0),
+            "source_ids": source_ids,
+        }
+
+    def call_with_cache(self, token_ids, cache: dict, cache_update_index):
+        """Logits of target `token_ids` placed at `cache_update_index`, and the new state."""
+        y = self._embed_targets(token_ids, cache_update_index)
+        updated = []
+        for block, self_cache, cross_cache in zip(
+            self.decoder_blocks, cache["caches"], cache["cross_caches"], strict=True
+        ):
+            y, self_cache = block(
+                y, self_attention_cache=self_cache,
+                self_attention_cache_update_index=cache_update_index,
+                cross_attention_cache=cross_cache, encoder_padding_mask=cache["source_mask"],
+            )  # fmt: skip
+            updated.append(self_cache)
+        return self._logits(y), {**cache, "caches": updated}
+
+    def call_with_attention_scores(self, inputs: dict):
+        """`(logits, {block name: {"self": …[, "cross": …]}})`: every block's weights."""
+        maps = {}
+        source = ops.convert_to_tensor(inputs["encoder_token_ids"], "int32")
+        target = ops.convert_to_tensor(inputs["decoder_token_ids"], "int32")
+        encoded = self.encode(source, maps)
+        y = self._embed_targets(target)
+        for block in self.decoder_blocks:
+            y, self_weights, cross_weights = block(
+                y, encoded, decoder_padding_mask=ops.not_equal(target, 0),
+                encoder_padding_mask=ops.not_equal(source, 0), return_attention_scores=True,
+            )  # fmt: skip
+            maps[block.name] = {"self": self_weights, "cross": cross_weights}
+        return self._logits(y), maps
+
+    def runner(self, source_ids):
+        """The decoding `Runner` of targets for `source_ids` (a list of id lists): the sources
+        are encoded once, here."""
+        from keras_attn.decoding import Runner, as_prompts
+
+        sources = as_prompts(source_ids)
+        padded = np.zeros((len(sources), max(len(s) for s in sources)), dtype="int32")
+        for row, ids in enumerate(sources):
+            padded[row, : len(ids)] = ids
+        encoded = self.encode(padded)
+
+        def initial_state(rows, max_length):
+            rows = np.asarray(rows, dtype="int32")
+            return self.init_cache(ops.take(encoded, rows, axis=0), padded[rows], max_length)
+
+        def full(token_ids, state):
+            inputs = {"encoder_token_ids": state["source_ids"],
+                      "decoder_token_ids": ops.convert_to_tensor(token_ids)}  # fmt: skip
+            return self(inputs, training=False)
+
+        return Runner(self, self.call_with_cache, full, initial_state,
+                      self.decoder_token_embedding.vocabulary_size, self.max_length)  # fmt: skip
 
     def generate(self, source_ids, max_new_tokens, start_id, **kwargs):
         """Decodes a target for each source id list, starting from `start_id`.
@@ -128,8 +250,7 @@ class Seq2Seq(Task):
         ...). Returns a list with the generated target ids of each source (without the start
         id, and without the stop id that ended it).
         """
-        from keras_attn.decoding import Seq2SeqRunner, generate
+        from keras_attn.decoding import generate
 
-        runner = Seq2SeqRunner(self, source_ids)
-        prompts = [[start_id] for _ in source_ids]
-        return generate(runner, prompts, max_new_tokens, **kwargs)
+        prompts = [[start_id] for _ in range(len(source_ids))]
+        return generate(self.runner(source_ids), prompts, max_new_tokens, **kwargs)

@@ -45,9 +45,8 @@ class TextPreprocessor(PreprocessingLayer):
 
     def __init__(self, tokenizer, packer=None, sequence_length=None, **kwargs):
         super().__init__(**kwargs)
-        from keras_attn.tokenizers import Tokenizer
-
-        if not isinstance(tokenizer, Tokenizer):
+        # Duck-typed: keras_attn.tokenizers sits above this package (its base class is here).
+        if not isinstance(tokenizer, PreprocessingLayer) or not hasattr(tokenizer, "detokenize"):
             raise ValueError(
                 "`tokenizer` must be a keras_attn Tokenizer. "
                 f"Received: tokenizer={type(tokenizer).__name__}"
@@ -73,26 +72,6 @@ class TextPreprocessor(PreprocessingLayer):
         self.tokenizer = tokenizer
         self.packer = packer
         self.sequence_length = sequence_length
-
-    @classmethod
-    def from_pretrained(cls, folder, sequence_length: int):
-        """BERT's preprocessing for a Hugging Face folder: its WordPiece vocabulary
-        (`vocab.txt` or `tokenizer.json`) and `[CLS] text [SEP]` packed to `sequence_length`.
-        `None` when the folder has no vocabulary."""
-        import os
-
-        from keras_attn.tokenizers import WordPieceTokenizer
-
-        if not any(os.path.exists(os.path.join(folder, name))
-                   for name in ("vocab.txt", "tokenizer.json")):  # fmt: skip
-            return None
-        tokenizer = WordPieceTokenizer.from_pretrained(folder)
-        packer = SegmentPacker(
-            sequence_length,
-            start_value=tokenizer.token_to_id("[CLS]"),
-            end_value=tokenizer.token_to_id("[SEP]"),
-        )
-        return cls(tokenizer, packer)
 
     @property
     def max_length(self):

@@ -20,6 +20,7 @@ from keras_attn.pretrained.layouts import (
     architecture_for_config,
     architecture_for_model,
 )
+from keras_attn.pretrained.registry import model_class as registered_class
 
 __all__ = ["load_pretrained", "read_pooling", "read_vocabulary", "save_pretrained"]
 
@@ -34,12 +35,6 @@ def _strip_prefixes(weights, prefixes):
                 break
         out[key] = value
     return out
-
-
-def _model_class(name):
-    from keras_attn.models import CausalLM, Encoder
-
-    return {"Encoder": Encoder, "CausalLM": CausalLM}[name]
 
 
 def _listed(keys, limit=12):
@@ -67,14 +62,15 @@ def load_pretrained(folder, model_class=None, strict=True, **overrides):
     """
     config = read_config(folder)
     architecture = architecture_for_config(config)
-    if model_class is not None and model_class.__name__ != architecture.model_class:
+    expected = registered_class(architecture.model_class)
+    if model_class is not None and not issubclass(model_class, expected):
         raise ValueError(
             f"model_type {config.get('model_type')!r} loads into {architecture.model_class}. "
             f"Received: model_class={model_class.__name__}"
         )
     weights = _strip_prefixes(read_weights(folder), architecture.prefixes)
     kwargs = {**architecture.model_kwargs(config, weights), **overrides}
-    model = (model_class or _model_class(architecture.model_class))(**kwargs)
+    model = (model_class or expected)(**kwargs)
     _copy_in(model, architecture, weights, strict)
     return model
 

@@ -6,6 +6,7 @@ checkpoint key of every variable (`tensors`, built of `keras_attn.pretrained.ten
 which says how one variable is stored).
 """
 
+from keras_attn.pretrained.registry import model_class
 from keras_attn.pretrained.tensors import (
     Tensor,
     attention_block,
@@ -357,7 +358,7 @@ def architecture_for_model(model, model_type=None):
     pooler DistilBERT, else BERT)."""
     if model_type is not None:
         architecture = architecture_for_config({"model_type": model_type})
-    elif type(model).__name__ == "CausalLM":
+    elif isinstance(model, model_class("CausalLM")):
         architecture = ARCHITECTURES[3]
     elif getattr(model, "position_offset", 0):
         architecture = ARCHITECTURES[1]
@@ -365,7 +366,7 @@ def architecture_for_model(model, model_type=None):
         architecture = ARCHITECTURES[2]
     else:
         architecture = ARCHITECTURES[0]
-    if architecture.model_class != type(model).__name__:
+    if not isinstance(model, model_class(architecture.model_class)):
         raise ValueError(
             f"model_type {architecture.model_types[0]!r} is a {architecture.model_class}. "
             f"Received: a {type(model).__name__}"

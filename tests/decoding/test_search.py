@@ -136,8 +136,6 @@ def test_seq2seq_cached_decoding_equals_full_recomputation():
 
 
 def test_seq2seq_cached_logits_equal_full_at_every_step():
-    from keras_attn.decoding import Seq2SeqRunner
-
     model = seq2seq()
     source = SEQ2SEQ_INPUTS["encoder_token_ids"]
     target = SEQ2SEQ_INPUTS["decoder_token_ids"][:, :4]
@@ -145,10 +143,9 @@ def test_seq2seq_cached_logits_equal_full_at_every_step():
     full = keras.ops.convert_to_numpy(
         model({"encoder_token_ids": source, "decoder_token_ids": target}, training=False)
     )
-    runner = Seq2SeqRunner(model, [list(r[r != 0]) for r in source])
-    state = runner.initial_state([0, 1], 4)
+    state = model.init_cache(model.encode(source), source, 4)
     steps = []
     for t in range(4):
-        logits, state = runner.step(target[:, t : t + 1], state, t)
+        logits, state = model.call_with_cache(target[:, t : t + 1], state, t)
         steps.append(keras.ops.convert_to_numpy(logits))
     np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-4)

@@ -261,14 +261,13 @@ def test_models_the_gqa_graph_cannot_express_keep_decode_onnx(tmp_path, monkeypa
     from keras_attn_export.decode_graph import supported
     from keras_attn_serving import Predictor
 
-    from keras_attn.decoding import CausalLMRunner
     from keras_attn.layers.scores import ScaledDotScore
 
     keras.utils.set_random_seed(3)
     lm = CausalLM(40, 16, hidden_dim=16, num_layers=1, num_heads=2)
-    assert supported(CausalLMRunner(lm)) is None
+    assert supported(lm) is None
     monkeypatch.setattr(ScaledDotScore, "is_scaled_dot", False)  # as if another score
-    assert "is not scaled dot" in supported(CausalLMRunner(lm))
+    assert "is not scaled dot" in supported(lm)
     decoding = export_model(lm, tmp_path / "lm", formats=["onnx"], verbose=False)["decoding"]
     assert decoding["file"] == "decode.onnx" and decoding["gqa"]["file"] is None
     assert "is not scaled dot" in decoding["gqa"]["unsupported"]
@@ -328,3 +327,28 @@ def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
     assert native_low_precision("bfloat16", ["amx_bf16", "amx_tile"])
     assert not native_low_precision("bfloat16", ["avx2", "avx512f", "avx512_vnni"])
     assert not native_low_precision("float32", ["avx512_bf16"])
+
+
+def test_a_new_family_decodes_maps_and_exports_with_no_change_outside_it(tmp_path):
+    """The toy family (tests/models/toy_family.py) is one file: cached decoding equals full
+    recomputation, attention maps and both decode graphs come from its own cached call."""
+    from keras_attn_serving import Predictor
+
+    from keras_attn.models import generate
+    from keras_attn.visualization import attention_maps
+    from tests.models.toy_family import ToyDecoderLM
+
+    keras.utils.set_random_seed(5)
+    lm = ToyDecoderLM(37, 24)
+    prompts = [[4, 8, 15, 16], [23, 2]]
+    cached = generate(lm, prompts, 8)
+    assert cached == generate(lm, prompts, 8, use_cache=False)
+    maps = attention_maps(lm, np.array([[4, 8, 15, 16]], "int32"))
+    assert list(maps) == ["block_0", "block_1"] and maps["block_0"]["self"].shape == (1, 4, 4, 4)
+    np.testing.assert_allclose(maps["block_1"]["self"].sum(-1), 1.0, atol=1e-5)
+    manifest = export_model(lm, tmp_path / "toy", formats=["onnx"], task="generate",
+                            verbose=False)  # fmt: skip
+    gqa = manifest["decoding"]["gqa"]
+    assert gqa["file"] == "decode_gqa.onnx" and gqa["kv_heads"] == 2
+    assert gqa["step_logits_max_abs_diff"] <= 1e-4
+    assert Predictor(tmp_path / "toy").generate_ids(prompts, 8) == cached

@@ -1,7 +1,6 @@
 import numpy as np
 import pytest
 
-from keras_attn.decoding import CausalLMRunner
 from keras_attn.models import build_causal_lm, greedy_generate
 from tests.conftest import keras_greedy
 from tests.helpers import to_numpy
@@ -18,12 +17,11 @@ def lm():
 def test_cached_logits_equal_full_recomputation_at_every_step(lm):
     ids = np.random.default_rng(0).integers(1, 50, size=(2, 9)).astype("int32")
     full = lm.predict(ids, verbose=0)
-    runner = CausalLMRunner(lm)
-    state = runner.initial_state([0, 1], 9)
-    logits, state = runner.step(ids[:, :4], state, 0)  # prefill
+    cache = lm.init_cache(2, 9)
+    logits, cache = lm.call_with_cache(ids[:, :4], cache, 0)  # prefill
     steps = [to_numpy(logits)]
     for t in range(4, 9):
-        logits, state = runner.step(ids[:, t : t + 1], state, t)
+        logits, cache = lm.call_with_cache(ids[:, t : t + 1], cache, t)
         steps.append(to_numpy(logits))
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-4)
 

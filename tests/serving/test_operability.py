@@ -13,7 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import numpy as np
 import pytest
-from keras_attn_serving.server import ModelRepository, create_app, parse_settings
+from keras_attn_serving.cli import parse_settings
+from keras_attn_serving.server import ModelRepository, create_app
 
 from tests.serving.test_server import free_port, repository_folder, serve_in_thread, v2_request
 
@@ -133,7 +134,7 @@ def test_logs_are_json_lines_with_fields():
 def test_sigterm_drains_in_flight_requests_then_exits(root):
     port = free_port()
     env = {**os.environ, "KERAS_ATTN_MODEL_REPOSITORY": str(root), "KERAS_ATTN_PORT": str(port)}
-    command = [sys.executable, "-m", "keras_attn_serving.server", "--max-batch-size", "1",
+    command = [sys.executable, "-m", "keras_attn_serving", "--max-batch-size", "1",
                "--batch-workers", "1"]  # fmt: skip
     process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"

@@ -1,0 +1,5 @@
+"""`python -m keras_attn_serving --model-repository DIR`: the same as `keras-attn-serve`."""
+
+from keras_attn_serving.cli import main
+
+main()
