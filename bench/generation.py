@@ -28,7 +28,7 @@ sys.path = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from keras_attn.models import build_causal_lm, greedy_generate  # noqa: E402
+from keras_attn.models import build_causal_lm, generate  # noqa: E402
 
 
 def main():
@@ -53,8 +53,8 @@ def main():
     rng = np.random.default_rng(0)
     prompts = rng.integers(1, 3000, size=(args.batch, args.prompt_length)).tolist()
     paths = {
-        "cached": lambda: greedy_generate(model, prompts, args.new_tokens, use_cache=True),
-        "uncached": lambda: greedy_generate(model, prompts, args.new_tokens, use_cache=False),
+        "cached": lambda: generate(model, prompts, args.new_tokens, use_cache=True),
+        "uncached": lambda: generate(model, prompts, args.new_tokens, use_cache=False),
     }
     if args.onnx:
         # The exported decode graphs driven by serving.Predictor: decode_gqa.onnx

@@ -27,3 +27,15 @@ def check_non_negative_ints(**values):
     for name, value in values.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"`{name}` must be a non-negative integer. Received: {name}={value!r}")
+
+
+# Arguments renamed so that one thing has one name everywhere (issue 25).
+RENAMED = {"sequence_length": "max_sequence_length", "pad_id": "pad_token_id"}
+
+
+def check_renamed(kwargs: dict, names=tuple(RENAMED)) -> None:
+    """`TypeError` naming the new name of any old keyword argument (of `names`) in `kwargs`."""
+    for old in names:
+        if old in kwargs:
+            new = RENAMED[old]
+            raise TypeError(f"`{old}` is now called `{new}`. Received: {old}={kwargs[old]!r}")

@@ -2,4 +2,5 @@
 
 from keras_attn_serving.cli import main
 
-main()
+if __name__ == "__main__":
+    main()

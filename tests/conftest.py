@@ -47,12 +47,12 @@ def toy_artifact(toy_lm, toy_tokenizer, tmp_path_factory):
     return folder, manifest
 
 
-def keras_greedy(model, prompt, steps, pad_id=0):
+def keras_greedy(model, prompt, steps, pad_token_id=0):
     """Reference greedy decoding: one prompt, full recomputation, written independently."""
     ids = list(prompt)
     for _ in range(steps):
         logits = keras.ops.convert_to_numpy(model(np.array([ids], "int32"), training=False))
         last = logits[0, -1].copy()
-        last[pad_id] = -np.inf
+        last[pad_token_id] = -np.inf
         ids.append(int(last.argmax()))
     return ids[len(prompt) :]

@@ -137,7 +137,8 @@ def test_no_import_circle_and_no_deferred_crossing():
                     continue
                 if top != package:
                     allowed = resolved == "keras_attn_serving.manifest" or (
-                        package == "keras_attn_export" and top == "keras_attn")
+                        package == "keras_attn_export" and top == "keras_attn"
+                    )
                     allowed |= (package, resolved) in ALLOWED_CROSSING
                     assert allowed, f"{module} imports {resolved}"
                 if unit(resolved) != unit(module):

@@ -3,12 +3,12 @@
 import numpy as np
 
 
-def lm_windows(documents_ids, sequence_length, pad_id=0):
+def lm_windows(documents_ids, sequence_length, pad_token_id=0):
     """Cuts each document's ids into `(inputs, targets)` windows for next-token prediction.
 
     Every document is split into windows of `sequence_length + 1` ids taken every
     `sequence_length` ids (inputs = window[:-1], targets = window[1:]); a document's last
-    window is padded with `pad_id`, which the loss and metrics ignore. Windows never cross
+    window is padded with `pad_token_id`, which the loss and metrics ignore. Windows never cross
     documents.
 
     Args:
@@ -26,7 +26,7 @@ def lm_windows(documents_ids, sequence_length, pad_id=0):
     for ids in documents_ids:
         ids = np.asarray(ids, dtype=np.int32)
         for start in range(0, max(len(ids) - 1, 0), sequence_length):
-            window = np.full(span, pad_id, dtype=np.int32)
+            window = np.full(span, pad_token_id, dtype=np.int32)
             chunk = ids[start : start + span]
             window[: len(chunk)] = chunk
             windows.append(window)

@@ -3,14 +3,14 @@ hands in a `Runner` of its own callables (`CausalLM.runner()`, `Seq2Seq.runner(.
 
 from keras_attn.decoding.runners import Runner, select_rows
 from keras_attn.decoding.samplers import Sampler, top_k_filter, top_p_filter
-from keras_attn.decoding.search import as_prompts, beam_search, generate, length_normalized
+from keras_attn.decoding.search import as_prompts, beam_search, decode, length_normalized
 
 __all__ = [
     "Runner",
     "Sampler",
     "as_prompts",
     "beam_search",
-    "generate",
+    "decode",
     "length_normalized",
     "select_rows",
     "top_k_filter",

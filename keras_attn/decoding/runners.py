@@ -28,7 +28,7 @@ def compile_step(fn):
 
 def compiled(owner, key, build):
     """`build()` once per `owner` (a model) and `key`: compiled decoding functions outlive one
-    `generate` call, so repeated calls do not trace and compile again. Kept outside Keras's
+    `decode` call, so repeated calls do not trace and compile again. Kept outside Keras's
     attribute tracking."""
     functions = owner.__dict__.get("_keras_attn_compiled")
     if functions is None:

@@ -10,9 +10,9 @@ from keras_attn.decoding.samplers import Sampler, log_softmax
 SAMPLERS = ("greedy", "sample", "beam")
 
 
-def _last_logits(logits, pad_id):
+def _last_logits(logits, pad_token_id):
     last = ops.convert_to_numpy(logits[:, -1]).astype("float64")
-    last[:, pad_id] = -np.inf  # padding is never generated
+    last[:, pad_token_id] = -np.inf  # padding is never generated
     return last
 
 
@@ -51,7 +51,7 @@ def as_prompts(prompts) -> list[list[int]]:
     return out
 
 
-def generate(
+def decode(
     runner,
     prompts,
     max_new_tokens,
@@ -64,7 +64,7 @@ def generate(
     stop_token_ids=(),
     seed=None,
     use_cache=True,
-    pad_id=0,
+    pad_token_id=0,
 ):
     """Continues each prompt by up to `max_new_tokens` ids.
 
@@ -84,7 +84,7 @@ def generate(
             log-probabilities divided by it. `0` ranks by raw log-probability.
         stop_token_ids: ids that end a sequence; they are not returned.
         use_cache: bool. `False` recomputes the whole prefix every step (the reference).
-        pad_id: int. Padding id, never generated. Defaults to `0`.
+        pad_token_id: int. Padding id, never generated. Defaults to `0`.
     Returns:
         list (one per prompt) of lists of new ids.
     """
@@ -134,7 +134,7 @@ def generate(
                 num_beams,
                 length_penalty,
                 stop,
-                pad_id,
+                pad_token_id,
                 use_cache,
             )
             for row, prompt in enumerate(prompts)
@@ -142,7 +142,7 @@ def generate(
     choose = Sampler(sampler, temperature, top_k, top_p, seed)
     lengths = np.array([len(p) for p in prompts])
     width = int(lengths.max()) + max_new_tokens
-    buffer = np.full((len(prompts), width), pad_id, dtype="int32")
+    buffer = np.full((len(prompts), width), pad_token_id, dtype="int32")
     for row, prompt in enumerate(prompts):
         buffer[row, : len(prompt)] = prompt
     start = int(lengths.min())
@@ -152,17 +152,17 @@ def generate(
     if use_cache and sampler == "greedy" and hasattr(runner, "model"):
         buffer, finished = greedy_loop(runner)(
             buffer, lengths.astype("int32"), state, logits[:, -1], position(start),
-            np.asarray(sorted(stop) or [-1], dtype="int32"), pad_id,
+            np.asarray(sorted(stop) or [-1], dtype="int32"), pad_token_id,
         )  # fmt: skip
         return _new_ids(ops.convert_to_numpy(buffer), ops.convert_to_numpy(finished), lengths,
-                        max_new_tokens, stop | {pad_id})  # fmt: skip
+                        max_new_tokens, stop | {pad_token_id})  # fmt: skip
     if not use_cache:
         logits = runner.compiled_full(buffer[:, :start], state)
     finished = np.zeros(len(prompts), dtype=bool)
     for t in range(start, width):
-        chosen = choose(_last_logits(logits, pad_id))
+        chosen = choose(_last_logits(logits, pad_token_id))
         generated = t >= lengths
-        chosen = np.where(finished, pad_id, chosen)
+        chosen = np.where(finished, pad_token_id, chosen)
         buffer[:, t] = np.where(generated, chosen, buffer[:, t])
         finished |= generated & np.isin(chosen, list(stop))
         if finished.all() or t == width - 1:
@@ -171,7 +171,7 @@ def generate(
             logits, state = runner.compiled_step(buffer[:, t : t + 1], state, position(t))
         else:
             logits = runner.compiled_full(buffer[:, : t + 1], state)
-    return _new_ids(buffer, finished, lengths, max_new_tokens, stop | {pad_id})
+    return _new_ids(buffer, finished, lengths, max_new_tokens, stop | {pad_token_id})
 
 
 def _new_ids(buffer, finished, lengths, max_new_tokens, stop):
@@ -193,23 +193,23 @@ def greedy_loop(runner):
     (`runner.model`; runners without a model, such as pure-numpy test runners, use the
     Python loop).
 
-    The Python loop of `generate` pays a call into the backend, a device-to-host copy and
+    The Python loop of `decode` pays a call into the backend, a device-to-host copy and
     numpy work for every token; here the whole continuation runs in the backend, under XLA
-    on TensorFlow. Same rules as `generate`: step `t` writes position `t` of every row whose
+    on TensorFlow. Same rules as `decode`: step `t` writes position `t` of every row whose
     prompt is shorter than `t`; a row stops at its first stop token.
 
-    Returns `fn(buffer, lengths, state, last_logits, t, stop_ids, pad_id) -> (buffer,
+    Returns `fn(buffer, lengths, state, last_logits, t, stop_ids, pad_token_id) -> (buffer,
     finished)`, where `state` and `last_logits` come from prefilling `buffer[:, :t]`.
     """
 
-    def loop(buffer, lengths, state, logits, t, stop_ids, pad_id):
+    def loop(buffer, lengths, state, logits, t, stop_ids, pad_token_id):
         rows, width = buffer.shape
         vocabulary = ops.arange(ops.shape(logits)[-1], dtype="int32")
 
         def body(t, buffer, state, logits, finished):
-            logits = ops.where(vocabulary == pad_id, float("-inf"), logits)
+            logits = ops.where(vocabulary == pad_token_id, float("-inf"), logits)
             chosen = ops.cast(ops.argmax(logits, axis=-1), "int32")
-            chosen = ops.where(finished, pad_id, chosen)
+            chosen = ops.where(finished, pad_token_id, chosen)
             current = ops.squeeze(ops.slice(buffer, (0, t), (rows, 1)), 1)
             generated = t >= lengths
             token = ops.where(generated, chosen, current)
@@ -247,7 +247,15 @@ def length_normalized(score, length, alpha):
 
 
 def beam_search(
-    runner, row, prompt, max_new_tokens, num_beams, length_penalty, stop, pad_id, use_cache=True
+    runner,
+    row,
+    prompt,
+    max_new_tokens,
+    num_beams,
+    length_penalty,
+    stop,
+    pad_token_id,
+    use_cache=True,
 ):
     """Beam search for one prompt; returns the best hypothesis's new ids.
 
@@ -264,7 +272,7 @@ def beam_search(
         logits, state = runner.compiled_step(ids, state, position(0))
     else:
         logits = runner.compiled_full(ids, state)
-    log_probs = log_softmax(_last_logits(logits, pad_id))
+    log_probs = log_softmax(_last_logits(logits, pad_token_id))
     beams, scores = [[]], np.zeros(1)
     finished = []
     for n in range(max_new_tokens):
@@ -295,7 +303,7 @@ def beam_search(
         else:
             prefix = np.asarray([[*prompt, *b] for b in beams], dtype="int32")
             logits = runner.compiled_full(prefix, state)
-        log_probs = log_softmax(_last_logits(logits, pad_id))
+        log_probs = log_softmax(_last_logits(logits, pad_token_id))
     finished += [
         (length_normalized(s, len(b), length_penalty), b)
         for b, s in zip(beams, scores, strict=True)

@@ -2,7 +2,7 @@
 
 from keras_attn.models.causal_lm import CausalLM, build_causal_lm, lm_loss
 from keras_attn.models.encoder import Encoder
-from keras_attn.models.generation import generate, greedy_generate
+from keras_attn.models.generation import generate
 from keras_attn.models.heads import (
     MultipleChoice,
     SequenceClassifier,
@@ -27,7 +27,6 @@ __all__ = [
     "best_spans",
     "build_causal_lm",
     "generate",
-    "greedy_generate",
     "lm_loss",
     "resolve_jit_compile",
 ]

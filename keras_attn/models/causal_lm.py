@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from keras_attn.checks import check_choice, check_positive_ints, check_rate
+from keras_attn.checks import check_choice, check_positive_ints, check_rate, check_renamed
 from keras_attn.layers.embeddings import TokenEmbedding
 from keras_attn.layers.token_and_position_embedding import (
     POSITION_ENCODINGS,
@@ -28,7 +28,7 @@ class CausalLM(CachedCausalLM, Task):
 
     Args:
         vocabulary_size: int. Number of token ids.
-        sequence_length: int. Longest input (size of the learned position table).
+        max_sequence_length: int. Longest input (size of the learned position table).
         hidden_dim: int. Model width. Defaults to `128`.
         num_layers: int. Decoder blocks. Defaults to `2`.
         num_heads: int. Attention heads per block. Defaults to `4`.
@@ -46,12 +46,12 @@ class CausalLM(CachedCausalLM, Task):
             real tokens only, so left-padded rows give the logits of the unpadded ones.
             Defaults to `False` (ids in, padding from `mask_zero`).
     Example:
-        >>> lm = CausalLM(vocabulary_size=100, sequence_length=32, hidden_dim=16)
+        >>> lm = CausalLM(vocabulary_size=100, max_sequence_length=32, hidden_dim=16)
         >>> lm.generate([[5, 6, 7]], max_new_tokens=4)  # four new ids
     """
 
     config_args = (
-        "vocabulary_size", "sequence_length", "hidden_dim", "num_layers", "num_heads",
+        "vocabulary_size", "max_sequence_length", "hidden_dim", "num_layers", "num_heads",
         "intermediate_dim", "dropout", "normalize_first", "activation", "position_encoding",
         "mask_zero", "layer_norm_epsilon", "padding_mask_input",
     )  # fmt: skip
@@ -59,7 +59,7 @@ class CausalLM(CachedCausalLM, Task):
     def __init__(
         self,
         vocabulary_size,
-        sequence_length,
+        max_sequence_length=None,
         hidden_dim=128,
         num_layers=2,
         num_heads=4,
@@ -74,9 +74,10 @@ class CausalLM(CachedCausalLM, Task):
         name="causal_lm",
         **kwargs,
     ):
+        check_renamed(kwargs, ("sequence_length",))
         check_positive_ints(
             vocabulary_size=vocabulary_size,
-            sequence_length=sequence_length,
+            max_sequence_length=max_sequence_length,
             hidden_dim=hidden_dim,
             num_layers=num_layers,
             num_heads=num_heads,
@@ -100,7 +101,7 @@ class CausalLM(CachedCausalLM, Task):
         )
         x = token_embedding(token_ids)
         position_embedding = position_encoding_layer(
-            position_encoding, sequence_length, "position_embedding"
+            position_encoding, max_sequence_length, "position_embedding"
         )
         positions = position_embedding(x, **position_kwargs)
         x = keras.layers.Add(name="embeddings_add")([x, positions])
@@ -153,10 +154,10 @@ class CausalLM(CachedCausalLM, Task):
 
         Keyword arguments: `sampler` ("greedy", "sample" or "beam"), `temperature`, `top_k`,
         `top_p`, `num_beams`, `length_penalty`, `stop_token_ids`, `seed`, `use_cache`,
-        `pad_id`. Returns a list with the new ids of each prompt.
+        `pad_token_id`. Returns a list with the new ids of each prompt.
 
         Raises:
-            ValueError: the longest prompt plus `max_new_tokens` is past `sequence_length`
+            ValueError: the longest prompt plus `max_new_tokens` is past `max_sequence_length`
                 (both numbers named).
         """
         from keras_attn.models.generation import generate
@@ -164,14 +165,15 @@ class CausalLM(CachedCausalLM, Task):
         return generate(self, prompts, max_new_tokens, **kwargs)
 
 
-def build_causal_lm(vocabulary_size, sequence_length, **kwargs):
-    """`CausalLM(vocabulary_size, sequence_length, **kwargs)`: kept for the functional style."""
-    return CausalLM(vocabulary_size, sequence_length, **kwargs)
+def build_causal_lm(vocabulary_size, max_sequence_length, **kwargs):
+    """`CausalLM(vocabulary_size, max_sequence_length, **kwargs)`: kept for the functional
+    style."""
+    return CausalLM(vocabulary_size, max_sequence_length, **kwargs)
 
 
-def lm_loss(pad_id=0, label_smoothing=0.0):
-    """Next-token cross-entropy over logits, ignoring targets equal to `pad_id`."""
-    return SparseCrossEntropy(ignore_class=pad_id, label_smoothing=label_smoothing)
+def lm_loss(pad_token_id=0, label_smoothing=0.0):
+    """Next-token cross-entropy over logits, ignoring targets equal to `pad_token_id`."""
+    return SparseCrossEntropy(ignore_class=pad_token_id, label_smoothing=label_smoothing)
 
 
 register_model_class("CausalLM", CausalLM)

@@ -1,8 +1,8 @@
 """Generation for causal LMs: a `CausalLM`, or a user's functional causal LM of our layers
 (`keras_attn.models.cached.FunctionalCausalLM`)."""
 
-from keras_attn.decoding import Runner
-from keras_attn.decoding import generate as generate_ids
+from keras_attn.checks import check_renamed
+from keras_attn.decoding import Runner, decode
 from keras_attn.models.cached import cached_causal_lm, model_inputs
 
 
@@ -24,22 +24,49 @@ def causal_runner(model) -> Runner:
     return Runner(model, step, full, initial_state, vocabulary, lm.max_length)
 
 
-def greedy_generate(model, prompts, max_new_tokens, pad_id=0, use_cache=True):
-    """Greedy continuation of id prompts of any lengths; see `keras_attn.decoding.generate`."""
-    return generate_ids(
-        causal_runner(model), prompts, max_new_tokens, pad_id=pad_id, use_cache=use_cache
-    )
+def generate(model, prompts, max_new_tokens: int, **kwargs):
+    """Continues prompts with any sampler: the one public `generate` (`CausalLM.generate`
+    calls it). `kwargs` as `keras_attn.decoding.decode` (`sampler`, `temperature`, `top_k`,
+    `top_p`, `num_beams`, `stop_token_ids`, `seed`, `use_cache`, `pad_token_id`).
 
+    Args:
+        model: a `CausalLM`, or a functional causal LM built from our layers.
+        prompts: id lists, a `(batch, seq)` NumPy array or backend tensor; or, for a model
+            with a `preprocessor`, a string or a list of strings.
+        max_new_tokens: int.
+    Returns:
+        a list with the new ids of each prompt; for string prompts, the new text of each.
 
-def generate(model, prompts, max_new_tokens, **kwargs):
-    """Continues id prompts with any sampler; `kwargs` as `keras_attn.decoding.generate`
-    (`sampler`, `temperature`, `top_k`, `top_p`, `num_beams`, `stop_token_ids`, `seed`, ...).
-
-    Works for a `CausalLM` and for a functional causal LM built from our layers. Where id 0
-    is a real token (`mask_zero=False`, GPT-2), the last id pads the decoding buffer instead
-    and is the one never generated.
+    Where id 0 is a real token (`mask_zero=False`, GPT-2), the last id pads the decoding buffer
+    instead and is the one never generated.
     """
+    check_renamed(kwargs, ("pad_id",))
+    text = isinstance(prompts, str) or (
+        isinstance(prompts, (list, tuple)) and bool(prompts)
+        and all(isinstance(p, str) for p in prompts)
+    )  # fmt: skip
+    if text:
+        return _generate_text(model, prompts, max_new_tokens, **kwargs)
     runner = causal_runner(model)
     if not cached_causal_lm(model).zero_is_padding:
-        kwargs.setdefault("pad_id", runner.vocabulary_size - 1)
-    return generate_ids(runner, prompts, max_new_tokens, **kwargs)
+        kwargs.setdefault("pad_token_id", runner.vocabulary_size - 1)
+    return decode(runner, prompts, max_new_tokens, **kwargs)
+
+
+def _generate_text(model, prompts, max_new_tokens, **kwargs):
+    """String prompts through the model's preprocessor: its tokenizer (and the packer's start
+    id, as in training), then the new ids detokenized."""
+    preprocessor = getattr(model, "preprocessor", None)
+    if preprocessor is None:
+        raise ValueError(
+            "`prompts` are strings, and the model has no preprocessor to tokenize them. Pass "
+            "token ids, or give the model `preprocessor=TextPreprocessor(tokenizer, packer)`."
+        )
+    texts = [prompts] if isinstance(prompts, str) else list(prompts)
+    start = getattr(preprocessor.packer, "start_value", None)
+    ids = [([start] if start is not None else []) + row
+           for row in preprocessor.tokenizer(texts).to_list()]  # fmt: skip
+    new = generate(model, ids, max_new_tokens, **kwargs)
+    words = preprocessor.tokenizer.detokenize([row or [0] for row in new])
+    out = [w.decode("utf-8") if row else "" for w, row in zip(words.numpy(), new, strict=True)]
+    return out[0] if isinstance(prompts, str) else out

@@ -4,7 +4,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_attn.checks import check_choice, check_positive_ints, check_rate
+from keras_attn.checks import check_choice, check_positive_ints, check_rate, check_renamed
 from keras_attn.layers.embeddings import TokenEmbedding
 from keras_attn.layers.token_and_position_embedding import (
     POSITION_ENCODINGS,
@@ -29,7 +29,7 @@ class Seq2Seq(Task):
 
     Args:
         vocabulary_size: int. Source vocabulary (and target, when shared).
-        sequence_length: int. Longest source or target (learned position tables).
+        max_sequence_length: int. Longest source or target (learned position tables).
         target_vocabulary_size: optional int. A separate target vocabulary.
         hidden_dim: int. Defaults to `128`.
         num_encoder_layers, num_decoder_layers: ints. Default to `2`.
@@ -44,7 +44,7 @@ class Seq2Seq(Task):
     """
 
     config_args = (
-        "vocabulary_size", "sequence_length", "target_vocabulary_size", "hidden_dim",
+        "vocabulary_size", "max_sequence_length", "target_vocabulary_size", "hidden_dim",
         "num_encoder_layers", "num_decoder_layers", "num_heads", "intermediate_dim", "dropout",
         "activation", "normalize_first", "position_encoding",
     )  # fmt: skip
@@ -52,7 +52,7 @@ class Seq2Seq(Task):
     def __init__(
         self,
         vocabulary_size,
-        sequence_length,
+        max_sequence_length=None,
         target_vocabulary_size=None,
         hidden_dim=128,
         num_encoder_layers=2,
@@ -66,9 +66,10 @@ class Seq2Seq(Task):
         name="seq2seq",
         **kwargs,
     ):
+        check_renamed(kwargs, ("sequence_length",))
         check_positive_ints(
             vocabulary_size=vocabulary_size,
-            sequence_length=sequence_length,
+            max_sequence_length=max_sequence_length,
             hidden_dim=hidden_dim,
             num_encoder_layers=num_encoder_layers,
             num_decoder_layers=num_decoder_layers,
@@ -97,7 +98,9 @@ class Seq2Seq(Task):
             )
 
         def positions(side):
-            return position_encoding_layer(position_encoding, sequence_length, f"{side}_positions")
+            return position_encoding_layer(
+                position_encoding, max_sequence_length, f"{side}_positions"
+            )
 
         def embed(ids, table, position_layer, side):
             x = table(ids)
@@ -144,7 +147,7 @@ class Seq2Seq(Task):
     @property
     def max_length(self):
         """The longest target the position table allows (None: sinusoidal)."""
-        return getattr(self.decoder_position_embedding, "sequence_length", None)
+        return getattr(self.decoder_position_embedding, "max_sequence_length", None)
 
     def encode(self, source_ids, maps=None):
         """The encoder's output `(batch, S, hidden)` for int ids `(batch, S)` (0 = padding);
@@ -250,7 +253,8 @@ class Seq2Seq(Task):
         ...). Returns a list with the generated target ids of each source (without the start
         id, and without the stop id that ended it).
         """
-        from keras_attn.decoding import generate
+        from keras_attn.decoding import decode
 
+        check_renamed(kwargs, ("pad_id",))
         prompts = [[start_id] for _ in range(len(source_ids))]
-        return generate(self.runner(source_ids), prompts, max_new_tokens, **kwargs)
+        return decode(self.runner(source_ids), prompts, max_new_tokens, **kwargs)

@@ -286,7 +286,7 @@ def check_label_array(model, y):
     classes = model.outputs[0].shape[-1]
     if classes is None:
         return
-    ignored = {getattr(model, "ignore_label", None), getattr(model, "pad_id", None)}
+    ignored = {getattr(model, "ignore_label", None), getattr(model, "pad_token_id", None)}
     values = np.unique(y)
     bad = [int(v) for v in values if not 0 <= v < classes and int(v) not in ignored]
     if bad:

@@ -275,7 +275,7 @@ class Gpt2:
             raise ValueError("GPT-2 with scale_attn_weights=false is not supported.")
         return {
             "vocabulary_size": vocab,
-            "sequence_length": positions,
+            "max_sequence_length": positions,
             "hidden_dim": hidden,
             "num_layers": layers,
             "num_heads": heads,
@@ -298,7 +298,7 @@ class Gpt2:
             "n_layer": model.num_layers,
             "n_head": model.num_heads,
             "n_inner": model.intermediate_dim or 4 * model.hidden_dim,
-            "n_positions": model.sequence_length,
+            "n_positions": model.max_sequence_length,
             "activation_function": _hf_activation(model),
             "resid_pdrop": model.dropout,
             "embd_pdrop": model.dropout,

@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import pytest
 
-from keras_attn.decoding import generate, length_normalized
+from keras_attn.decoding import decode, length_normalized
 from keras_attn.models import CausalLM
 from tests.models.model_cases import SEQ2SEQ_INPUTS, seq2seq
 
@@ -44,24 +44,24 @@ class BigramRunner:
 
 def test_greedy_takes_the_likeliest_token_and_stops_at_stop_tokens():
     runner = BigramRunner()
-    assert generate(runner, [[START]], 4) == [[A, A, A, A]]
-    assert generate(BigramRunner(), [[START], [B]], 4, stop_token_ids=[STOP]) == [
+    assert decode(runner, [[START]], 4) == [[A, A, A, A]]
+    assert decode(BigramRunner(), [[START], [B]], 4, stop_token_ids=[STOP]) == [
         [A, A, A, A],
         [],  # B → STOP at once; the stop id is not returned
     ]
     runner = BigramRunner()
-    generate(runner, [[B], [B, B]], 10, stop_token_ids=[STOP])
+    decode(runner, [[B], [B, B]], 10, stop_token_ids=[STOP])
     assert runner.steps == 2  # the loop ends when every row has stopped
 
 
 def test_beam_search_finds_the_likelier_sequence_greedy_misses():
     # Complete sequences: B STOP = 0.4·0.9 = 0.36 beats A STOP = 0.5·0.3 = 0.15 and
     # anything longer through A (≤ 0.5·0.4·0.3 = 0.06).
-    out = generate(BigramRunner(), [[START]], 5, sampler="beam", num_beams=2,
+    out = decode(BigramRunner(), [[START]], 5, sampler="beam", num_beams=2,
                    stop_token_ids=[STOP], length_penalty=0.0)  # fmt: skip
     assert out == [[B]]
-    greedy = generate(BigramRunner(), [[START]], 5, stop_token_ids=[STOP])
-    beam1 = generate(BigramRunner(), [[START]], 5, sampler="beam", num_beams=1,
+    greedy = decode(BigramRunner(), [[START]], 5, stop_token_ids=[STOP])
+    beam1 = decode(BigramRunner(), [[START]], 5, sampler="beam", num_beams=1,
                      stop_token_ids=[STOP])  # fmt: skip
     assert beam1 == greedy == [[A, A, A, A, A]]
 
@@ -75,9 +75,9 @@ def test_length_penalty_pinned():
 def test_length_penalty_changes_the_winner():
     # Without a stop token, hypotheses are cut at max_new_tokens; with STOP reachable, a
     # strong penalty (α large) favours longer finished hypotheses over short ones.
-    short = generate(BigramRunner(), [[START]], 3, sampler="beam", num_beams=3,
+    short = decode(BigramRunner(), [[START]], 3, sampler="beam", num_beams=3,
                      stop_token_ids=[STOP], length_penalty=0.0)  # fmt: skip
-    long = generate(BigramRunner(), [[START]], 3, sampler="beam", num_beams=3,
+    long = decode(BigramRunner(), [[START]], 3, sampler="beam", num_beams=3,
                     stop_token_ids=[STOP], length_penalty=8.0)  # fmt: skip
     assert short == [[B]]
     assert len(long[0]) > 1

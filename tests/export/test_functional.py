@@ -187,7 +187,7 @@ def test_functional_causal_lm_exports_decode_graphs_and_generates(toy_tokenizer,
     from keras_attn_export import export_model
     from keras_attn_serving import Predictor
 
-    from keras_attn.models import greedy_generate
+    from keras_attn.models import generate
     from tests.models.test_generation import functional_lm
 
     model = functional_lm(vocabulary=toy_tokenizer.vocabulary_size(), length=24, tied=tied)
@@ -200,7 +200,7 @@ def test_functional_causal_lm_exports_decode_graphs_and_generates(toy_tokenizer,
     assert decoding["gqa"]["file"] == "decode_gqa.onnx"
     assert decoding["gqa"]["step_logits_max_abs_diff"] <= 1e-4
     prompts = [[5, 6, 7], [9, 3, 12, 4]]
-    assert Predictor(tmp_path / "lm").generate_ids(prompts, 6) == greedy_generate(model, prompts, 6)
+    assert Predictor(tmp_path / "lm").generate_ids(prompts, 6) == generate(model, prompts, 6)
     if not tied:
         return
     # /generate over HTTP: the text of the Keras model's greedy ids on the tokenized prompt.
@@ -214,7 +214,7 @@ def test_functional_causal_lm_exports_decode_graphs_and_generates(toy_tokenizer,
         stop()
     assert response.status_code == 200, response.text
     prompt = toy_tokenizer.tokenize("to be or not").numpy().tolist()
-    new = greedy_generate(model, [prompt], 5)[0]
+    new = generate(model, [prompt], 5)[0]
     expected = toy_tokenizer.detokenize(prompt + new).numpy().decode()
     assert response.json()["token_ids"] == new
     assert response.json()["text_output"] == expected[len("to be or not") :].lstrip()

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from keras_attn.models import build_causal_lm, greedy_generate
+from keras_attn.models import build_causal_lm, generate
 from tests.conftest import keras_greedy
 from tests.helpers import to_numpy
 
@@ -28,8 +28,8 @@ def test_cached_logits_equal_full_recomputation_at_every_step(lm):
 
 def test_cached_greedy_equals_uncached_and_the_reference(lm):
     prompts = [[5, 6, 7], [9, 3, 12, 4, 8], [2]]  # three lengths in one batch
-    cached = greedy_generate(lm, prompts, 6)
-    assert cached == greedy_generate(lm, prompts, 6, use_cache=False)
+    cached = generate(lm, prompts, 6)
+    assert cached == generate(lm, prompts, 6, use_cache=False)
     assert cached == [keras_greedy(lm, p, 6) for p in prompts]
     assert cached == lm.generate(prompts, 6)
     assert all(len(c) == 6 and 0 not in c for c in cached)
@@ -37,7 +37,7 @@ def test_cached_greedy_equals_uncached_and_the_reference(lm):
 
 def test_errors(lm):
     with pytest.raises(ValueError, match="prompts"):
-        greedy_generate(lm, [[]], 3)
+        generate(lm, [[]], 3)
     with pytest.raises(ValueError, match="max_new_tokens"):
         lm.generate([[1]], 0)
     with pytest.raises(ValueError, match="sampler"):
@@ -72,9 +72,9 @@ def test_functional_causal_lm_generates_like_full_recomputation(tied):
 
     model = functional_lm(tied=tied)
     prompts = [[5, 6, 7], [9, 3, 12, 4, 8]]
-    cached = greedy_generate(model, prompts, 5)
+    cached = generate(model, prompts, 5)
     assert cached == [keras_greedy(model, p, 5) for p in prompts]
-    assert cached == greedy_generate(model, prompts, 5, use_cache=False)
+    assert cached == generate(model, prompts, 5, use_cache=False)
     sampled = generate(model, prompts, 5, sampler="sample", top_k=5, seed=1)
     assert sampled == generate(
         model, prompts, 5, sampler="sample", top_k=5, seed=1, use_cache=False
@@ -97,7 +97,7 @@ def test_functional_causal_lm_attention_maps_are_causal():
 
 def test_functional_model_outside_the_contract_is_refused():
     with pytest.raises(ValueError, match="cached decoding needs a causal LM made of"):
-        greedy_generate(functional_lm(extra_layer=True), [[5, 6]], 2)
+        generate(functional_lm(extra_layer=True), [[5, 6]], 2)
 
 
 @pytest.mark.parametrize("sampler", ["greedy", "sample", "beam"])

@@ -348,3 +348,19 @@ def test_generate_takes_arrays_and_refuses_sampling_options_on_greedy():
         lm.generate(np.array([[5.5, 6.0]]), 6)
     with pytest.raises(ValueError, match="2-D array"):
         lm.generate(np.array([5, 6, 7]), 6)
+
+
+def test_old_argument_names_raise_a_type_error_naming_the_new_one():
+    """One vocabulary: `max_sequence_length` for every model, `pad_token_id` for padding."""
+    from keras_attn.models import CausalLM, Seq2Seq, generate
+
+    with pytest.raises(TypeError, match="`sequence_length` is now called `max_sequence_length`"):
+        CausalLM(40, sequence_length=16)
+    with pytest.raises(TypeError, match="`sequence_length` is now called `max_sequence_length`"):
+        Seq2Seq(40, sequence_length=16)
+    lm = CausalLM(40, max_sequence_length=16, hidden_dim=8, num_layers=1, num_heads=2)
+    assert lm.get_config()["max_sequence_length"] == 16
+    with pytest.raises(TypeError, match="`pad_id` is now called `pad_token_id`"):
+        generate(lm, [[5, 6]], 2, pad_id=0)
+    with pytest.raises(TypeError, match="`pad_id` is now called `pad_token_id`"):
+        lm.generate([[5, 6]], 2, pad_id=0)

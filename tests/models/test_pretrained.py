@@ -385,6 +385,6 @@ def test_left_padded_rows_give_the_unpadded_logits(tmp_path):
         expected = ref.gpt2_forward(weights, np.array([ids]), LAYERS, HEADS)[0]
         assert np.abs(logits[row, -len(ids) :] - expected).max() <= 1e-5
     # Generation feeds the model its own all-ones mask; cached = full recomputation.
-    from keras_attn.models import greedy_generate
+    from keras_attn.models import generate
 
-    assert greedy_generate(model, rows, 3) == greedy_generate(model, rows, 3, use_cache=False)
+    assert generate(model, rows, 3) == generate(model, rows, 3, use_cache=False)
