@@ -23,10 +23,15 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+# The layer and model suites under all three backends: TensorFlow runs everything; JAX and
+# PyTorch run what does not need TensorFlow (tf_only: SavedModel, tf.data, tf-text).
+BACKEND_TESTS := tests/layers tests/models tests/decoding tests/metrics tests/test_losses.py \
+	tests/test_optimizers.py tests/test_visualization.py
 test: lint
 	$(PY) -m pytest -n 2 -q
+	KERAS_BACKEND=torch $(PY) -m pytest -n 2 -q $(BACKEND_TESTS) -m "not tf_only"
 	KERAS_BACKEND=jax $(PY) -m pytest -n 2 -q tests/layers tests/models/test_pretrained.py \
-		-m "not tf_only"
+		tests/decoding tests/test_visualization.py -m "not tf_only"
 
 # The server fuzz suite, longer and random (make test runs it bounded and derandomized).
 fuzz: $(STAMP)

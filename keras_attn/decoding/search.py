@@ -150,9 +150,12 @@ def decode(
     if use_cache:
         logits, state = runner.compiled_step(buffer[:, :start], state, position(0))
     if use_cache and sampler == "greedy" and hasattr(runner, "model"):
+        # Backend tensors in: PyTorch compares a tensor with a NumPy array by neither rule.
+        tensor = ops.convert_to_tensor
         buffer, finished = greedy_loop(runner)(
-            buffer, lengths.astype("int32"), state, logits[:, -1], position(start),
-            np.asarray(sorted(stop) or [-1], dtype="int32"), pad_token_id,
+            tensor(buffer), tensor(lengths.astype("int32")), state, logits[:, -1],
+            position(start), tensor(np.asarray(sorted(stop) or [-1], dtype="int32")),
+            pad_token_id,
         )  # fmt: skip
         return _new_ids(ops.convert_to_numpy(buffer), ops.convert_to_numpy(finished), lengths,
                         max_new_tokens, stop | {pad_token_id})  # fmt: skip

@@ -14,11 +14,13 @@ def gelu(x):
     Written out rather than `keras.activations.gelu`: TensorFlow's own gelu lowers to an `Erfc`
     op that tf2onnx cannot convert (the ONNX file it writes then fails to load); `Erf` converts.
     """
+    x = ops.convert_to_tensor(x)  # NumPy in: `ndarray * tensor` fails on PyTorch
     return 0.5 * x * (1.0 + ops.erf(x * (1.0 / math.sqrt(2.0))))
 
 
 def gelu_tanh(x):
     """GELU's tanh approximation (GPT-2, BERT's original code)."""
+    x = ops.convert_to_tensor(x)
     inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)
     return 0.5 * x * (1.0 + ops.tanh(inner))
 

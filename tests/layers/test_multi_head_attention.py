@@ -331,6 +331,8 @@ def test_attend_per_head_gradient_equals_automatic_differentiation_of_batched_at
     }[masks]
     # The batched pass averages rows with no visible key; the per-head path gives zeros there.
     visible = 1.0 if mask is None else mask.any(-1)[:, None, :, None].astype("float32")
+    # Tensors, not NumPy: `ndarray * torch.Tensor` would read the tensor through NumPy.
+    upstream, visible = keras.ops.convert_to_tensor(upstream), keras.ops.convert_to_tensor(visible)
 
     def ours(q, k, v):
         return keras.ops.sum(attend_per_head(q, k, v, mask) * upstream)

@@ -29,6 +29,7 @@ def finish(process):
 
 
 @pytest.mark.slow
+@pytest.mark.tf_only
 def test_multi_worker_mirrored_strategy_on_two_local_workers(tmp_path):
     runs = [start(tmp_path, "one"), start(tmp_path, "two", "--workers", "2")]
     for run in runs:

@@ -10,6 +10,7 @@ from safetensors.numpy import load_file, save_file
 
 from keras_attn.models import CausalLM, Encoder, SequenceClassifier
 from keras_attn.pretrained import load_pretrained, read_pooling, save_pretrained
+from tests.helpers import to_numpy
 from tests.models import numpy_transformers as ref
 
 SENTENCES = [
@@ -243,7 +244,7 @@ def test_layout_matches_numpy_forward_and_round_trips(layout, tmp_path):
     if layout == "gpt2":
         assert isinstance(model, CausalLM)
         token_ids = RNG.integers(0, VOCAB, size=(2, 9)).astype("int32")  # id 0 is a real token
-        ours = np.asarray(model(token_ids), "float64")
+        ours = to_numpy(model(token_ids)).astype("float64")
         expected = ref.gpt2_forward(weights, token_ids, LAYERS, HEADS)
         assert np.abs(ours - expected).max() <= 1e-5
         generated = model.generate([[5, 0, 7]], max_new_tokens=3, seed=0)[0]
@@ -258,7 +259,7 @@ def test_layout_matches_numpy_forward_and_round_trips(layout, tmp_path):
         if "segment_ids" in model.input:
             segment_ids[:, 4:] = config["type_vocab_size"] - 1
             inputs["segment_ids"] = segment_ids
-        ours = np.asarray(model(inputs)["sequence_output"], "float64")
+        ours = to_numpy(model(inputs)["sequence_output"]).astype("float64")
         keys = ref.DISTILBERT_KEYS if layout == "distilbert" else ref.BERT_KEYS
         epsilon = config.get("layer_norm_eps", 1e-12)
         expected = ref.bert_forward(
@@ -277,7 +278,7 @@ def test_layout_matches_numpy_forward_and_round_trips(layout, tmp_path):
     assert {k: config_out[k] for k in config} == config
     again = load_pretrained(tmp_path / "out", dropout=0.0)
     for a, b in zip(again.weights, model.weights, strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
 
 
 def test_roberta_pads_with_one_and_id_zero_is_a_real_token(tmp_path):
@@ -285,10 +286,10 @@ def test_roberta_pads_with_one_and_id_zero_is_a_real_token(tmp_path):
     write_checkpoint(tmp_path, config, make_weights())
     model = Encoder.from_pretrained(tmp_path, dropout=0.0)
     token_ids = np.array([[0, 5, 6, 1, 1], [0, 5, 6, 7, 8]], "int32")
-    out = np.asarray(
+    out = to_numpy(
         model({"token_ids": token_ids, "segment_ids": np.zeros_like(token_ids)})["sequence_output"]
     )
-    alone = np.asarray(
+    alone = to_numpy(
         model({"token_ids": token_ids[:1, :3], "segment_ids": np.zeros((1, 3), "int32")})[
             "sequence_output"
         ]
@@ -304,11 +305,11 @@ def test_explicit_padding_mask_input_equals_automatic_mask(tmp_path):
     explicit = Encoder.from_pretrained(tmp_path, dropout=0.0, padding_mask_input=True)
     token_ids, padding = _inputs(0)
     segments = np.zeros_like(token_ids)
-    a = np.asarray(automatic({"token_ids": token_ids, "segment_ids": segments})["sequence_output"])
+    a = to_numpy(automatic({"token_ids": token_ids, "segment_ids": segments})["sequence_output"])
     b = explicit(
         {"token_ids": token_ids, "segment_ids": segments, "padding_mask": padding.astype("int32")}
     )
-    np.testing.assert_allclose(np.asarray(b["sequence_output"])[padding], a[padding], atol=1e-6)
+    np.testing.assert_allclose(to_numpy(b["sequence_output"])[padding], a[padding], atol=1e-6)
 
 
 def test_pickled_checkpoint_is_refused(tmp_path):
@@ -380,7 +381,7 @@ def test_left_padded_rows_give_the_unpadded_logits(tmp_path):
     rows = [[5, 0, 7, 9], [3, 4]]
     token_ids = np.array([[5, 0, 7, 9], [1, 1, 3, 4]], "int32")  # row 2 left-padded with 1s
     padding = np.array([[1, 1, 1, 1], [0, 0, 1, 1]], "int32")
-    logits = np.asarray(model({"token_ids": token_ids, "padding_mask": padding}), "float64")
+    logits = to_numpy(model({"token_ids": token_ids, "padding_mask": padding})).astype("float64")
     for row, ids in enumerate(rows):
         expected = ref.gpt2_forward(weights, np.array([ids]), LAYERS, HEADS)[0]
         assert np.abs(logits[row, -len(ids) :] - expected).max() <= 1e-5
