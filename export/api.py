@@ -10,6 +10,7 @@ from keras_attn_export.atomic import replace, temporary_folder
 from keras_attn_export.compare import parity_rows, sweep, text_parity
 from keras_attn_export.describe import (
     check_labels,
+    embedding_spec,
     layer_attribute,
     max_sequence_length,
     model_input_ranges,
@@ -275,6 +276,7 @@ def _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantiz
                 "task": task,
                 "labels": labels,
                 "packer": packer_spec(packer),
+                "embedding": embedding_spec(model, task),
                 "onnx": onnx_info or None,
                 "saved_model": (
                     {"folder": "saved_model", "signatures": signatures} if saved else None

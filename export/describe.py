@@ -113,6 +113,13 @@ def check_labels(model, labels, task):
         )
 
 
+def embedding_spec(model, task):
+    """The manifest's `embedding`: an embedding model's own pooling (an `Encoder`'s
+    `embedding_pooling`, from its checkpoint), which `/embed` applies by default; or None."""
+    pooling = getattr(model, "embedding_pooling", None)
+    return dict(pooling) if task == "embed" and pooling else None
+
+
 def packer_spec(packer):
     """The manifest's `packer`: what the server adds around one text's ids, or `None`."""
     from keras_attn.preprocessing import SegmentPacker, StartEndPacker

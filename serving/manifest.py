@@ -50,6 +50,13 @@ class PackerSpec(_Strict):
     pad_value: int | None
 
 
+class EmbeddingSpec(_Strict):
+    """How `/embed` pools by default: the checkpoint's own sentence-transformers pooling."""
+
+    pooling: Literal["mean", "cls"]
+    normalize: bool
+
+
 class OnnxInfo(_Strict):
     file: str
     opset: int
@@ -131,6 +138,7 @@ class Manifest(_Strict):
     task: Literal[TASKS] | None
     labels: list[str] | None
     packer: PackerSpec | None
+    embedding: EmbeddingSpec | None = None
     onnx: OnnxInfo | None
     saved_model: SavedModelInfo | None
     tokenizer: str | None

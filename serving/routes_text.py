@@ -72,10 +72,11 @@ async def tag(name: str, request: Request, version: str | None = None):
 @router.post("/v2/models/{name}/versions/{version}/embed")
 async def embed(name: str, request: Request, version: str | None = None):
     header, model, outputs, packed, parameters = await text_outputs(request, name, version, "embed")
-    normalize = parameters.get("normalize", False)
+    normalize = parameters.get("normalize", model.embedding["normalize"])
     if not isinstance(normalize, bool):
         raise ServingError(400, f"`normalize` must be true or false; received {normalize!r}"[:200])
-    vectors = model.embed(outputs, packed, parameters.get("pooling", "mean"), normalize)
+    pooling = parameters.get("pooling", model.embedding["pooling"])
+    vectors = model.embed(outputs, packed, pooling, normalize)
     return {**header, "embeddings": vectors}
 
 

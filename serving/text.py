@@ -36,6 +36,9 @@ class TextModel:
         self.task = manifest.task
         self.labels = manifest.labels
         self.packer = manifest.packer.model_dump() if manifest.packer else {}
+        # `/embed`'s defaults: the checkpoint's pooling when it named one, else mean, raw.
+        self.embedding = (manifest.embedding.model_dump() if manifest.embedding
+                          else {"pooling": "mean", "normalize": False})  # fmt: skip
         self.tokenizer = predictor.tokenizer
         self.input_names = list(predictor.inputs)
         # A model exported with a fixed sequence axis (a packer inside a user's model) takes

@@ -15,7 +15,7 @@ from keras_attn.layers.token_and_position_embedding import (
 )
 from keras_attn.layers.transformer_encoder import TransformerEncoder
 from keras_attn.models.task import Task
-from keras_attn.pretrained import load_pretrained, save_pretrained
+from keras_attn.pretrained import load_pretrained, read_pooling, save_pretrained
 from keras_attn.pretrained.registry import register_model_class
 
 
@@ -52,6 +52,10 @@ class Encoder(Task):
             tables start at `2`. Defaults to `0`.
         use_pooler: bool. BERT's tanh pooler; without it (DistilBERT) `pooled_output` is the
             first position's hidden state. Defaults to `True`.
+        embedding_pooling: optional `{"pooling": "mean" | "cls", "normalize": bool}`: how a
+            sentence embedding is made from the outputs (sentence-transformers' pooling,
+            which `from_pretrained` reads from the folder); the server's `/embed` uses it
+            by default. Defaults to `None` (mean pooling, not normalized).
     Example:
         >>> encoder = Encoder(vocabulary_size=1000, hidden_dim=64)
         >>> encoder({"token_ids": ids, "segment_ids": segments})["pooled_output"].shape
@@ -62,7 +66,7 @@ class Encoder(Task):
         "vocabulary_size", "max_sequence_length", "hidden_dim", "num_layers", "num_heads",
         "intermediate_dim", "dropout", "num_segments", "activation", "normalize_first",
         "layer_norm_epsilon", "position_encoding", "pad_token_id", "padding_mask_input",
-        "position_offset", "use_pooler",
+        "position_offset", "use_pooler", "embedding_pooling",
     )  # fmt: skip
 
     def __init__(
@@ -83,6 +87,7 @@ class Encoder(Task):
         padding_mask_input=False,
         position_offset=0,
         use_pooler=True,
+        embedding_pooling=None,
         name="encoder",
         **kwargs,
     ):
@@ -98,6 +103,16 @@ class Encoder(Task):
         check_rate("dropout", dropout)
         check_choice("position_encoding", position_encoding, POSITION_ENCODINGS)
         check_non_negative_ints(pad_token_id=pad_token_id, position_offset=position_offset)
+        if embedding_pooling is not None and (
+            not isinstance(embedding_pooling, dict)
+            or embedding_pooling.get("pooling") not in ("mean", "cls")
+            or not isinstance(embedding_pooling.get("normalize"), bool)
+            or len(embedding_pooling) != 2
+        ):
+            raise ValueError(
+                '`embedding_pooling` must be None or {"pooling": "mean" | "cls", "normalize": '
+                f"bool}}. Received: embedding_pooling={embedding_pooling!r}"
+            )
         token_ids = keras.Input((None,), dtype="int32", name="token_ids")
         inputs = {"token_ids": token_ids}
         # BERT's padding (id 0, no mask input) travels by Keras mask propagation; any other
@@ -177,6 +192,9 @@ class Encoder(Task):
         `kwargs` override the constructor arguments read from `config.json` (`dropout`, …);
         see `keras_attn.pretrained.load_pretrained`.
         """
+        pooling = read_pooling(folder)
+        if pooling is not None and pooling["pooling"] in ("mean", "cls"):
+            kwargs.setdefault("embedding_pooling", pooling)
         return load_pretrained(folder, cls, strict=strict, **kwargs)
 
     def save_pretrained(self, folder, tokenizer=None):

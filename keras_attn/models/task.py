@@ -75,6 +75,11 @@ class Task(keras.Model):
         super().__init__(inputs, outputs, name=name, **kwargs)
         self.preprocessor = preprocessor
 
+    def __call__(self, inputs, *args, **kwargs):
+        if isinstance(inputs, dict) and isinstance(self.input, dict):
+            inputs = complete_inputs(self, inputs)
+        return super().__call__(inputs, *args, **kwargs)
+
     @property
     def layers(self):
         # The preprocessor is an attribute (saved with the task), not a layer of the graph.
@@ -181,6 +186,32 @@ class Task(keras.Model):
 def float32_logits(x, name):
     """Logits leave the model as float32 under mixed precision (stable softmax and loss)."""
     return keras.layers.Activation("linear", dtype="float32", name=name)(x)
+
+
+# Hugging Face's input names, and ours.
+HF_INPUT_NAMES = {"input_ids": "token_ids", "token_type_ids": "segment_ids",
+                  "attention_mask": "padding_mask"}  # fmt: skip
+
+
+def complete_inputs(model, inputs: dict) -> dict:
+    """`inputs` for a model taking a dict: all-zero `segment_ids` filled in when only
+    `token_ids` came (one segment, BERT's default); Hugging Face names refused with the
+    names to use."""
+    hf = sorted(set(inputs) & set(HF_INPUT_NAMES) - set(model.input))
+    if hf:
+        renames = ", ".join(f"{name} → {HF_INPUT_NAMES[name]}" for name in hf)
+        hint = ""
+        if "attention_mask" in hf and "padding_mask" not in model.input:
+            hint = "; `padding_mask` needs a model built with `padding_mask_input=True`"
+        raise ValueError(
+            f"`inputs` uses Hugging Face names {hf}; this model takes {sorted(model.input)}. "
+            f"Rename {renames}{hint}."
+        )
+    if "segment_ids" in model.input and "segment_ids" not in inputs and "token_ids" in inputs:
+        ids = inputs["token_ids"]
+        zeros = np.zeros_like(ids) if isinstance(ids, np.ndarray) else keras.ops.zeros_like(ids)
+        inputs = {**inputs, "segment_ids": zeros}
+    return inputs
 
 
 def is_text(x) -> bool:

@@ -364,3 +364,24 @@ def test_old_argument_names_raise_a_type_error_naming_the_new_one():
         generate(lm, [[5, 6]], 2, pad_id=0)
     with pytest.raises(TypeError, match="`pad_id` is now called `pad_token_id`"):
         lm.generate([[5, 6]], 2, pad_id=0)
+
+
+def test_encoder_fills_one_segment_and_names_hugging_face_inputs():
+    """`encoder({"token_ids": ids})` failed for want of an all-zero `segment_ids`; HF names got
+    no hint."""
+    from keras_attn.models import Encoder, SequenceClassifier
+
+    keras.utils.set_random_seed(0)
+    encoder = Encoder(30, 8, hidden_dim=8, num_layers=1, num_heads=2, dropout=0.0)
+    ids = np.array([[2, 5, 7, 0]], dtype="int32")
+    both = encoder({"token_ids": ids, "segment_ids": np.zeros_like(ids)})["sequence_output"]
+    alone = encoder({"token_ids": ids})["sequence_output"]
+    np.testing.assert_array_equal(to_numpy(alone), to_numpy(both))
+    classifier = SequenceClassifier(encoder, 2)
+    assert classifier.predict({"token_ids": ids}, verbose=0).shape == (1, 2)
+    with pytest.raises(
+        ValueError,
+        match=r"Rename attention_mask → padding_mask, input_ids → "
+        r"token_ids; `padding_mask` needs a model built with `padding_mask_inp",
+    ):
+        encoder({"input_ids": ids, "attention_mask": np.ones_like(ids)})

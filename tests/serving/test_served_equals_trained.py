@@ -83,3 +83,43 @@ def test_raw_text_without_a_preprocessor_names_the_fix(fine_tuned):
     bare = SequenceClassifier(model.encoder, 3, dropout=0.0)
     with pytest.raises(ValueError, match="has no preprocessor to tokenize it"):
         bare.predict(["a tweet"], verbose=0)
+
+
+def test_embed_applies_the_checkpoints_own_pooling_by_default(tmp_path):
+    """all-MiniLM-L6-v2's folder says mean pooling, then L2 normalization: `/embed` returned
+    unnormalized vectors before. A request's `parameters` still override it."""
+    from keras_attn_export import export_model
+
+    from keras_attn.models import Encoder
+    from keras_attn.preprocessing import SegmentPacker, TextPreprocessor
+    from keras_attn.tokenizers import WordPieceTokenizer
+
+    encoder = Encoder.from_pretrained(checkpoint_folder(), dropout=0.0)
+    assert encoder.embedding_pooling == {"pooling": "mean", "normalize": True}
+    tokenizer = WordPieceTokenizer.from_pretrained(checkpoint_folder())
+    encoder.preprocessor = TextPreprocessor(
+        tokenizer, SegmentPacker(32, tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]"))
+    )
+    manifest = export_model(encoder, tmp_path / "repo" / "minilm" / "1", formats=["onnx"],
+                            verbose=False)  # fmt: skip
+    assert manifest.embedding.model_dump() == {"pooling": "mean", "normalize": True}
+    texts = ["A man is playing a guitar.", "The weather is lovely today"]
+    features = encoder.preprocessor(texts)
+    inputs = {k: features[k] for k in ("token_ids", "segment_ids")}
+    hidden = keras.ops.convert_to_numpy(encoder(inputs)["sequence_output"])
+    real = keras.ops.convert_to_numpy(features["padding_mask"])[..., None]
+    mean = (hidden * real).sum(1) / real.sum(1)
+    url, stop = serve_in_thread(create_app(ModelRepository(tmp_path / "repo")))
+    try:
+        default = httpx.post(f"{url}/v2/models/minilm/embed", json={"text_input": texts},
+                             timeout=60).json()["embeddings"]  # fmt: skip
+        raw = httpx.post(
+            f"{url}/v2/models/minilm/embed",
+            timeout=60,
+            json={"text_input": texts, "parameters": {"normalize": False}},
+        ).json()["embeddings"]
+    finally:
+        stop()
+    np.testing.assert_allclose(default, mean / np.linalg.norm(mean, axis=-1, keepdims=True),
+                               atol=1e-5)  # fmt: skip
+    np.testing.assert_allclose(raw, mean, atol=1e-4)
