@@ -33,8 +33,9 @@ class Predictor:
         verify: check every file's sha256 against the manifest first. Defaults to `True`.
         num_threads: onnxruntime intra-op threads; defaults to onnxruntime's choice.
     Example:
-        >>> p = Predictor("artifacts/shakespeare_lm")
-        >>> p.generate(["to be or not to be"], max_new_tokens=10)
+        >>> # Skipped in the doctest run: it needs an exported folder (make demo writes one).
+        >>> p = Predictor("artifacts/shakespeare_lm")  # doctest: +SKIP
+        >>> p.generate(["to be or not to be"], max_new_tokens=10)  # doctest: +SKIP
     """
 
     def __init__(self, folder, verify=True, num_threads=None):

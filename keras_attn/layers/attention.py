@@ -203,7 +203,7 @@ class Attention(keras.layers.Layer):
         `(batch, T, d_v or value_dim)`, and the weights when asked for.
     Example:
         >>> enc = keras.random.normal((2, 7, 16)); state = keras.random.normal((2, 1, 16))
-        >>> Attention(score="additive")(state, enc).shape
+        >>> tuple(Attention(score="additive")(state, enc).shape)
         (2, 1, 16)
     """
 

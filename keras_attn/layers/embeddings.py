@@ -41,7 +41,7 @@ class TokenEmbedding(keras.layers.Layer):
         `(batch, seq_len, embedding_dim)`, or logits `(..., vocabulary_size)` with `reverse`.
     Example:
         >>> emb = TokenEmbedding(100, 16, mask_zero=True)
-        >>> h = emb(ops.array([[5, 7, 0]])); emb(h, reverse=True).shape
+        >>> h = emb(ops.array([[5, 7, 0]])); tuple(emb(h, reverse=True).shape)
         (1, 3, 100)
     """
 

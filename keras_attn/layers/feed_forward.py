@@ -58,7 +58,7 @@ class FeedForward(keras.layers.Layer):
     Returns:
         `(..., output_dim or dim)`.
     Example:
-        >>> FeedForward(64, activation="gelu")(keras.random.normal((2, 5, 16))).shape
+        >>> tuple(FeedForward(64, activation="gelu")(keras.random.normal((2, 5, 16))).shape)
         (2, 5, 16)
     """
 

@@ -24,7 +24,8 @@ def causal_mask(query_length, key_length=None, offset=0):
     Returns:
         bool tensor `(1, T, S)`.
     Example:
-        >>> causal_mask(2, 3, offset=1)[0]  # [[True, True, False], [True, True, True]]
+        >>> ops.convert_to_numpy(causal_mask(2, 3, offset=1)[0]).tolist()
+        [[True, True, False], [True, True, True]]
     """
     if isinstance(offset, int) and offset < 0:
         raise ValueError(f"`offset` must be >= 0. Received: offset={offset}")

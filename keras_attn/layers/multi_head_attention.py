@@ -76,7 +76,7 @@ class MultiHeadAttention(keras.layers.Layer):
         With a cache, the updated cache comes last.
     Example:
         >>> x = keras.random.normal((2, 8, 64))
-        >>> MultiHeadAttention(num_heads=4, key_dim=16)(x).shape
+        >>> tuple(MultiHeadAttention(num_heads=4, key_dim=16)(x).shape)
         (2, 8, 64)
     """
 

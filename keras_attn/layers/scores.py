@@ -58,7 +58,8 @@ class DotScore(Score):
     """Dot-product score `q·k` (Luong's "dot").
 
     Example:
-        >>> DotScore()(ops.ones((1, 1, 2)), ops.ones((1, 3, 2)))  # [[[2., 2., 2.]]]
+        >>> ops.convert_to_numpy(DotScore()(ops.ones((1, 1, 2)), ops.ones((1, 3, 2)))).tolist()
+        [[[2.0, 2.0, 2.0]]]
     """
 
     def build(self, query_shape, key_shape):

@@ -51,7 +51,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         `(batch, seq_len, embedding_dim)`.
     Example:
         >>> emb = TokenAndPositionEmbedding(1000, 128, 64, mask_zero=True)
-        >>> emb(ops.array([[4, 9, 0]])).shape
+        >>> tuple(emb(ops.array([[4, 9, 0]])).shape)
         (1, 3, 64)
     """
 

@@ -37,7 +37,7 @@ class TransformerDecoder(TransformerBlock):
         `(outputs, self_weights, cross_weights)`; with a cache, the updated cache comes last.
     Example:
         >>> dec = TransformerDecoder(num_heads=4, intermediate_dim=128)
-        >>> dec(keras.random.normal((2, 5, 64)), keras.random.normal((2, 9, 64))).shape
+        >>> tuple(dec(keras.random.normal((2, 5, 64)), keras.random.normal((2, 9, 64))).shape)
         (2, 5, 64)
     """
 

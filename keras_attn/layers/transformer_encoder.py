@@ -38,7 +38,7 @@ class TransformerEncoder(TransformerBlock):
         positions attention contributes zeros; only real positions carry meaning.
     Example:
         >>> x = keras.random.normal((2, 8, 64))
-        >>> TransformerEncoder(num_heads=4, intermediate_dim=128)(x).shape
+        >>> tuple(TransformerEncoder(num_heads=4, intermediate_dim=128)(x).shape)
         (2, 8, 64)
     """
 

@@ -13,7 +13,10 @@ class MaskedAccuracy(keras.metrics.Mean):
         ignore_class: int. Target id to skip. Defaults to `0` (padding).
     Example:
         >>> metric = MaskedAccuracy()
-        >>> metric.update_state([[3, 1, 0]], logits)  # the 0 target is not counted
+        >>> logits = ops.array([[[0, 0, 0, 1.0], [0, 0, 1.0, 0], [1.0, 0, 0, 0]]])  # 3, 2, 0
+        >>> metric.update_state(ops.array([[3, 1, 0]]), logits)  # the 0 target is not counted
+        >>> float(metric.result())
+        0.5
     """
 
     def __init__(self, ignore_class=0, name="masked_accuracy", **kwargs):

@@ -47,7 +47,8 @@ class CausalLM(CachedCausalLM, Task):
             Defaults to `False` (ids in, padding from `mask_zero`).
     Example:
         >>> lm = CausalLM(vocabulary_size=100, max_sequence_length=32, hidden_dim=16)
-        >>> lm.generate([[5, 6, 7]], max_new_tokens=4)  # four new ids
+        >>> [len(ids) for ids in lm.generate([[5, 6, 7]], max_new_tokens=4)]  # four new ids
+        [4]
     """
 
     config_args = (

@@ -57,9 +57,12 @@ class Encoder(Task):
             which `from_pretrained` reads from the folder); the server's `/embed` uses it
             by default. Defaults to `None` (mean pooling, not normalized).
     Example:
+        >>> import numpy as np
         >>> encoder = Encoder(vocabulary_size=1000, hidden_dim=64)
-        >>> encoder({"token_ids": ids, "segment_ids": segments})["pooled_output"].shape
-        (batch, 64)
+        >>> ids = np.array([[2, 17, 94, 3, 0], [2, 8, 3, 0, 0]])  # 0 = padding
+        >>> segments = np.zeros_like(ids)  # one segment (the default when omitted)
+        >>> tuple(encoder({"token_ids": ids, "segment_ids": segments})["pooled_output"].shape)
+        (2, 64)
     """
 
     config_args = (

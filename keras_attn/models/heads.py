@@ -34,7 +34,11 @@ class Head(Task):
         `preprocessor=None` for a head without one.
 
         Example:
-            >>> SequenceClassifier.from_pretrained("all-MiniLM-L6-v2", num_classes=3)
+            >>> from keras_attn.data import checkpoint_folder  # the packaged all-MiniLM-L6-v2
+            >>> model = SequenceClassifier.from_pretrained(
+            ...     checkpoint_folder(), num_classes=3, sequence_length=64)
+            >>> model.preprocessor.packer.sequence_length, model.predict(["hi"], verbose=0).shape
+            (64, (1, 3))
         """
         from keras_attn.models.encoder import Encoder
 

@@ -46,7 +46,7 @@ class StartEndPacker(Packer):
     Returns:
         int32 `(batch, sequence_length)` [and bool `(batch, sequence_length)`].
     Example:
-        >>> StartEndPacker(5, start_value=5, end_value=6)([[10, 11, 12, 13]])
+        >>> StartEndPacker(5, start_value=5, end_value=6)([[10, 11, 12, 13]]).numpy().tolist()
         [[5, 10, 11, 12, 6]]
     """
 

@@ -16,7 +16,8 @@ class ByteTokenizer(Tokenizer):
         lowercase: bool. Lower-case (Unicode-aware) before encoding. Defaults to `False`.
         sequence_length, special_tokens: see `Tokenizer`.
     Example:
-        >>> ByteTokenizer().tokenize("hi")  # [104 + 7, 105 + 7] = [111, 112]
+        >>> ByteTokenizer().tokenize("hi").numpy().tolist()  # [104 + 7, 105 + 7]
+        [111, 112]
     """
 
     def __init__(

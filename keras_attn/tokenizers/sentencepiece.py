@@ -89,8 +89,11 @@ class SentencePieceTokenizer(Tokenizer):
         sequence_length, special_tokens: see `Tokenizer`; the special tokens must be the
             model's first pieces.
     Example:
+        >>> from keras_attn.data import load_corpus
+        >>> lines = load_corpus().lines()[:5000]
         >>> tok = SentencePieceTokenizer(train_sentencepiece(lines, 1000))
-        >>> tok.detokenize(tok.tokenize(["to be or not to be"]))
+        >>> tok.detokenize(tok.tokenize(["to be or not to be"])).numpy()[0].decode()
+        'to be or not to be'
     """
 
     def __init__(self, proto=None, sequence_length=None, special_tokens=SPECIAL_TOKENS, **kwargs):

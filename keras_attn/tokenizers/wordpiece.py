@@ -112,7 +112,8 @@ class WordPieceTokenizer(Tokenizer):
         int32 ids: ragged `(batch, None)`, or dense `(batch, sequence_length)`.
     Example:
         >>> tok = WordPieceTokenizer(list(SPECIAL_TOKENS) + ["hello", "world", "!"])
-        >>> tok.tokenize(["Hello world!"])  # [[7, 8, 9]]
+        >>> tok.tokenize(["Hello world!"]).to_list()
+        [[7, 8, 9]]
     """
 
     def __init__(
