@@ -30,6 +30,8 @@ BACKEND_TESTS := tests/layers tests/models tests/decoding tests/metrics tests/te
 test: lint
 	$(PY) -m pytest -n 2 -q
 	$(PY) -m pytest -q -p no:cacheprovider --doctest-modules keras_attn export serving
+	$(VENV)/bin/mypy keras_attn export serving
+	$(VENV)/bin/mkdocs build --strict -q -d build/site
 	KERAS_BACKEND=torch $(PY) -m pytest -n 2 -q $(BACKEND_TESTS) -m "not tf_only"
 	KERAS_BACKEND=jax $(PY) -m pytest -n 2 -q tests/layers tests/models/test_pretrained.py \
 		tests/decoding tests/test_visualization.py -m "not tf_only"

@@ -304,11 +304,12 @@ def _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantiz
         raise
     if verbose:
         print(format_table(rows, tolerance))
+        chosen = quantization or {}
         for name, drift in (int8 or {}).items():
             print(
                 f"int8 {name}: max |difference| {drift['max_abs_diff']:.3e} "
                 f"({drift['relative_drift']:.1%} of the largest output), "
-                f"argmax agreement {drift['argmax_agreement']:.1%} ({quantization['weights']} "
-                f"weights, by {quantization['chosen_by']})"
+                f"argmax agreement {drift['argmax_agreement']:.1%} ({chosen.get('weights')} "
+                f"weights, by {chosen.get('chosen_by')})"
             )
     return manifest

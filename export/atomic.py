@@ -20,7 +20,7 @@ def _siblings(out_dir: Path, kind: str) -> list[Path]:
 
 def sweep(out_dir: Path) -> list[str]:
     """Cleans up after crashed exports of `out_dir`; returns what it did, for the log."""
-    done = []
+    done: list[str] = []
     if not out_dir.parent.is_dir():
         return done
     set_aside = _siblings(out_dir, "old")

@@ -192,7 +192,7 @@ def embed_layer_norm(model) -> int:
             continue
         if any(v is not None for v in node.inputs[4:]) or len(node.outputs) != 1:
             continue  # a projection bias, or statistics someone reads
-        terms = {}
+        terms: dict = {}
         if not all(_embedding_terms(v, terms) for v in node.inputs[:2]):
             continue
         gathers, position = terms.get("gathers", []), terms.get("slice")

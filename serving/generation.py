@@ -14,7 +14,7 @@ def greedy_decode(step, state, prompts, max_new_tokens, stop_token_ids=(), pad_i
     shortest prompt's length is prefilled for every row, then each step writes one position
     for all rows (rows still inside their prompt keep the prompt's token). The padding id is
     never generated. A row ends at its first stop token, which is not returned (the contract
-    of `keras_attn.decoding.generate`: the same ids in Keras, in the export and over HTTP).
+    of `keras_attn.models.generate`: the same ids in Keras, in the export and over HTTP).
 
     Returns:
         list of lists: the new ids of each prompt.

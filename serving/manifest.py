@@ -11,14 +11,15 @@ or a `format_version` this reader does not know is refused with an `ArtifactErro
 import hashlib
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 2  # 2: int8 weights chosen by measurement (2026-11-24)
-TASKS = ("classify", "tag", "embed", "generate", "span_qa", "multiple_choice", "pretraining",
-         "seq2seq")  # fmt: skip
+Task = Literal["classify", "tag", "embed", "generate", "span_qa", "multiple_choice",
+               "pretraining", "seq2seq"]  # fmt: skip
+TASKS = get_args(Task)
 
 
 class ArtifactError(ValueError):
@@ -135,7 +136,7 @@ class Manifest(_Strict):
     model_name: str
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
-    task: Literal[TASKS] | None
+    task: Task | None
     labels: list[str] | None
     packer: PackerSpec | None
     embedding: EmbeddingSpec | None = None
@@ -159,11 +160,11 @@ class Manifest(_Strict):
 
     def referenced_files(self) -> list[str]:
         """The files this manifest tells a reader to open (ONNX graphs, decode graphs)."""
-        names = []
+        names: list[str | None] = []
         if self.onnx is not None:
             names += [self.onnx.file, *self.onnx.files]
         if self.decoding is not None:
-            names += [self.decoding.file, self.decoding.gqa and self.decoding.gqa.file]
+            names += [self.decoding.file, self.decoding.gqa.file if self.decoding.gqa else None]
         if self.text_onnx is not None:
             names.append(self.text_onnx.file)
         return list(dict.fromkeys(name for name in names if name))

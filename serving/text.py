@@ -37,7 +37,8 @@ class TextModel:
         self.labels = manifest.labels
         self.packer = manifest.packer.model_dump() if manifest.packer else {}
         # `/embed`'s defaults: the checkpoint's pooling when it named one, else mean, raw.
-        self.embedding = (manifest.embedding.model_dump() if manifest.embedding
+        embedding = getattr(manifest, "embedding", None)
+        self.embedding = (embedding.model_dump() if embedding
                           else {"pooling": "mean", "normalize": False})  # fmt: skip
         self.tokenizer = predictor.tokenizer
         self.input_names = list(predictor.inputs)

@@ -29,7 +29,12 @@ class CachedCausalLM:
     `token_embedding`, `position_embedding`, `decoder_blocks`, `final_norm` (or None) and
     `head` (None: the token embedding, transposed)."""
 
-    head = None
+    # Set by the class that mixes this in: its own layers.
+    token_embedding: TokenEmbedding
+    position_embedding: keras.layers.Layer | None
+    decoder_blocks: list[TransformerDecoder]
+    final_norm: keras.layers.Layer | None
+    head: keras.layers.Layer | None = None
 
     @property
     def max_length(self):
@@ -141,12 +146,14 @@ class FunctionalCausalLM(CachedCausalLM):
         if self._combined is not None:
             learned = self._combined.position_encoding == "learned"
             return self._combined.sequence_length if learned else None
-        return super().max_length
+        return getattr(self.position_embedding, "sequence_length", None)
 
     def embed(self, token_ids, index=0):
         if self._combined is not None:
             return self._combined(token_ids, start_index=index)
-        return super().embed(token_ids, index)
+        # Named, not `super()`: autograph (tf.function over the decode step) mis-converts
+        # zero-argument super() in a method of a subclass.
+        return CachedCausalLM.embed(self, token_ids, index)
 
     def _verify(self, model):
         """The layers run alone must give the model's logits: nothing was skipped."""

@@ -150,8 +150,15 @@ class CausalLM(CachedCausalLM, Task):
         """Writes the Hugging Face GPT-2 layout; see `keras_attn.pretrained.save_pretrained`."""
         save_pretrained(self, folder, tokenizer=tokenizer)
 
+    def runner(self):
+        """The decoding `keras_attn.decoding.Runner` over this model's cached call."""
+        from keras_attn.models.generation import causal_runner
+
+        return causal_runner(self)
+
     def generate(self, prompts, max_new_tokens, **kwargs):
-        """Continues id prompts of any lengths; see `keras_attn.decoding.generate`.
+        """Continues prompts of any lengths; see `keras_attn.models.generate` (id lists,
+        `(batch, seq)` arrays or tensors, or strings through the model's preprocessor).
 
         Keyword arguments: `sampler` ("greedy", "sample" or "beam"), `temperature`, `top_k`,
         `top_p`, `num_beams`, `length_penalty`, `stop_token_ids`, `seed`, `use_cache`,

@@ -49,7 +49,9 @@ def generate(model, prompts, max_new_tokens: int, **kwargs):
         return _generate_text(model, prompts, max_new_tokens, **kwargs)
     runner = causal_runner(model)
     if not cached_causal_lm(model).zero_is_padding:
-        kwargs.setdefault("pad_token_id", runner.vocabulary_size - 1)
+        kwargs.setdefault(
+            "pad_token_id", cached_causal_lm(model).token_embedding.vocabulary_size - 1
+        )
     return decode(runner, prompts, max_new_tokens, **kwargs)
 
 

@@ -210,7 +210,7 @@ class Seq2Seq(Task):
 
     def call_with_attention_scores(self, inputs: dict):
         """`(logits, {block name: {"self": …[, "cross": …]}})`: every block's weights."""
-        maps = {}
+        maps: dict = {}
         source = ops.convert_to_tensor(inputs["encoder_token_ids"], "int32")
         target = ops.convert_to_tensor(inputs["decoder_token_ids"], "int32")
         encoded = self.encode(source, maps)

@@ -60,8 +60,8 @@ class Task(keras.Model):
     the constructor again, so shared and tied layers stay shared.
     """
 
-    config_args = ()
-    nested_models = ()
+    config_args: tuple[str, ...] = ()
+    nested_models: tuple[str, ...] = ()
 
     def __init__(self, inputs, outputs, name=None, preprocessor=None, **kwargs):
         # keras.Model accepts and drops any keyword: a misspelt or unsupported argument

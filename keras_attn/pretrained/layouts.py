@@ -86,8 +86,8 @@ def _check_exportable(model, **expected):
 class Bert:
     """BERT, and every checkpoint in its key layout (MiniLM, sentence-transformers)."""
 
-    model_types = ("bert",)
-    prefixes = ("bert.",)
+    model_types: tuple[str, ...] = ("bert",)
+    prefixes: tuple[str, ...] = ("bert.",)
     model_class = "Encoder"
 
     def model_kwargs(self, config, weights):
