@@ -24,6 +24,18 @@ from keras_attn.layers.token_and_position_embedding import TokenAndPositionEmbed
 from keras_attn.layers.transformer_decoder import TransformerDecoder
 
 
+def empty_caches(blocks, batch_size, max_length: int) -> list:
+    """Zeros for the self-attention keys and values of each decoder block:
+    `(batch, 2, max_length, kv_heads, key_dim)` in the block's compute dtype."""
+    caches = []
+    for block in blocks:
+        attention = block.self_attention
+        heads = attention.num_key_value_heads or attention.num_heads
+        shape = (batch_size, 2, max_length, heads, attention.key_dim)
+        caches.append(ops.zeros(shape, dtype=block.compute_dtype))
+    return caches
+
+
 class CachedCausalLM:
     """`init_cache`, `call_with_cache` and `call_with_attention_scores` over the attributes
     `token_embedding`, `position_embedding`, `decoder_blocks`, `final_norm` (or None) and
@@ -60,13 +72,7 @@ class CachedCausalLM:
 
     def init_cache(self, batch_size: int, max_length: int) -> list:
         """An empty key/value cache: per block `(batch, 2, max_length, kv_heads, key_dim)`."""
-        caches = []
-        for block in self.decoder_blocks:
-            attention = block.self_attention
-            heads = attention.num_key_value_heads or attention.num_heads
-            shape = (batch_size, 2, max_length, heads, attention.key_dim)
-            caches.append(ops.zeros(shape, dtype=block.compute_dtype))
-        return caches
+        return empty_caches(self.decoder_blocks, batch_size, max_length)
 
     def call_with_cache(self, token_ids, cache: list, cache_update_index):
         """Logits `(batch, new, vocab)` of `token_ids` placed at `cache_update_index`, and the

@@ -12,6 +12,7 @@ from keras_attn.layers.token_and_position_embedding import (
 )
 from keras_attn.layers.transformer_decoder import TransformerDecoder
 from keras_attn.layers.transformer_encoder import TransformerEncoder
+from keras_attn.models.cached import empty_caches
 from keras_attn.models.causal_lm import lm_loss
 from keras_attn.models.task import Task, float32_logits
 
@@ -177,12 +178,7 @@ class Seq2Seq(Task):
         """The decoding state of rows whose sources are `source_ids` and encoder outputs
         `encoded`: an empty self-attention cache per block, each block's cross-attention keys
         and values (projected once), the source mask and ids."""
-        caches = []
-        for block in self.decoder_blocks:
-            attention = block.self_attention
-            heads = attention.num_key_value_heads or attention.num_heads
-            shape = (ops.shape(encoded)[0], 2, max_length, heads, attention.key_dim)
-            caches.append(ops.zeros(shape, dtype=block.compute_dtype))
+        caches = empty_caches(self.decoder_blocks, ops.shape(encoded)[0], max_length)
         source_ids = ops.convert_to_tensor(source_ids, "int32")
         return {
             "caches": caches,
