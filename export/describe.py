@@ -83,6 +83,7 @@ TASKS = {
     "SpanQA": "span_qa",
     "MultipleChoice": "multiple_choice",
     "EncoderPretrainer": "pretraining",
+    "MaskedLM": "pretraining",
     "Seq2Seq": "seq2seq",
 }
 

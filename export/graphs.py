@@ -103,7 +103,7 @@ def export_decoding(model, folder: Path, opset, tolerance) -> dict:
     # The cache holds as many positions as the learned position table; a sinusoidal model has
     # no table, and its cache is as long as the `sequence_length` it was built with.
     lm = cached_causal_lm(model)
-    max_length = lm.max_length or model.get_config().get("max_sequence_length")
+    max_length = lm.max_length or getattr(model, "max_sequence_length", None)
     if max_length is None:
         raise ValueError(
             "Exporting generation needs a learned position table (its length bounds the "

@@ -30,7 +30,11 @@ def check_non_negative_ints(**values):
 
 
 # Arguments renamed so that one thing has one name everywhere (issue 25).
-RENAMED = {"sequence_length": "max_sequence_length", "pad_id": "pad_token_id"}
+RENAMED = {
+    "sequence_length": "max_sequence_length",
+    "pad_id": "pad_token_id",
+    "encoder_kwargs": "backbone_kwargs",
+}
 
 
 def check_renamed(kwargs: dict, names=tuple(RENAMED)) -> None:

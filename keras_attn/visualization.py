@@ -17,9 +17,9 @@ def attention_maps(model, inputs):
     inference uses a fused kernel).
 
     Args:
-        model: a `CausalLM`, `Encoder`, `Seq2Seq`, a head whose `encoder` is an `Encoder`
-            (for `MultipleChoice`, pass its encoder and one choice's inputs), or a functional
-            causal LM of our layers (`keras_attn.models.cached.FunctionalCausalLM`).
+        model: a `CausalLM`, `EncoderBackbone`, `Seq2SeqLM`, an encoder task (its backbone's
+            maps; for `MultipleChoice`, pass its backbone and one choice's inputs), or a
+            functional causal LM of our layers (`keras_attn.models.cached.FunctionalCausalLM`).
         inputs: what `model` takes.
     Returns:
         dict `{block name: {"self": (batch, heads, T, T)[, "cross": (batch, heads, T, S)]}}`
@@ -27,7 +27,13 @@ def attention_maps(model, inputs):
     """
     from keras_attn.models.cached import cached_causal_lm
 
-    model = getattr(model, "encoder", model)
+    if not hasattr(model, "call_with_attention_scores"):
+        model = getattr(model, "backbone", model)
+    if not hasattr(model, "call_with_attention_scores") and hasattr(model, "decoder_blocks"):
+        raise ValueError(
+            f"`model` {model.name!r} is a decoder backbone: its attention maps come from its "
+            "task, which owns the cached call (`attention_maps(CausalLM(backbone), ids)`)."
+        )
     if not hasattr(model, "call_with_attention_scores"):
         model = cached_causal_lm(model)  # raises, naming the contract, if it is not one
     return _numpy(model.call_with_attention_scores(inputs)[1])

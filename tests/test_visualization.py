@@ -15,9 +15,9 @@ def test_encoder_maps_are_softmax_rows_that_skip_padding():
     np.testing.assert_allclose(weights[1].sum(-1), 1.0, atol=1e-5)
     np.testing.assert_array_equal(weights[0, :, :5, 5], 0.0)  # the pad key gets no weight
     # The maps come from the model's own layers: replaying them gives the model's output.
-    sequence = keras.ops.convert_to_numpy(model.encoder(inputs)["sequence_output"])
-    block = model.encoder.get_layer("encoder_block_0")
-    x = model.encoder.get_layer("embeddings")(TOKENS, ENCODER_INPUTS["segment_ids"])
+    sequence = keras.ops.convert_to_numpy(model.backbone(inputs)["sequence_output"])
+    block = model.backbone.get_layer("encoder_block_0")
+    x = model.backbone.get_layer("embeddings")(TOKENS, ENCODER_INPUTS["segment_ids"])
     out = keras.ops.convert_to_numpy(block(x, padding_mask=TOKENS != 0))
     np.testing.assert_allclose(out[TOKENS != 0], sequence[TOKENS != 0], atol=1e-5)
 

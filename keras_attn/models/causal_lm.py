@@ -1,4 +1,5 @@
-"""GPT-style causal language model: embeddings, decoder blocks, output tied to the embedding."""
+"""GPT-style causal language model: a decoder backbone (embeddings, decoder blocks, final norm)
+and the task on it (output tied to the token embedding, cached call, generation)."""
 
 import keras
 from keras import ops
@@ -11,20 +12,21 @@ from keras_attn.layers.token_and_position_embedding import (
 )
 from keras_attn.layers.transformer_decoder import TransformerDecoder
 from keras_attn.losses import SparseCrossEntropy
+from keras_attn.models.backbone import Backbone, HoldsBackbone
 from keras_attn.models.cached import CachedCausalLM
 from keras_attn.models.task import Task, float32_logits
-from keras_attn.pretrained import load_pretrained, save_pretrained
+from keras_attn.pretrained import save_pretrained
 from keras_attn.pretrained.registry import register_model_class
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class CausalLM(CachedCausalLM, Task):
-    """GPT-style causal LM: `token_ids (batch, seq) int32 -> logits (batch, seq, vocab)`.
+class DecoderBackbone(Backbone):
+    """GPT-style decoder stack: `token_ids (batch, seq) int32 -> hidden states (batch, seq,
+    hidden_dim)`, the backbone of `CausalLM`.
 
     Token id 0 is padding: `mask_zero=True` creates the padding mask, which reaches every
-    block by Keras mask propagation and masks padded positions out of the loss. The output
-    projection is the token embedding transposed (tied weights), as in GPT-2. Logits are float32
-    under mixed precision.
+    block by Keras mask propagation (and, in a `CausalLM`, masks padded positions out of the
+    loss). Pre-norm blocks end with a final LayerNorm, included in the output.
 
     Args:
         vocabulary_size: int. Number of token ids.
@@ -46,9 +48,10 @@ class CausalLM(CachedCausalLM, Task):
             real tokens only, so left-padded rows give the logits of the unpadded ones.
             Defaults to `False` (ids in, padding from `mask_zero`).
     Example:
-        >>> lm = CausalLM(vocabulary_size=100, max_sequence_length=32, hidden_dim=16)
-        >>> [len(ids) for ids in lm.generate([[5, 6, 7]], max_new_tokens=4)]  # four new ids
-        [4]
+        >>> import numpy as np
+        >>> backbone = DecoderBackbone(vocabulary_size=100, max_sequence_length=32, hidden_dim=16)
+        >>> tuple(backbone(np.array([[5, 6, 7]])).shape)
+        (1, 3, 16)
     """
 
     config_args = (
@@ -72,7 +75,7 @@ class CausalLM(CachedCausalLM, Task):
         mask_zero=True,
         layer_norm_epsilon=1e-5,
         padding_mask_input=False,
-        name="causal_lm",
+        name="decoder_backbone",
         **kwargs,
     ):
         check_renamed(kwargs, ("sequence_length",))
@@ -127,28 +130,83 @@ class CausalLM(CachedCausalLM, Task):
                 epsilon=layer_norm_epsilon, name="final_layer_norm"
             )
             x = final_norm(x)
-        logits = float32_logits(token_embedding(x, reverse=True), "logits")
-        super().__init__(inputs, logits, name=name, **kwargs)
+        super().__init__(inputs, x, name=name, **kwargs)
         self._set_config_args(locals())
-        # What the cached call (`keras_attn.models.cached.CachedCausalLM`) runs.
+        # What `CausalLM`'s cached call (`keras_attn.models.cached.CachedCausalLM`) runs.
         self.token_embedding = token_embedding
         self.position_embedding = position_embedding
         self.decoder_blocks = blocks
         self.final_norm = final_norm
 
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class CausalLM(HoldsBackbone, CachedCausalLM, Task):
+    """GPT-style causal LM: a `DecoderBackbone`, then the token embedding transposed (tied
+    output weights, as GPT-2): `token_ids (batch, seq) int32 -> logits (batch, seq, vocab)`,
+    float32 under mixed precision.
+
+    `CausalLM(backbone)` wraps a backbone; `CausalLM(vocabulary_size, max_sequence_length,
+    ...)` builds the `DecoderBackbone` of those arguments first. The task answers its
+    backbone's arguments (`lm.vocabulary_size`) and layers (`lm.decoder_blocks`), and owns the
+    cached call (`call_with_cache`) that decoding, attention maps and the ONNX decode graphs run.
+
+    Args:
+        backbone: a `DecoderBackbone`; or its first argument, `vocabulary_size`, with the
+            rest of its arguments as keywords (or positionally).
+        preprocessor: optional `TextPreprocessor`: `fit`, `predict`, `generate` and export
+            then take raw strings through it (saved inside `.keras`).
+    Example:
+        >>> lm = CausalLM(vocabulary_size=100, max_sequence_length=32, hidden_dim=16)
+        >>> [len(ids) for ids in lm.generate([[5, 6, 7]], max_new_tokens=4)]  # four new ids
+        [4]
+        >>> lm.backbone.hidden_dim, lm.hidden_dim
+        (16, 16)
+    """
+
+    config_args = ("backbone",)
+    nested_models = ("backbone",)
+
+    def __init__(self, backbone=None, *args, preprocessor=None, name="causal_lm", **kwargs):
+        trainable = {key: kwargs.pop(key) for key in ("trainable",) if key in kwargs}
+        backbone = backbone_of(DecoderBackbone, backbone, args, kwargs)
+        inputs = _fresh_inputs(backbone)
+        x = backbone(inputs)
+        logits = float32_logits(backbone.token_embedding(x, reverse=True), "logits")
+        super().__init__(inputs, logits, name=name, preprocessor=preprocessor, **trainable)
+        self.backbone = backbone
+
+    # What the cached call (`keras_attn.models.cached.CachedCausalLM`) runs: the backbone's.
+    @property
+    def token_embedding(self):
+        return self.backbone.token_embedding
+
+    @property
+    def position_embedding(self):
+        return self.backbone.position_embedding
+
+    @property
+    def decoder_blocks(self):
+        return self.backbone.decoder_blocks
+
+    @property
+    def final_norm(self):
+        return self.backbone.final_norm
+
     def default_loss(self):
         return lm_loss()
 
     @classmethod
-    def from_pretrained(cls, folder, strict=True, **kwargs):
-        """A causal LM with the weights of a Hugging Face GPT-2 folder (`config.json`,
-        `model.safetensors`); `kwargs` override constructor arguments. See
-        `keras_attn.pretrained.load_pretrained`."""
-        return load_pretrained(folder, cls, strict=strict, **kwargs)
+    def from_pretrained(cls, folder, strict=True, preprocessor=None, **kwargs):
+        """A causal LM on `DecoderBackbone.from_pretrained(folder, **kwargs)` (a Hugging
+        Face GPT-2 folder); the output layer is the tied token embedding, so every weight
+        comes from the checkpoint."""
+        backbone = DecoderBackbone.from_pretrained(folder, strict=strict, **kwargs)
+        return cls(backbone, preprocessor=preprocessor)
 
     def save_pretrained(self, folder, tokenizer=None):
-        """Writes the Hugging Face GPT-2 layout; see `keras_attn.pretrained.save_pretrained`."""
-        save_pretrained(self, folder, tokenizer=tokenizer)
+        """Writes the backbone in the Hugging Face GPT-2 layout; see
+        `keras_attn.pretrained.save_pretrained`."""
+        save_pretrained(self.backbone, folder, tokenizer=tokenizer)
 
     def runner(self):
         """The decoding `keras_attn.decoding.Runner` over this model's cached call."""
@@ -173,6 +231,41 @@ class CausalLM(CachedCausalLM, Task):
         return generate(self, prompts, max_new_tokens, **kwargs)
 
 
+def backbone_of(backbone_class: type[keras.Model], backbone, args, kwargs):
+    """`backbone` itself (a `backbone_class`), or the `backbone_class` of the arguments given in
+    its place (`CausalLM(vocabulary_size, max_sequence_length, ...)`)."""
+    if isinstance(backbone, backbone_class):
+        if args or kwargs:
+            raise ValueError(
+                "Pass either a backbone or the arguments to build one, not both. Received: "
+                f"backbone={backbone.name!r} and {sorted(kwargs) or list(args)}"
+            )
+        return backbone
+    if backbone is None and "vocabulary_size" not in kwargs:
+        raise ValueError(
+            f"The task needs a `backbone` (a {backbone_class.__name__}) or the arguments of "
+            "one (`vocabulary_size`, `max_sequence_length`, ...). Received: backbone=None"
+        )
+    if isinstance(backbone, keras.Model):
+        raise ValueError(
+            f"`backbone` must be a {backbone_class.__name__}. Received: backbone=a "
+            f"{type(backbone).__name__} ({backbone.name!r})"
+        )
+    first = () if backbone is None else (backbone,)
+    return backbone_class(*first, *args, **kwargs)
+
+
+def _fresh_inputs(backbone: keras.Model):
+    """New `keras.Input`s in the structure of `backbone.input` (int32 `(batch, seq)`)."""
+    if isinstance(backbone.input, dict):
+        return {name: keras.Input((None,), dtype="int32", name=name) for name in backbone.input}
+    return keras.Input((None,), dtype="int32", name="token_ids")
+
+
+# The backbone's constructor arguments, read through the task (`lm.hidden_dim`).
+CausalLM.backbone_attributes = frozenset(DecoderBackbone.config_args)
+
+
 def build_causal_lm(vocabulary_size, max_sequence_length, **kwargs):
     """`CausalLM(vocabulary_size, max_sequence_length, **kwargs)`: kept for the functional
     style."""
@@ -184,4 +277,4 @@ def lm_loss(pad_token_id=0, label_smoothing=0.0):
     return SparseCrossEntropy(ignore_class=pad_token_id, label_smoothing=label_smoothing)
 
 
-register_model_class("CausalLM", CausalLM)
+register_model_class("DecoderBackbone", DecoderBackbone)

@@ -14,14 +14,14 @@ from keras_attn.layers.token_and_position_embedding import (
     TokenAndPositionEmbedding,
 )
 from keras_attn.layers.transformer_encoder import TransformerEncoder
-from keras_attn.models.task import Task
-from keras_attn.pretrained import load_pretrained, read_pooling, save_pretrained
+from keras_attn.models.backbone import Backbone
+from keras_attn.pretrained import load_pretrained, read_pooling
 from keras_attn.pretrained.registry import register_model_class
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class Encoder(Task):
-    """BERT-style encoder, the backbone the task heads sit on.
+class EncoderBackbone(Backbone):
+    """BERT-style encoder, the backbone the encoder tasks sit on (`Encoder` for short).
 
     Inputs are a dict: `token_ids (batch, seq)` int32, id 0 = padding, and with
     `num_segments`, `segment_ids (batch, seq)`. The padding mask comes from the token ids
@@ -58,7 +58,7 @@ class Encoder(Task):
             by default. Defaults to `None` (mean pooling, not normalized).
     Example:
         >>> import numpy as np
-        >>> encoder = Encoder(vocabulary_size=1000, hidden_dim=64)
+        >>> encoder = EncoderBackbone(vocabulary_size=1000, hidden_dim=64)
         >>> ids = np.array([[2, 17, 94, 3, 0], [2, 8, 3, 0, 0]])  # 0 = padding
         >>> segments = np.zeros_like(ids)  # one segment (the default when omitted)
         >>> tuple(encoder({"token_ids": ids, "segment_ids": segments})["pooled_output"].shape)
@@ -200,11 +200,6 @@ class Encoder(Task):
             kwargs.setdefault("embedding_pooling", pooling)
         return load_pretrained(folder, cls, strict=strict, **kwargs)
 
-    def save_pretrained(self, folder, tokenizer=None):
-        """Writes `config.json`, `model.safetensors` (and `vocab.txt`) in the Hugging Face
-        layout; see `keras_attn.pretrained.save_pretrained`."""
-        save_pretrained(self, folder, tokenizer=tokenizer)
-
     @property
     def token_embedding(self):
         """The `TokenEmbedding` layer (a masked-LM head ties its output projection to it)."""
@@ -227,4 +222,8 @@ def encoder_inputs(encoder, leading_shape=()):
     }
 
 
-register_model_class("Encoder", Encoder)
+Encoder = EncoderBackbone
+# Configs written before the backbone/task split name the class "Encoder" (the layout of its
+# weights is unchanged).
+keras.saving.get_custom_objects()["keras_attn>Encoder"] = EncoderBackbone
+register_model_class("EncoderBackbone", EncoderBackbone)

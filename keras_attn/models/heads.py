@@ -1,4 +1,5 @@
-"""Task heads on any `Encoder`: sequence and token classification, span QA, multiple choice."""
+"""Encoder tasks on any `EncoderBackbone`: sequence and token classification, span QA,
+multiple choice."""
 
 import os
 
@@ -6,27 +7,37 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_attn.checks import check_choice, check_positive_ints, check_rate
+from keras_attn.checks import check_choice, check_positive_ints, check_rate, check_renamed
 from keras_attn.layers.masks import mask_value
 from keras_attn.losses import SparseCrossEntropy
-from keras_attn.models.encoder import encoder_inputs
+from keras_attn.models.encoder import EncoderBackbone, encoder_inputs
 from keras_attn.models.task import Task, float32_logits
 
 
 class Head(Task):
-    """A task model made of an encoder and a few layers on top (not used on its own)."""
+    """A task made of an `EncoderBackbone` (`task.backbone`) and a few layers on top (not used
+    on its own)."""
 
-    nested_models = ("encoder",)
+    nested_models = ("backbone",)
+    # `from_pretrained` attaches a `MaskedLMPreprocessor` (masking for `fit`) when True.
+    masked_lm = False
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        if "encoder" in config:  # written before the backbone/task split
+            config["backbone"] = config.pop("encoder")
+        return super().from_config(config)
 
     def default_loss(self):
         return SparseCrossEntropy()
 
     @classmethod
     def from_pretrained(
-        cls, folder, strict=True, encoder_kwargs=None, sequence_length=None, **kwargs
+        cls, folder, strict=True, backbone_kwargs=None, sequence_length=None, **kwargs
     ):
-        """This head on `Encoder.from_pretrained(folder, **encoder_kwargs)`; `kwargs` are the
-        head's own (`num_classes`, …). The head's layers start from fresh weights.
+        """This head on `EncoderBackbone.from_pretrained(folder, **backbone_kwargs)`; `kwargs`
+        are the head's own (`num_classes`, …). The head's layers start from fresh weights.
 
         When the folder has a WordPiece vocabulary, the head gets a `TextPreprocessor`
         (`[CLS] text [SEP]`, packed to `sequence_length`, by default the longest input the
@@ -40,26 +51,34 @@ class Head(Task):
             >>> model.preprocessor.packer.sequence_length, model.predict(["hi"], verbose=0).shape
             (64, (1, 3))
         """
-        from keras_attn.models.encoder import Encoder
-
-        encoder = Encoder.from_pretrained(folder, strict=strict, **(encoder_kwargs or {}))
+        check_renamed(kwargs, ("encoder_kwargs",))
+        backbone = EncoderBackbone.from_pretrained(folder, strict=strict, **(backbone_kwargs or {}))
         if "preprocessor" not in kwargs:
             kwargs["preprocessor"] = folder_preprocessor(
-                folder, sequence_length or encoder.max_sequence_length - encoder.position_offset
+                folder,
+                sequence_length or backbone.max_sequence_length - backbone.position_offset,
+                masked_lm=cls.masked_lm,
             )
-        return cls(encoder, **kwargs)
+        return cls(backbone, **kwargs)
 
 
-def folder_preprocessor(folder, sequence_length):
+def folder_preprocessor(folder, sequence_length: int, masked_lm: bool = False):
     """BERT's preprocessing for a Hugging Face folder: its WordPiece vocabulary (`vocab.txt` or
-    `tokenizer.json`) and `[CLS] text [SEP]` packed to `sequence_length`. None when the folder
-    has no vocabulary, or TensorFlow is not installed to run the tokenizer (a JAX or
-    PyTorch-only install)."""
+    `tokenizer.json`) and `[CLS] text [SEP]` packed to `sequence_length`; with `masked_lm`, a
+    `MaskedLMPreprocessor` that also masks 15% of the tokens (at most ⌈0.15 ·
+    sequence_length⌉ per row) with the folder's `[MASK]`. None when the folder has no
+    vocabulary, or TensorFlow is not installed to run the tokenizer (a JAX or PyTorch-only
+    install)."""
     if not any(os.path.exists(os.path.join(folder, name))
                for name in ("vocab.txt", "tokenizer.json")):  # fmt: skip
         return None
     try:
-        from keras_attn.preprocessing import SegmentPacker, TextPreprocessor
+        from keras_attn.preprocessing import (
+            MaskedLMMaskGenerator,
+            MaskedLMPreprocessor,
+            SegmentPacker,
+            TextPreprocessor,
+        )
         from keras_attn.tokenizers import WordPieceTokenizer
     except ModuleNotFoundError as error:
         if error.name in ("tensorflow", "tensorflow_text"):
@@ -71,7 +90,15 @@ def folder_preprocessor(folder, sequence_length):
         start_value=tokenizer.token_to_id("[CLS]"),
         end_value=tokenizer.token_to_id("[SEP]"),
     )
-    return TextPreprocessor(tokenizer, packer)
+    if not masked_lm:
+        return TextPreprocessor(tokenizer, packer)
+    masker = MaskedLMMaskGenerator(
+        tokenizer.vocabulary_size(),
+        tokenizer.token_to_id("[MASK]"),
+        mask_selection_length=max(1, -(-sequence_length * 3 // 20)),
+        unselectable_token_ids=sorted({0, packer.start_value, packer.end_value, packer.pad_value}),
+    )
+    return MaskedLMPreprocessor(tokenizer, packer, masker)
 
 
 def _classify(x, num_classes, dropout, name, output_name="logits"):
@@ -85,7 +112,7 @@ class SequenceClassifier(Head):
     """One label per sequence: pooled encoder output → dropout → Dense → logits.
 
     Args:
-        encoder: an `Encoder`.
+        backbone: an `EncoderBackbone`.
         num_classes: int.
         pooling: `"cls"` (BERT's pooler on the first token) or `"mean"` (mean over the real
             tokens; padding excluded).
@@ -94,19 +121,19 @@ class SequenceClassifier(Head):
         logits `(batch, num_classes)`, float32.
     """
 
-    config_args = ("encoder", "num_classes", "pooling", "dropout")
+    config_args = ("backbone", "num_classes", "pooling", "dropout")
 
-    def __init__(self, encoder, num_classes, pooling="cls", dropout=0.1, name=None, **kwargs):
+    def __init__(self, backbone, num_classes, pooling="cls", dropout=0.1, name=None, **kwargs):
         check_positive_ints(num_classes=num_classes)
         check_choice("pooling", pooling, ("cls", "mean"))
         check_rate("dropout", dropout)
-        inputs = encoder_inputs(encoder)
-        outputs = encoder(inputs)
+        inputs = encoder_inputs(backbone)
+        outputs = backbone(inputs)
         if pooling == "cls":
             x = outputs["pooled_output"]
         else:
             x = keras.layers.GlobalAveragePooling1D(name="mean_pooling")(
-                outputs["sequence_output"], mask=encoder.padding_mask(inputs)
+                outputs["sequence_output"], mask=backbone.padding_mask(inputs)
             )
         logits = _classify(x, num_classes, dropout, "classifier")
         super().__init__(inputs, logits, name=name or "sequence_classifier", **kwargs)
@@ -121,7 +148,7 @@ class TokenClassifier(Head):
     sub-tokens of a word (the default loss ignores label `-100`, as Hugging Face does).
 
     Args:
-        encoder: an `Encoder`.
+        backbone: an `EncoderBackbone`.
         num_classes: int.
         dropout: float. Defaults to `0.1`.
         ignore_label: int. Label of positions without a target. Defaults to `-100`.
@@ -129,13 +156,13 @@ class TokenClassifier(Head):
         logits `(batch, seq, num_classes)`, float32.
     """
 
-    config_args = ("encoder", "num_classes", "dropout", "ignore_label")
+    config_args = ("backbone", "num_classes", "dropout", "ignore_label")
 
-    def __init__(self, encoder, num_classes, dropout=0.1, ignore_label=-100, name=None, **kwargs):
+    def __init__(self, backbone, num_classes, dropout=0.1, ignore_label=-100, name=None, **kwargs):
         check_positive_ints(num_classes=num_classes)
         check_rate("dropout", dropout)
-        inputs = encoder_inputs(encoder)
-        x = encoder(inputs)["sequence_output"]
+        inputs = encoder_inputs(backbone)
+        x = backbone(inputs)["sequence_output"]
         logits = _classify(x, num_classes, dropout, "classifier")
         super().__init__(inputs, logits, name=name or "token_classifier", **kwargs)
         self._set_config_args(locals())
@@ -152,18 +179,18 @@ class SpanQA(Head):
     never picks them. Decode answers with `best_spans`.
 
     Args:
-        encoder: an `Encoder`.
+        backbone: an `EncoderBackbone`.
     Returns:
         dict of float32 `start_logits` and `end_logits`, each `(batch, seq)`.
     """
 
-    config_args = ("encoder",)
+    config_args = ("backbone",)
 
-    def __init__(self, encoder, name=None, **kwargs):
-        inputs = encoder_inputs(encoder)
-        x = encoder(inputs)["sequence_output"]
+    def __init__(self, backbone, name=None, **kwargs):
+        inputs = encoder_inputs(backbone)
+        x = backbone(inputs)["sequence_output"]
         x = keras.layers.Dense(2, name="span_logits")(x)
-        x = ops.where(ops.expand_dims(encoder.padding_mask(inputs), -1), x, mask_value(x.dtype))
+        x = ops.where(ops.expand_dims(backbone.padding_mask(inputs), -1), x, mask_value(x.dtype))
         outputs = {
             "start_logits": float32_logits(x[..., 0], "start_logits"),
             "end_logits": float32_logits(x[..., 1], "end_logits"),
@@ -248,22 +275,22 @@ class MultipleChoice(Head):
     runs over all `batch · num_choices` sequences at once; each pooled output gives one logit.
 
     Args:
-        encoder: an `Encoder`.
+        backbone: an `EncoderBackbone`.
         num_choices: int.
         dropout: float. Defaults to `0.1`.
     Returns:
         logits `(batch, num_choices)`, float32.
     """
 
-    config_args = ("encoder", "num_choices", "dropout")
+    config_args = ("backbone", "num_choices", "dropout")
 
-    def __init__(self, encoder, num_choices, dropout=0.1, name=None, **kwargs):
+    def __init__(self, backbone, num_choices, dropout=0.1, name=None, **kwargs):
         check_positive_ints(num_choices=num_choices)
         check_rate("dropout", dropout)
-        inputs = encoder_inputs(encoder, leading_shape=(num_choices,))
+        inputs = encoder_inputs(backbone, leading_shape=(num_choices,))
         merge = MergeChoices(name="merge_choices")
         flat = {key: merge(value) for key, value in inputs.items()}
-        x = _classify(encoder(flat)["pooled_output"], 1, dropout, "choice_logit", "choice_logits")
+        x = _classify(backbone(flat)["pooled_output"], 1, dropout, "choice_logit", "choice_logits")
         logits = SplitChoices(num_choices, name="logits")(x)
         super().__init__(inputs, logits, name=name or "multiple_choice", **kwargs)
         self._set_config_args(locals())

@@ -70,6 +70,51 @@ class MaskedLMHead(keras.layers.Layer):
         }
 
 
+def masked_lm_graph(backbone, activation, output_name):
+    """`(inputs, backbone outputs, logits)`: the backbone's inputs plus `mask_positions`, and
+    float32 masked-LM logits at those positions, tied to the token embedding."""
+    inputs = encoder_inputs(backbone)
+    inputs["mask_positions"] = keras.Input((None,), dtype="int32", name="mask_positions")
+    outputs = backbone({key: inputs[key] for key in backbone.input})
+    hidden = MaskedLMHead(activation, backbone.layer_norm_epsilon, name="mlm_head")(
+        outputs["sequence_output"], inputs["mask_positions"]
+    )
+    return (
+        inputs,
+        outputs,
+        float32_logits(backbone.token_embedding(hidden, reverse=True), output_name),
+    )
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class MaskedLM(Head):
+    """Masked-LM alone (RoBERTa-style pretraining, or BERT without next-sentence prediction).
+
+    Inputs: the backbone's plus `mask_positions (batch, num_predictions)`. Output: logits
+    `(batch, num_predictions, vocab)` at those positions, from BERT's transform and the token
+    embedding transposed (tied). With a `MaskedLMPreprocessor`, `fit(strings)` masks, packs
+    and weights by itself (and `predict(strings)` masks at random, as in training). The
+    default loss ignores targets equal to 0 (unused prediction slots). `from_pretrained`
+    starts the masked-LM transform from fresh weights: a checkpoint's `cls.predictions.*`
+    tensors are not loaded (`strict=False` drops them).
+
+    Args:
+        backbone: an `EncoderBackbone`.
+        activation: activation of the masked-LM transform. Defaults to `"gelu"`.
+    """
+
+    config_args = ("backbone", "activation")
+    masked_lm = True
+
+    def __init__(self, backbone, activation="gelu", name=None, **kwargs):
+        inputs, _, logits = masked_lm_graph(backbone, activation, "logits")
+        super().__init__(inputs, logits, name=name or "masked_lm", **kwargs)
+        self._set_config_args(locals())
+
+    def default_loss(self):
+        return SparseCrossEntropy(ignore_class=0)
+
+
 @keras.saving.register_keras_serializable(package="keras_attn")
 class EncoderPretrainer(Head):
     """Masked-LM and next-sentence prediction trained together (BERT).
@@ -82,25 +127,19 @@ class EncoderPretrainer(Head):
     ignored.
 
     Args:
-        encoder: an `Encoder` with `num_segments`.
+        backbone: an `EncoderBackbone` with `num_segments`.
         activation: activation of the masked-LM transform. Defaults to `"gelu"`.
     """
 
-    config_args = ("encoder", "activation")
+    config_args = ("backbone", "activation")
 
-    def __init__(self, encoder, activation="gelu", name=None, **kwargs):
-        if not encoder.num_segments:
+    def __init__(self, backbone, activation="gelu", name=None, **kwargs):
+        if not backbone.num_segments:
             raise ValueError(
                 "Next-sentence prediction needs segment ids: build the encoder with "
-                f"`num_segments`. Received: num_segments={encoder.num_segments!r}"
+                f"`num_segments`. Received: num_segments={backbone.num_segments!r}"
             )
-        inputs = encoder_inputs(encoder)
-        inputs["mask_positions"] = keras.Input((None,), dtype="int32", name="mask_positions")
-        outputs = encoder({key: inputs[key] for key in encoder.input})
-        hidden = MaskedLMHead(activation, encoder.layer_norm_epsilon, name="mlm_head")(
-            outputs["sequence_output"], inputs["mask_positions"]
-        )
-        mlm = float32_logits(encoder.token_embedding(hidden, reverse=True), "mlm")
+        inputs, outputs, mlm = masked_lm_graph(backbone, activation, "mlm")
         nsp = float32_logits(
             keras.layers.Dense(2, name="nsp_head")(outputs["pooled_output"]), "nsp"
         )

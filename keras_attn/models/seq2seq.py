@@ -12,21 +12,23 @@ from keras_attn.layers.token_and_position_embedding import (
 )
 from keras_attn.layers.transformer_decoder import TransformerDecoder
 from keras_attn.layers.transformer_encoder import TransformerEncoder
+from keras_attn.models.backbone import Backbone, HoldsBackbone
 from keras_attn.models.cached import empty_caches
-from keras_attn.models.causal_lm import lm_loss
+from keras_attn.models.causal_lm import backbone_of, lm_loss
 from keras_attn.models.task import Task, float32_logits
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class Seq2Seq(Task):
-    """Transformer encoder-decoder: source ids → encoder; target ids → decoder with
-    cross-attention over the encoder outputs → next-token logits.
+class Seq2SeqBackbone(Backbone):
+    """Transformer encoder-decoder stack: source ids → encoder; target ids → decoder with
+    cross-attention over the encoder outputs → decoder hidden states (the backbone of
+    `Seq2SeqLM`).
 
     Inputs are a dict: `encoder_token_ids (batch, S)` and `decoder_token_ids (batch, T)`, int32,
     id 0 = padding on both sides. Training uses teacher forcing: the decoder reads the target
-    shifted right (`[start, y1, ..., y_{T-1}]`) and predicts `[y1, ..., y_T]`. The output
-    projection is the target embedding transposed. Source and target share one embedding
-    table when `target_vocabulary_size` is None (one vocabulary), else each side has its own.
+    shifted right (`[start, y1, ..., y_{T-1}]`) and `Seq2SeqLM` predicts `[y1, ..., y_T]`.
+    Source and target share one embedding table when `target_vocabulary_size` is None (one
+    vocabulary), else each side has its own; `token_embedding` is the target side's.
 
     Args:
         vocabulary_size: int. Source vocabulary (and target, when shared).
@@ -41,7 +43,7 @@ class Seq2Seq(Task):
         normalize_first: bool. Pre-norm blocks plus final LayerNorms. Defaults to `False`.
         position_encoding: `"sinusoidal"` (Vaswani; the default) or `"learned"`.
     Returns:
-        logits `(batch, T, target vocabulary)`, float32.
+        decoder hidden states `(batch, T, hidden_dim)` (after the final norm, when pre-norm).
     """
 
     config_args = (
@@ -64,7 +66,7 @@ class Seq2Seq(Task):
         activation="relu",
         normalize_first=False,
         position_encoding="sinusoidal",
-        name="seq2seq",
+        name="seq2seq_backbone",
         **kwargs,
     ):
         check_renamed(kwargs, ("sequence_length",))
@@ -128,11 +130,10 @@ class Seq2Seq(Task):
             y = block(y, encoded)
         if decoder_norm is not None:
             y = decoder_norm(y)
-        logits = float32_logits(target_embedding(y, reverse=True), "logits")
         inputs = {"encoder_token_ids": source_ids, "decoder_token_ids": target_ids}
-        super().__init__(inputs, logits, name=name, **kwargs)
+        super().__init__(inputs, y, name=name, **kwargs)
         self._set_config_args(locals())
-        # What `encode`, `call_with_cache` and `call_with_attention_scores` run.
+        # What `Seq2SeqLM`'s `encode`, `call_with_cache` and `call_with_attention_scores` run.
         self.encoder_token_embedding, self.decoder_token_embedding = (
             source_embedding,
             target_embedding,
@@ -142,13 +143,46 @@ class Seq2Seq(Task):
         self.encoder_blocks, self.decoder_blocks = encoder_blocks, decoder_blocks
         self.encoder_final_norm, self.decoder_final_norm = encoder_norm, decoder_norm
 
+    @property
+    def token_embedding(self):
+        """The target side's `TokenEmbedding` (the output projection ties to it)."""
+        return self.decoder_token_embedding
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class Seq2SeqLM(HoldsBackbone, Task):
+    """Sequence-to-sequence LM: a `Seq2SeqBackbone`, then the target embedding transposed:
+    `{"encoder_token_ids", "decoder_token_ids"}` → logits `(batch, T, target vocabulary)`,
+    float32 (`Seq2Seq` for short).
+
+    `Seq2SeqLM(backbone)` wraps a backbone; `Seq2SeqLM(vocabulary_size, max_sequence_length,
+    ...)` builds the `Seq2SeqBackbone` of those arguments first. The task answers its
+    backbone's arguments (`model.hidden_dim`) and owns the cached decoding call.
+
+    Args:
+        backbone: a `Seq2SeqBackbone`, or its arguments in its place.
+        preprocessor: optional preprocessor, saved with the task.
+    """
+
+    config_args = ("backbone",)
+    nested_models = ("backbone",)
+
+    def __init__(self, backbone=None, *args, preprocessor=None, name="seq2seq", **kwargs):
+        trainable = {key: kwargs.pop(key) for key in ("trainable",) if key in kwargs}
+        backbone = backbone_of(Seq2SeqBackbone, backbone, args, kwargs)
+        inputs = {name: keras.Input((None,), dtype="int32", name=name) for name in backbone.input}
+        y = backbone(inputs)
+        logits = float32_logits(backbone.token_embedding(y, reverse=True), "logits")
+        super().__init__(inputs, logits, name=name, preprocessor=preprocessor, **trainable)
+        self.backbone = backbone
+
     def default_loss(self):
         return lm_loss()
 
     @property
     def max_length(self):
         """The longest target the position table allows (None: sinusoidal)."""
-        return getattr(self.decoder_position_embedding, "max_sequence_length", None)
+        return getattr(self.decoder_position_embedding, "sequence_length", None)
 
     def encode(self, source_ids, maps=None):
         """The encoder's output `(batch, S, hidden)` for int ids `(batch, S)` (0 = padding);
@@ -254,3 +288,17 @@ class Seq2Seq(Task):
         check_renamed(kwargs, ("pad_id",))
         prompts = [[start_id] for _ in range(len(source_ids))]
         return decode(self.runner(source_ids), prompts, max_new_tokens, **kwargs)
+
+
+# What a `Seq2SeqLM` reads off its backbone by name (`model.decoder_blocks`, `model.hidden_dim`).
+Seq2SeqLM.backbone_attributes = frozenset(Seq2SeqBackbone.config_args) | {
+    "token_embedding",
+    "encoder_token_embedding", "decoder_token_embedding", "encoder_position_embedding",
+    "decoder_position_embedding", "encoder_blocks", "decoder_blocks", "encoder_final_norm",
+    "decoder_final_norm",
+}  # fmt: skip
+
+Seq2Seq = Seq2SeqLM
+# Configs written before the backbone/task split name the class "Seq2Seq" (their weights,
+# not nested under a backbone, do not load into the new layout).
+keras.saving.get_custom_objects()["keras_attn>Seq2Seq"] = Seq2SeqLM

@@ -51,19 +51,19 @@ def resolve_jit_compile(
     return True
 
 
-class Task(keras.Model):
-    """Base of keras_attn models (not used on its own).
+class ConfigModel(keras.Model):
+    """A functional model rebuilt from its constructor arguments (base of backbones and tasks).
 
     Subclasses build a functional graph in `__init__`, call `super().__init__(inputs, outputs)`,
-    and list their constructor arguments in `config_args`; nested models (an encoder under a
-    head) are listed in `nested_models` and serialized with it. Loading a `.keras` file calls
+    and list their constructor arguments in `config_args`; nested models (a backbone under a
+    task) are listed in `nested_models` and serialized with it. Loading a `.keras` file calls
     the constructor again, so shared and tied layers stay shared.
     """
 
     config_args: tuple[str, ...] = ()
     nested_models: tuple[str, ...] = ()
 
-    def __init__(self, inputs, outputs, name=None, preprocessor=None, **kwargs):
+    def __init__(self, inputs, outputs, name=None, **kwargs):
         # keras.Model accepts and drops any keyword: a misspelt or unsupported argument
         # (`CausalLM(..., num_key_value_heads=2)`) would silently build another model.
         unknown = sorted(set(kwargs) - {"trainable"})
@@ -73,12 +73,44 @@ class Task(keras.Model):
                 + ", ".join(f"{key}={kwargs[key]!r}" for key in unknown)
             )
         super().__init__(inputs, outputs, name=name, **kwargs)
-        self.preprocessor = preprocessor
 
     def __call__(self, inputs, *args, **kwargs):
         if isinstance(inputs, dict) and isinstance(self.input, dict):
             inputs = complete_inputs(self, inputs)
         return super().__call__(inputs, *args, **kwargs)
+
+    def _set_config_args(self, values):
+        """Keeps each constructor argument named in `config_args` (taken from the caller's
+        `locals()`) as an attribute of the same name."""
+        for arg in self.config_args:
+            setattr(self, arg, values[arg])
+
+    def get_config(self):
+        config = {"name": self.name, "trainable": self.trainable}
+        for arg in self.config_args:
+            value = getattr(self, arg)
+            if arg in self.nested_models:
+                value = keras.saving.serialize_keras_object(value)
+            config[arg] = value
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        for arg in cls.nested_models:
+            if config.get(arg) is not None:
+                config[arg] = keras.saving.deserialize_keras_object(config[arg])
+        return cls(**config)
+
+
+class Task(ConfigModel):
+    """Base of keras_attn tasks: a backbone, the layers that turn its outputs into the task's
+    (logits, spans, …), an optional `preprocessor` (raw strings to the model's inputs, saved
+    with the task), and compile defaults: the task's loss, XLA where it helps."""
+
+    def __init__(self, inputs, outputs, name=None, preprocessor=None, **kwargs):
+        super().__init__(inputs, outputs, name=name, **kwargs)
+        self.preprocessor = preprocessor
 
     @property
     def layers(self):
@@ -101,12 +133,14 @@ class Task(keras.Model):
     # is unknown, and ids outside the table or a sequence past the position table would
     # surface as a TensorFlow op error (`GatherV2`, `Slice`) instead of a ValueError.
     def fit(self, x=None, y=None, *args, **kwargs):
+        x, y, kwargs = training_text(self, x, y, kwargs)
         x = preprocess_text(self, x)
         check_id_arrays(self, x, "x")
         check_label_array(self, y)
         return super().fit(x, y, *args, **kwargs)
 
     def evaluate(self, x=None, y=None, *args, **kwargs):
+        x, y, kwargs = training_text(self, x, y, kwargs)
         x = preprocess_text(self, x)
         check_id_arrays(self, x, "x")
         check_label_array(self, y)
@@ -154,33 +188,20 @@ class Task(keras.Model):
         if self.built:
             self.optimizer.build(self.trainable_variables)
 
-    def _set_config_args(self, values):
-        """Keeps each constructor argument named in `config_args` (taken from the caller's
-        `locals()`) as an attribute of the same name."""
-        for arg in self.config_args:
-            setattr(self, arg, values[arg])
-
     def default_loss(self):
         raise NotImplementedError(f"{type(self).__name__} has no default loss; pass `loss`.")
 
     def get_config(self):
-        config = {"name": self.name, "trainable": self.trainable}
-        for arg in self.config_args:
-            value = getattr(self, arg)
-            if arg in self.nested_models:
-                value = keras.saving.serialize_keras_object(value)
-            config[arg] = value
-        if self.preprocessor is not None:
-            config["preprocessor"] = keras.saving.serialize_keras_object(self.preprocessor)
+        config = super().get_config()
+        config["preprocessor"] = keras.saving.serialize_keras_object(self.preprocessor)
         return config
 
     @classmethod
     def from_config(cls, config):
         config = dict(config)
-        for arg in (*cls.nested_models, "preprocessor"):
-            if config.get(arg) is not None:
-                config[arg] = keras.saving.deserialize_keras_object(config[arg])
-        return cls(**config)
+        if config.get("preprocessor") is not None:
+            config["preprocessor"] = keras.saving.deserialize_keras_object(config["preprocessor"])
+        return super().from_config(config)
 
 
 def float32_logits(x, name):
@@ -226,6 +247,40 @@ def is_text(x) -> bool:
     return getattr(x, "dtype", None) is not None and str(x.dtype) in ("string", "<dtype: 'string'>")
 
 
+def training_text(model, x, y, kwargs: dict):
+    """`(x, y, kwargs)` for `fit`/`evaluate`: raw text without targets, given to a task whose
+    preprocessor makes its own (`CausalLMPreprocessor`, `MaskedLMPreprocessor`:
+    `training_batch`), becomes the inputs, targets and sample weights it makes (a dataset of
+    strings is mapped). Anything else is returned as is."""
+    batch = getattr(getattr(model, "preprocessor", None), "training_batch", None)
+    if batch is None or y is not None:
+        return x, y, kwargs
+    from keras_attn.preprocessing.preprocessor import model_inputs
+
+    if _text_dataset(x) and not isinstance(x.element_spec, tuple):  # strings, no targets
+
+        def convert(text):
+            inputs, targets, weights = batch(text)
+            return model_inputs(inputs, model.input), targets, weights
+
+        return x.map(convert), None, kwargs
+    if not is_text(x):
+        return x, y, kwargs
+
+    def arrays(text):
+        inputs, targets, weights = batch([text] if isinstance(text, str) else text)
+        inputs = keras.tree.map_structure(np.asarray, model_inputs(inputs, model.input))
+        return inputs, np.asarray(targets), np.asarray(weights)
+
+    kwargs = {**kwargs}
+    if is_text(kwargs.get("validation_data")):
+        kwargs["validation_data"] = arrays(kwargs["validation_data"])
+    inputs, targets, weights = arrays(x)
+    if kwargs.get("sample_weight") is None:
+        kwargs["sample_weight"] = weights
+    return inputs, targets, kwargs
+
+
 def preprocess_text(model, x):
     """`x` itself, unless it is raw text (or a `tf.data.Dataset` whose features are) and
     `model` has a preprocessor: then the model's inputs for that text (NumPy, or a mapped
@@ -248,7 +303,13 @@ def preprocess_text(model, x):
             return (model_inputs(preprocessor(features), model.input), *rest)
 
         return x.map(convert)
-    features = preprocessor([x] if isinstance(x, str) else x)
+    text = [x] if isinstance(x, str) else x
+    features = preprocessor(text)
+    training_batch = getattr(preprocessor, "training_batch", None)
+    if isinstance(model.input, dict) and set(model.input) - set(features) and training_batch:
+        # Inputs only training makes (a masked LM's `mask_positions`, drawn anew each call,
+        # as keras-hub's masked LMs do): take them from its batch.
+        features = training_batch(text)[0]
     return keras.tree.map_structure(np.asarray, model_inputs(features, model.input))
 
 

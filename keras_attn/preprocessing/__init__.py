@@ -2,6 +2,17 @@
 
 from keras_attn.preprocessing.masked_lm import MaskedLMMaskGenerator
 from keras_attn.preprocessing.packers import SegmentPacker, StartEndPacker
-from keras_attn.preprocessing.preprocessor import TextPreprocessor
+from keras_attn.preprocessing.preprocessor import (
+    CausalLMPreprocessor,
+    MaskedLMPreprocessor,
+    TextPreprocessor,
+)
 
-__all__ = ["MaskedLMMaskGenerator", "SegmentPacker", "StartEndPacker", "TextPreprocessor"]
+__all__ = [
+    "CausalLMPreprocessor",
+    "MaskedLMMaskGenerator",
+    "MaskedLMPreprocessor",
+    "SegmentPacker",
+    "StartEndPacker",
+    "TextPreprocessor",
+]

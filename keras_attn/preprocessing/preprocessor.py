@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from keras_attn.checks import check_positive_int
 from keras_attn.preprocessing.base import PreprocessingLayer
+from keras_attn.preprocessing.masked_lm import MaskedLMMaskGenerator
 from keras_attn.preprocessing.packers import SegmentPacker, StartEndPacker
 
 FEATURES = ("token_ids", "segment_ids", "padding_mask")
@@ -143,3 +144,94 @@ def model_inputs(features: dict, model_input):
             f"the preprocessor makes {sorted(features)}; the model also takes {missing}"
         )
     return {name: features[name] for name in model_input}
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class CausalLMPreprocessor(TextPreprocessor):
+    """`CausalLM`'s preprocessor: strings → ids, as `TextPreprocessor` (what `generate` and
+    the server run), and for `fit`/`evaluate` on raw text the next-token pairs
+    (`training_batch`): inputs the packed ids but the last, targets the ids but the first,
+    sample weight 0 where the target is padding.
+
+    Args:
+        tokenizer: a `keras_attn.tokenizers.Tokenizer`.
+        packer: a `StartEndPacker` (`[BOS] text [EOS]`, padded to its `sequence_length`).
+    Example:
+        >>> from keras_attn.preprocessing import StartEndPacker
+        >>> from keras_attn.tokenizers import SPECIAL_TOKENS, WordPieceTokenizer
+        >>> tokenizer = WordPieceTokenizer([*SPECIAL_TOKENS, "hello", "world"])
+        >>> preprocessor = CausalLMPreprocessor(tokenizer, StartEndPacker(5, 2, 3))
+        >>> x, y, weight = preprocessor.training_batch(["hello world"])
+        >>> x["token_ids"].numpy().tolist(), y.numpy().tolist(), weight.numpy().tolist()
+        ([[2, 7, 8, 3]], [[7, 8, 3, 0]], [[1.0, 1.0, 1.0, 0.0]])
+    """
+
+    def __init__(self, tokenizer, packer, **kwargs):
+        if not isinstance(packer, StartEndPacker):
+            raise ValueError(
+                "`packer` must be a StartEndPacker (the ids a causal LM reads and predicts). "
+                f"Received: packer={type(packer).__name__}"
+            )
+        super().__init__(tokenizer, packer, **kwargs)
+
+    def training_batch(self, text):
+        """`(x, y, sample_weight)` for next-token training on `text`."""
+        features = self(text)
+        ids, mask = features["token_ids"], features["padding_mask"]
+        x = {name: value[:, :-1] for name, value in features.items()}
+        return x, ids[:, 1:], tf.cast(mask[:, 1:], tf.float32)
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class MaskedLMPreprocessor(TextPreprocessor):
+    """`MaskedLM`'s preprocessor: tokenizer, packer and BERT's masking as one object.
+
+    Called, it gives the packed features, as `TextPreprocessor`. For `fit`/`evaluate` on raw
+    text (`training_batch`) it corrupts the packed ids with `masker` and returns the model's
+    inputs (`token_ids` corrupted, `segment_ids`, `padding_mask`, `mask_positions`), the
+    original ids at those positions as targets, and `mask_weights` as sample weights. NumPy
+    text is masked once per call; a `tf.data.Dataset` of strings is masked anew each epoch.
+
+    Args:
+        tokenizer: a `keras_attn.tokenizers.Tokenizer`.
+        packer: a `SegmentPacker` (`[CLS] a [SEP]`).
+        masker: a `MaskedLMMaskGenerator` whose `unselectable_token_ids` hold padding and the
+            packer's start and end ids (special tokens are never predicted).
+    """
+
+    def __init__(self, tokenizer, packer, masker, **kwargs):
+        if not isinstance(masker, MaskedLMMaskGenerator):
+            raise ValueError(
+                "`masker` must be a MaskedLMMaskGenerator. Received: masker=a "
+                f"{type(masker).__name__}"
+            )
+        if not isinstance(packer, SegmentPacker):
+            raise ValueError(
+                f"`packer` must be a SegmentPacker. Received: packer={type(packer).__name__}"
+            )
+        special = {packer.start_value, packer.end_value, packer.pad_value} - {None}
+        missing = sorted(special - set(masker.unselectable_token_ids))
+        if missing:
+            raise ValueError(
+                "`masker.unselectable_token_ids` must hold the packer's special ids, or "
+                f"[CLS]/[SEP]/padding get masked and predicted. Missing: {missing}; received: "
+                f"unselectable_token_ids={masker.unselectable_token_ids}"
+            )
+        super().__init__(tokenizer, packer, **kwargs)
+        self.masker = masker
+
+    def training_batch(self, text):
+        """`(x, y, sample_weight)` for masked-LM training on `text`."""
+        features = self(text)
+        masked = self.masker(features["token_ids"])
+        x = {**features, "token_ids": masked["token_ids"],
+             "mask_positions": masked["mask_positions"]}  # fmt: skip
+        return x, masked["mask_ids"], masked["mask_weights"]
+
+    def get_config(self):
+        return {**super().get_config(), "masker": keras.saving.serialize_keras_object(self.masker)}
+
+    @classmethod
+    def from_config(cls, config):
+        config = {**config, "masker": keras.saving.deserialize_keras_object(config["masker"])}
+        return super().from_config(config)

@@ -1,10 +1,10 @@
 """Pretrained checkpoints in and out, in the Hugging Face folder layout, with no network.
 
-`load_pretrained(folder)` (also `Encoder.from_pretrained`, each head's `from_pretrained`,
-`CausalLM.from_pretrained`) builds our model from `config.json` and copies every tensor of
-`model.safetensors` into it; `save_pretrained(model, folder)` writes the same layout back.
-Layouts: BERT (MiniLM, sentence-transformers folders), RoBERTa and DistilBERT into `Encoder`;
-GPT-2 into `CausalLM` (see `keras_attn.pretrained.layouts`).
+`load_pretrained(folder)` (also each backbone's and each task's `from_pretrained`) builds our
+backbone from `config.json` and copies every tensor of `model.safetensors` into it;
+`save_pretrained(model, folder)` writes the same layout back. Layouts: BERT (MiniLM,
+sentence-transformers folders), RoBERTa and DistilBERT into `EncoderBackbone`; GPT-2 into
+`DecoderBackbone` (see `keras_attn.pretrained.layouts`).
 
 Every checkpoint tensor is either copied, a known buffer (position ids, GPT-2's causal mask),
 a tied copy (GPT-2's `lm_head.weight`), or named in a `ValueError`; a tensor whose shape
@@ -49,7 +49,8 @@ def load_pretrained(folder, model_class=None, strict=True, **overrides):
     Args:
         folder: path of a folder with `config.json` and `model.safetensors` (or a sharded
             index). `pytorch_model.bin` is refused: it is a pickle.
-        model_class: `Encoder` or `CausalLM`; defaults to the one the architecture needs.
+        model_class: `EncoderBackbone` or `DecoderBackbone` (or a subclass); defaults to the
+            one the architecture needs.
         strict: bool. Checkpoint tensors the model does not use (a pretraining head's
             `cls.*`, a classifier) raise a `ValueError` naming them; `False` drops them.
         **overrides: constructor arguments that replace those read from `config.json`
@@ -114,14 +115,16 @@ def save_pretrained(model, folder, tokenizer=None, model_type=None):
     `WordPieceTokenizer`, `vocab.txt` and `tokenizer_config.json`.
 
     Args:
-        model: an `Encoder` (written as BERT, RoBERTa or DistilBERT, inferred from its
-            arguments) or a `CausalLM` (GPT-2).
+        model: an `EncoderBackbone` (written as BERT, RoBERTa or DistilBERT, inferred from
+            its arguments) or a `DecoderBackbone` (GPT-2), or a task holding one (its
+            `backbone` is written; a head's own layers are not).
         folder: path; created if needed, files in it overwritten.
         tokenizer: optional `WordPieceTokenizer`.
         model_type: optional `"bert"`, `"roberta"`, `"distilbert"` or `"gpt2"`.
     Raises:
         ValueError: the model has an argument the layout cannot express (naming it).
     """
+    model = getattr(model, "backbone", model)
     architecture = architecture_for_model(model, model_type)
     config = architecture.hf_config(model)
     tensors = architecture.tensors(model)

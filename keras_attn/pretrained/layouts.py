@@ -88,7 +88,7 @@ class Bert:
 
     model_types: tuple[str, ...] = ("bert",)
     prefixes: tuple[str, ...] = ("bert.",)
-    model_class = "Encoder"
+    model_class = "EncoderBackbone"
 
     def model_kwargs(self, config, weights):
         kind = config.get("position_embedding_type", "absolute")
@@ -190,7 +190,7 @@ class DistilBert:
 
     model_types = ("distilbert",)
     prefixes = ("distilbert.",)
-    model_class = "Encoder"
+    model_class = "EncoderBackbone"
 
     def model_kwargs(self, config, weights):
         if config.get("sinusoidal_pos_embds"):
@@ -261,7 +261,7 @@ class Gpt2:
 
     model_types = ("gpt2",)
     prefixes = ("transformer.",)
-    model_class = "CausalLM"
+    model_class = "DecoderBackbone"
     tied = (("lm_head.weight", "wte.weight"),)  # (key, the key it must equal)
 
     def model_kwargs(self, config, weights):
@@ -354,11 +354,11 @@ def architecture_for_config(config):
 
 def architecture_for_model(model, model_type=None):
     """The layout to write `model` in: `model_type` if given, else inferred from the model
-    (a `CausalLM` is GPT-2; an encoder with a position offset RoBERTa, without segments and
+    (a decoder backbone is GPT-2; an encoder with a position offset RoBERTa, without segments and
     pooler DistilBERT, else BERT)."""
     if model_type is not None:
         architecture = architecture_for_config({"model_type": model_type})
-    elif isinstance(model, model_class("CausalLM")):
+    elif isinstance(model, model_class("DecoderBackbone")):
         architecture = ARCHITECTURES[3]
     elif getattr(model, "position_offset", 0):
         architecture = ARCHITECTURES[1]

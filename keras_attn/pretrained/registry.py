@@ -5,7 +5,8 @@ MODEL_CLASSES: dict[str, type] = {}
 
 
 def register_model_class(role: str, cls: type) -> type:
-    """Registers `cls` as the class that checkpoints of `role` (`"Encoder"`, `"CausalLM"`)
+    """Registers `cls` as the class that checkpoints of `role` (`"EncoderBackbone"`,
+    `"DecoderBackbone"`)
     load into; subclasses of it are accepted too."""
     MODEL_CLASSES[role] = cls
     return cls

@@ -7,6 +7,7 @@ from keras_attn.models import (
     CausalLM,
     Encoder,
     EncoderPretrainer,
+    MaskedLM,
     MultipleChoice,
     Seq2Seq,
     SequenceClassifier,
@@ -86,6 +87,11 @@ MODELS = {
         lambda: EncoderPretrainer(encoder()),
         {**ENCODER_INPUTS, "mask_positions": np.array([[2, 3], [1, 0]], "int32")},
         {"mlm": np.array([[6, 7], [8, 0]]), "nsp": np.array([1, 0])},
+    ),
+    "masked_lm": (
+        lambda: MaskedLM(encoder(num_segments=None)),
+        {"token_ids": TOKENS, "mask_positions": np.array([[2, 3], [1, 0]], "int32")},
+        np.array([[6, 7], [8, 0]]),
     ),
 }
 

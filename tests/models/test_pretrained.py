@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from keras_attn.models import CausalLM, Encoder, SequenceClassifier
+from keras_attn.models import (
+    CausalLM,
+    DecoderBackbone,
+    Encoder,
+    EncoderBackbone,
+    SequenceClassifier,
+)
 from keras_attn.pretrained import load_pretrained, read_pooling, save_pretrained
 from tests.helpers import to_numpy
 from tests.models import numpy_transformers as ref
@@ -123,7 +129,7 @@ def test_minilm_exported_saved_model_and_onnx_match_numpy(
 
 def test_head_from_pretrained_starts_from_the_checkpoint(minilm, minilm_folder):
     head = SequenceClassifier.from_pretrained(minilm_folder, num_classes=3, pooling="mean")
-    for ours, theirs in zip(head.encoder.weights, minilm.weights, strict=True):
+    for ours, theirs in zip(head.backbone.weights, minilm.weights, strict=True):
         np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
     assert head.output.shape == (None, 3)
 
@@ -242,16 +248,17 @@ def test_layout_matches_numpy_forward_and_round_trips(layout, tmp_path):
     write_checkpoint(tmp_path / "in", config, weights, prefix)
     model = load_pretrained(tmp_path / "in", dropout=0.0)
     if layout == "gpt2":
-        assert isinstance(model, CausalLM)
+        assert isinstance(model, DecoderBackbone)  # the backbone; a task wraps it
+        lm = CausalLM(model)
         token_ids = RNG.integers(0, VOCAB, size=(2, 9)).astype("int32")  # id 0 is a real token
-        ours = to_numpy(model(token_ids)).astype("float64")
+        ours = to_numpy(lm(token_ids)).astype("float64")
         expected = ref.gpt2_forward(weights, token_ids, LAYERS, HEADS)
         assert np.abs(ours - expected).max() <= 1e-5
-        generated = model.generate([[5, 0, 7]], max_new_tokens=3, seed=0)[0]
+        generated = lm.generate([[5, 0, 7]], max_new_tokens=3, seed=0)[0]
         logits = ref.gpt2_forward(weights, np.array([[5, 0, 7]]), LAYERS, HEADS)
         assert generated[0] == logits[0, -1].argmax()
     else:
-        assert isinstance(model, Encoder)
+        assert isinstance(model, EncoderBackbone)
         pad = config["pad_token_id"]
         token_ids, padding = _inputs(pad)
         inputs = {"token_ids": token_ids}
@@ -359,7 +366,9 @@ def test_unsupported_configs_are_refused(tmp_path):
     ):
         Encoder.from_pretrained(tmp_path)
     write_checkpoint(tmp_path, config, make_weights())
-    with pytest.raises(ValueError, match=r"loads into Encoder\. Received: model_class=CausalLM"):
+    with pytest.raises(
+        ValueError, match=r"loads into EncoderBackbone\. Received: model_class=DecoderBackbone"
+    ):
         CausalLM.from_pretrained(tmp_path)
     with pytest.raises(ValueError, match="`folder` must be a model folder"):
         Encoder.from_pretrained(tmp_path / "nope")

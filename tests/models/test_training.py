@@ -23,7 +23,7 @@ def test_mixed_bfloat16_trains_with_float32_logits():
         keras.utils.set_random_seed(0)
         lm = CausalLM(40, 16, hidden_dim=32, num_layers=1, num_heads=2)
         classifier = SequenceClassifier(encoder(), 2, dropout=0.0)
-        assert lm.get_layer("decoder_block_0").compute_dtype == "bfloat16"
+        assert lm.backbone.get_layer("decoder_block_0").compute_dtype == "bfloat16"
     finally:
         keras.config.set_dtype_policy("float32")
     x, y = lm_data()

@@ -26,7 +26,7 @@ def fine_tuned(tmp_path_factory):
     texts, labels = zip(*train[:48], strict=True)
     model = SequenceClassifier.from_pretrained(
         checkpoint_folder(), num_classes=3, sequence_length=48, dropout=0.0,
-        encoder_kwargs={"dropout": 0.0},
+        backbone_kwargs={"dropout": 0.0},
     )  # fmt: skip
     model.compile(optimizer=keras.optimizers.Adam(5e-5))
     model.fit(list(texts), np.array(labels), batch_size=16, epochs=1, verbose=0)
@@ -73,14 +73,14 @@ def test_a_tokenizer_without_packer_for_a_two_input_model_is_refused(fine_tuned,
     from keras_attn_export import export_model
 
     model, _ = fine_tuned
-    bare = SequenceClassifier(model.encoder, 3, dropout=0.0)
+    bare = SequenceClassifier(model.backbone, 3, dropout=0.0)
     with pytest.raises(ValueError, match="without the packer the model was trained with"):
         export_model(bare, tmp_path / "x", tokenizer=model.preprocessor.tokenizer)
 
 
 def test_raw_text_without_a_preprocessor_names_the_fix(fine_tuned):
     model, _ = fine_tuned
-    bare = SequenceClassifier(model.encoder, 3, dropout=0.0)
+    bare = SequenceClassifier(model.backbone, 3, dropout=0.0)
     with pytest.raises(ValueError, match="has no preprocessor to tokenize it"):
         bare.predict(["a tweet"], verbose=0)
 
