@@ -45,6 +45,9 @@ from keras_attn_export.saved_model import (
     write_saved_model,
 )
 
+from keras_attn.preprocessing import TextPreprocessor
+from keras_attn.tokenizers import WordPieceTokenizer
+
 
 def as_float32(model: keras.Model) -> keras.Model:
     """`model` itself when it computes in float32, else a float32 copy with its weights:
@@ -181,9 +184,6 @@ def _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantiz
             tolerance, batch_sizes, sequence_lengths, input_ranges, strings_in, labels, task,
             overwrite, verbose) -> dict:  # fmt: skip
     import onnxruntime as ort
-
-    from keras_attn.preprocessing import TextPreprocessor
-    from keras_attn.tokenizers import WordPieceTokenizer
 
     formats = _check_formats(formats, optimize, quantize)
     check_int8_weights(int8_weights)

@@ -10,6 +10,9 @@ import zipfile
 
 from keras_attn_export.parity import ParityError
 
+import keras_attn  # noqa: F401  registers the layers and models for loading
+from keras_attn.tokenizers import WordPieceTokenizer
+
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
@@ -86,7 +89,6 @@ def load_tokenizer(path):
     """A `WordPieceTokenizer` from a vocab.txt or a Hugging Face folder (None stays None)."""
     if path is None:
         return None
-    from keras_attn.tokenizers import WordPieceTokenizer
 
     if os.path.isdir(path):
         return WordPieceTokenizer.from_pretrained(path)
@@ -134,8 +136,6 @@ def import_modules(names):
 def main(argv=None):
     args = parse_args(argv)
     from keras_attn_export.api import export_model
-
-    import keras_attn  # noqa: F401  registers the layers and models for loading
 
     try:
         import_modules(args.imports)

@@ -9,6 +9,9 @@ time (`index` t), so onnxruntime generation never recomputes the prefix.
 
 from pathlib import Path
 
+from keras_attn.layers.tracing import onnx_tracing
+from keras_attn.models.cached import cached_causal_lm
+
 
 def cache_spec(lm, max_length):
     """`{"layers", "kv_heads", "key_dim", "max_length"}` of a causal LM's cache."""
@@ -24,8 +27,6 @@ def cache_spec(lm, max_length):
 def decode_function(lm, spec):
     """A `tf.function` of (token ids, stacked cache, index) running `lm.call_with_cache`."""
     import tensorflow as tf
-
-    from keras_attn.layers.tracing import onnx_tracing
 
     signature = [
         tf.TensorSpec([None, None], tf.int32, name="token_ids"),
@@ -51,8 +52,6 @@ def write_decode_onnx(model, path: Path, max_length, opset=17) -> dict:
     """Writes the decode graph of a `CausalLM` to `path`; returns its cache spec (for the
     manifest)."""
     import tf2onnx
-
-    from keras_attn.models.cached import cached_causal_lm
 
     lm = cached_causal_lm(model)
     spec = cache_spec(lm, max_length)

@@ -9,14 +9,16 @@ import numpy as np
 from keras_attn_export.parity import input_kind
 from keras_attn_export.saved_model import input_specs
 
+import keras_attn
+import keras_attn.models as models
+from keras_attn.preprocessing import SegmentPacker, StartEndPacker
+
 
 def versions() -> dict:
     import onnx
     import onnxruntime
     import tensorflow as tf
     import tf2onnx
-
-    import keras_attn
 
     return {
         "keras_attn": keras_attn.__version__,
@@ -90,8 +92,6 @@ TASKS = {
 
 def task_of(model):
     """The manifest's `task`: what the model does, from its class (`None` for other models)."""
-    import keras_attn.models as models
-
     for name, task in TASKS.items():
         if isinstance(model, getattr(models, name)):
             return task
@@ -123,8 +123,6 @@ def embedding_spec(model, task):
 
 def packer_spec(packer):
     """The manifest's `packer`: what the server adds around one text's ids, or `None`."""
-    from keras_attn.preprocessing import SegmentPacker, StartEndPacker
-
     if packer is None:
         return None
     if not isinstance(packer, (StartEndPacker, SegmentPacker)):

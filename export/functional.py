@@ -17,6 +17,10 @@ The contract (README, "Your own functional model"):
 
 import keras
 
+from keras_attn.models.cached import cached_causal_lm
+from keras_attn.preprocessing import SegmentPacker, StartEndPacker
+from keras_attn.tokenizers import WordPieceTokenizer
+
 TASK_OUTPUT_RANKS = {"classify": (2,), "tag": (3,), "embed": (2, 3)}
 
 
@@ -36,8 +40,6 @@ def check_task(model, task, inferred):
         raise ValueError(f"`task` must be one of {known}. Received: task={task!r}")
     if task == "generate":
         if inferred != "generate":
-            from keras_attn.models.cached import cached_causal_lm
-
             cached_causal_lm(model)  # raises, naming the contract, if it cannot decode
         return task
     outputs = _outputs(model)
@@ -63,8 +65,6 @@ def split_text_model(model):
     """
     if len(model.inputs) != 1 or model.inputs[0].dtype != "string":
         return None
-    from keras_attn.preprocessing import SegmentPacker, StartEndPacker
-    from keras_attn.tokenizers import WordPieceTokenizer
 
     tokenizers = [layer for layer in model.layers if isinstance(layer, WordPieceTokenizer)]
     packers = [

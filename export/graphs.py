@@ -12,6 +12,16 @@ from keras_attn_export.describe import max_sequence_length, max_token_id
 from keras_attn_export.onnx import run_onnx, write_onnx
 from keras_attn_export.parity import ParityError, max_abs_diff
 from keras_attn_export.saved_model import input_specs
+from keras_attn_serving.generation import (
+    BoundCache,
+    empty_cache,
+    gqa_step,
+    greedy_decode,
+    session_step,
+)
+
+from keras_attn.models import CausalLM, generate
+from keras_attn.models.cached import cached_causal_lm, model_inputs
 
 
 def write_onnx_files(model, folder: Path, opset, optimize) -> dict:
@@ -82,8 +92,6 @@ def write_int8(folder: Path, onnx_info: dict, optimize, cases, requested=None):
 
 def is_causal_lm(model, task):
     """A `CausalLM`, or a functional model exported with `task="generate"`."""
-    from keras_attn.models import CausalLM
-
     return isinstance(model, CausalLM) or task == "generate"
 
 
@@ -96,9 +104,6 @@ def export_decoding(model, folder: Path, opset, tolerance) -> dict:
     import onnxruntime as ort
     from keras_attn_export.decode_graph import supported, write_decode_graph
     from keras_attn_export.decoding import write_decode_onnx
-    from keras_attn_serving.generation import BoundCache, empty_cache, gqa_step, session_step
-
-    from keras_attn.models.cached import cached_causal_lm
 
     # The cache holds as many positions as the learned position table; a sinusoidal model has
     # no table, and its cache is as long as the `sequence_length` it was built with.
@@ -138,11 +143,6 @@ def _check_decoding(model, name, step, new_state, max_length, tolerance):
     """Raises `ParityError` unless a decode graph's `step` (from the state `new_state(batch)`)
     gives the Keras model's logits at every position and Keras `generate()`'s greedy ids;
     returns the largest logits difference."""
-    from keras_attn_serving.generation import greedy_decode
-
-    from keras_attn.models import generate
-    from keras_attn.models.cached import model_inputs
-
     rng = np.random.default_rng(0)
     vocabulary = max_token_id(model)
     prompts = [rng.integers(1, vocabulary, size=n).tolist() for n in (3, 5, 1)]

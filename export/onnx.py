@@ -5,6 +5,8 @@ from pathlib import Path
 import keras
 import numpy as np
 
+from keras_attn.layers.tracing import onnx_tracing
+
 MIN_OPSET, MAX_OPSET = 13, 18  # tf2onnx 1.17 refuses opset 19
 
 
@@ -20,8 +22,6 @@ def write_onnx(model: keras.Model, path: Path, opset: int = 17) -> None:
     """Converts the model's serving function with tf2onnx and writes `path`."""
     import tf2onnx
     from keras_attn_export.saved_model import serving_function
-
-    from keras_attn.layers.tracing import onnx_tracing
 
     check_opset(opset)
     serve, signature = serving_function(model)

@@ -6,6 +6,8 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 
+from keras_attn.preprocessing.preprocessor import FEATURES
+
 SIGNATURE = "serving_default"
 TEXT_SIGNATURE = "serve_text"
 
@@ -90,8 +92,6 @@ def text_serving_function(model: keras.Model, preprocessor):
 
 def text_feeds(model: keras.Model, preprocessor, text) -> list:
     """The model's inputs for strings `text`, in `input_specs` order, each in its dtype."""
-    from keras_attn.preprocessing.preprocessor import FEATURES
-
     features = preprocessor(text)
     specs = input_specs(model)
     if len(specs) == 1:

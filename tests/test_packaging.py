@@ -57,6 +57,12 @@ def test_the_manifest_schema_is_a_leaf():
     assert not loaded & {"onnxruntime", "tokenizers", "tensorflow", "keras", "fastapi", "numpy"}
 
 
+def test_the_decoding_loop_is_a_leaf():
+    """Export checks its decode graphs with the server's own loop: NumPy only."""
+    loaded = imported_after(["keras_attn_serving.generation"])
+    assert not loaded & {"onnxruntime", "tokenizers", "tensorflow", "keras", "fastapi"}
+
+
 @pytest.mark.slow
 def test_library_and_export_stay_on_their_side():
     loaded = imported_after(modules("keras_attn"))
@@ -69,9 +75,13 @@ def test_library_and_export_stay_on_their_side():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    # The one thing that crosses from export to serving is the manifest schema.
+    # What crosses from export to serving: the manifest schema and the decoding loop (leaves).
     crossing = json.loads(done.stdout.strip().splitlines()[-1])
-    assert crossing == ["keras_attn_serving", "keras_attn_serving.manifest"]
+    assert crossing == [
+        "keras_attn_serving",
+        "keras_attn_serving.generation",
+        "keras_attn_serving.manifest",
+    ]
 
 
 def test_a_user_file_named_export_or_serving_does_not_shadow_ours(tmp_path):
@@ -83,8 +93,9 @@ def test_a_user_file_named_export_or_serving_does_not_shadow_ours(tmp_path):
 
 
 def imports_of(package):
-    """`{module: {imported module}}` of every module of `package`, from its source: every
-    import statement, at module level or inside a function (deferred), resolved to names."""
+    """`{module: {(imported module, deferred)}}` of every module of `package`, from its source:
+    every import statement, at module level or inside a function (deferred), resolved to
+    names."""
     import ast
 
     found = {}
@@ -95,13 +106,16 @@ def imports_of(package):
         if not path.is_file():
             path = folder.joinpath(*parts[:-1], parts[-1] + ".py") if parts else path
         targets = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        module_level = {id(node) for node in tree.body}
+        for node in ast.walk(tree):
+            deferred = id(node) not in module_level
             if isinstance(node, ast.Import):
-                targets |= {alias.name for alias in node.names}
+                targets |= {(alias.name, deferred) for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 # `from a.b import c` imports `a.b.c` when that is a module, else `a.b`: the
                 # longest known module prefix of `a.b.c` (resolved by the caller).
-                targets |= {f"{node.module}.{alias.name}" for alias in node.names}
+                targets |= {(f"{node.module}.{alias.name}", deferred) for alias in node.names}
         found[name] = targets
     return found
 
@@ -116,18 +130,18 @@ def unit(module):
 
 
 OURS = tuple(FOLDERS)
-# The one deferred import across packages besides the manifest: export checks its decode
-# graphs with the server's own onnxruntime decoding loop (issue 25 leaves it for now).
-ALLOWED_CROSSING = {("keras_attn_export", "keras_attn_serving.generation")}
+# What may cross between the packages, at module level only: export builds on keras_attn, and
+# reads serving's manifest schema and decoding loop (two leaf modules).
+SERVING_LEAVES = {"keras_attn_serving.manifest", "keras_attn_serving.generation"}
 
 
 def test_no_import_circle_and_no_deferred_crossing():
     """Every import, deferred (function-level) ones included: the units form no circle, and
-    nothing crosses between keras_attn, export and serving but the manifest schema."""
+    nothing crosses between keras_attn, export and serving but what `SERVING_LEAVES` names."""
     graph, known = {}, [m for p in OURS for m in modules(p)]
     for package in OURS:
         for module, targets in imports_of(package).items():
-            for target in targets:
+            for target, deferred in targets:
                 top = target.split(".")[0]
                 if top not in OURS:
                     continue
@@ -136,11 +150,11 @@ def test_no_import_circle_and_no_deferred_crossing():
                 if resolved is None:
                     continue
                 if top != package:
-                    allowed = resolved == "keras_attn_serving.manifest" or (
+                    allowed = resolved in SERVING_LEAVES or (
                         package == "keras_attn_export" and top == "keras_attn"
                     )
-                    allowed |= (package, resolved) in ALLOWED_CROSSING
                     assert allowed, f"{module} imports {resolved}"
+                    assert not deferred, f"{module} imports {resolved} inside a function"
                 if unit(resolved) != unit(module):
                     graph.setdefault(unit(module), set()).add(unit(resolved))
     # A circle is a unit that reaches itself.
