@@ -28,7 +28,7 @@ format: $(STAMP)
 BACKEND_TESTS := tests/layers tests/models tests/decoding tests/metrics tests/test_losses.py \
 	tests/test_optimizers.py tests/test_visualization.py
 test: lint
-	$(PY) -m pytest -n 2 -q
+	$(PY) -m pytest -n 2 -q --durations=15
 	$(PY) -m pytest -q -p no:cacheprovider --doctest-modules keras_attn export serving
 	$(VENV)/bin/mypy keras_attn export serving
 	$(VENV)/bin/mkdocs build --strict -q -d build/site

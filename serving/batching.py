@@ -14,6 +14,7 @@ import collections
 import concurrent.futures
 import threading
 import time
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -21,9 +22,9 @@ import numpy as np
 class _Request:
     __slots__ = ("feeds", "future", "key", "length", "rows")
 
-    def __init__(self, feeds, sequence_axis_inputs):
+    def __init__(self, feeds: dict[str, np.ndarray], sequence_axis_inputs: frozenset[str]) -> None:
         self.feeds = feeds
-        self.future = concurrent.futures.Future()
+        self.future: concurrent.futures.Future[dict[str, np.ndarray]] = concurrent.futures.Future()
         first = next(iter(feeds.values()))
         self.rows = first.shape[0] if first.ndim else 1
         lengths = {feeds[n].shape[1] for n in sequence_axis_inputs if n in feeds}
@@ -53,7 +54,14 @@ class CapTuner:
     really run. Lone requests on an empty queue say nothing about the cap and are not counted.
     """
 
-    def __init__(self, max_batch_size, window=16, margin=0.05, rest=4, max_rest=64):
+    def __init__(
+        self,
+        max_batch_size: int,
+        window: int = 16,
+        margin: float = 0.05,
+        rest: int = 4,
+        max_rest: int = 64,
+    ) -> None:
         caps, cap = [], 1
         while cap < max_batch_size:
             caps.append(cap)
@@ -61,20 +69,20 @@ class CapTuner:
         self.caps = [*caps, max_batch_size]
         self.window, self.margin, self.rest, self.max_rest = window, margin, rest, max_rest
         self.backoff = rest  # windows to wait after the next failed trial
-        self.typical = None  # median rows per batch, last settled window at this cap
+        self.typical: int | None = None  # median rows per batch, last settled window at this cap
         self.index = len(self.caps) - 1
-        self.trial = None  # index of the cap on trial, if any
+        self.trial: int | None = None  # index of the cap on trial, if any
         self.direction = -1
-        self.settled_cost = None
+        self.settled_cost: float | None = None
         self.wait = 0  # windows before the next trial
-        self._samples = []
+        self._samples: list[tuple[float, int]] = []
         self._lock = threading.Lock()
 
     @property
-    def cap(self):
+    def cap(self) -> int:
         return self.caps[self.index if self.trial is None else self.trial]
 
-    def record(self, rows, seconds):
+    def record(self, rows: int, seconds: float) -> None:
         """One batch of `rows`, run under load, took `seconds`."""
         if len(self.caps) == 1 or rows < 1:
             return
@@ -90,6 +98,7 @@ class CapTuner:
                 # same throughput at lower latency, and a flat stretch of the cost curve
                 # (8 rows as dear as 16) does not hide a cheaper cap beyond it (4).
                 smaller = self.trial < self.index
+                assert self.settled_cost is not None  # set by the window that began the trial
                 if cost <= self.settled_cost * (1 if smaller else 1 - self.margin):
                     # Moved; the trial measured this cap's cost: try the next one that way.
                     self.index, self.settled_cost = self.trial, cost
@@ -134,9 +143,16 @@ class Batcher:
     """
 
     def __init__(
-        self, run, max_batch_size=32, max_delay_ms=0.0, workers=2, sequence_inputs=(),
-        sequence_outputs=(), pad_value=0, on_batch=None,
-    ):  # fmt: skip
+        self,
+        run: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
+        max_batch_size: int = 32,
+        max_delay_ms: float = 0.0,
+        workers: int = 2,
+        sequence_inputs: Iterable[str] = (),
+        sequence_outputs: Iterable[str] = (),
+        pad_value: float = 0,
+        on_batch: Callable[[int, int, int], None] | None = None,
+    ) -> None:
         if not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ValueError(f"`max_batch_size` must be >= 1. Received: {max_batch_size!r}")
         if not max_delay_ms >= 0:
@@ -151,7 +167,7 @@ class Batcher:
         self.sequence_outputs = frozenset(sequence_outputs)
         self.pad_value = pad_value
         self._on_batch = on_batch
-        self._queue = collections.deque()
+        self._queue: collections.deque[_Request] = collections.deque()
         self._ready = threading.Condition()
         self._closed = False
         self._threads = [
@@ -162,10 +178,12 @@ class Batcher:
             thread.start()
 
     @property
-    def queue_depth(self):
+    def queue_depth(self) -> int:
         return len(self._queue)
 
-    def submit(self, feeds) -> concurrent.futures.Future:
+    def submit(
+        self, feeds: dict[str, np.ndarray]
+    ) -> concurrent.futures.Future[dict[str, np.ndarray]]:
         """Queues one request; its future resolves to the outputs for its rows only."""
         request = _Request(feeds, self.sequence_inputs)
         with self._ready:
@@ -175,7 +193,7 @@ class Batcher:
             self._ready.notify()
         return request.future
 
-    def close(self, wait=True):
+    def close(self, wait: bool = True) -> None:
         """Stops taking requests; queued ones still run (a drain)."""
         with self._ready:
             self._closed = True

@@ -1,11 +1,12 @@
 """`keras-attn-serve`: settings from flags, then `KERAS_ATTN_*` variables, then defaults."""
 
 import argparse
+from collections.abc import Sequence
 
 from keras_attn_serving.settings import ServerSettings
 
 
-def parse_settings(argv=None) -> ServerSettings:
+def parse_settings(argv: Sequence[str] | None = None) -> ServerSettings:
     """`ServerSettings` from flags (one per field, e.g. `--max-batch-size`), then
     `KERAS_ATTN_*` environment variables, then the defaults."""
     import pydantic
@@ -28,7 +29,7 @@ def parse_settings(argv=None) -> ServerSettings:
         parser.error(str(error))
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> None:
     import uvicorn
     from keras_attn_serving.observability import configure_logging
     from keras_attn_serving.server import create_app

@@ -2,11 +2,23 @@
 exported decode graph with a key/value cache (`decode.onnx`), or any full-prefix
 `logits_fn(token_ids) -> logits` (recomputing the prefix every step)."""
 
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
+if TYPE_CHECKING:
+    import onnxruntime as ort
+    from numpy.typing import ArrayLike
 
-def greedy_decode(step, state, prompts, max_new_tokens, stop_token_ids=(), pad_id=0,
-                  max_length=None):  # fmt: skip
+# `step(token_ids, state, index) -> (last logits (batch, vocab), state)`: see `greedy_decode`
+# (an onnxruntime session's step returns the pair as the list `session.run` gives).
+Step = Callable[[np.ndarray, Any, int], tuple[np.ndarray, Any] | list[np.ndarray]]
+
+
+def greedy_decode(step: Step, state: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                  stop_token_ids: Iterable[int] = (), pad_id: int = 0,
+                  max_length: int | None = None) -> list[list[int]]:  # fmt: skip
     """Extends each prompt with its most likely next token, one position at a time.
 
     `step(token_ids, state, index) -> (last_logits (batch, vocab), state)` runs new tokens
@@ -19,15 +31,16 @@ def greedy_decode(step, state, prompts, max_new_tokens, stop_token_ids=(), pad_i
     Returns:
         list of lists: the new ids of each prompt.
     """
-    new = [[] for _ in prompts]
+    new: list[list[int]] = [[] for _ in prompts]
     for row, token in greedy_tokens(step, state, prompts, max_new_tokens, stop_token_ids,
                                     pad_id, max_length):  # fmt: skip
         new[row].append(token)
     return new
 
 
-def greedy_tokens(step, state, prompts, max_new_tokens, stop_token_ids=(), pad_id=0,
-                  max_length=None):  # fmt: skip
+def greedy_tokens(step: Step, state: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                  stop_token_ids: Iterable[int] = (), pad_id: int = 0,
+                  max_length: int | None = None) -> Iterator[tuple[int, int]]:  # fmt: skip
     """`greedy_decode` as a generator of `(row, new id)`, each as soon as it is chosen (what
     streaming generation sends); a row's ids end before its first stop token."""
     if not prompts or any(len(p) == 0 for p in prompts):
@@ -44,8 +57,8 @@ def greedy_tokens(step, state, prompts, max_new_tokens, stop_token_ids=(), pad_i
             f"model's maximum sequence length {max_length}"
         )
     buffer = np.full((len(prompts), total), pad_id, dtype=np.int32)
-    for row, prompt in enumerate(prompts):
-        buffer[row, : len(prompt)] = prompt
+    for i, prompt in enumerate(prompts):
+        buffer[i, : len(prompt)] = prompt
     stop_ids = np.asarray(sorted(set(int(t) for t in stop_token_ids)), dtype=np.int64)
     done = np.zeros(len(prompts), bool)
     start = int(lengths.min())
@@ -65,29 +78,42 @@ def greedy_tokens(step, state, prompts, max_new_tokens, stop_token_ids=(), pad_i
         logits, state = step(buffer[:, t : t + 1], state, t)
 
 
-def prefix_step(logits_fn):
+def prefix_step(
+    logits_fn: Callable[[np.ndarray], "ArrayLike"],
+) -> Callable[[np.ndarray, np.ndarray, int], tuple[np.ndarray, np.ndarray]]:
     """A step over a full-prefix `logits_fn` (int32 ids `(batch, length)` → logits
     `(batch, length, vocab)`): its state is the prefix, recomputed every step. Start it
     from `np.zeros((batch, 0), np.int32)`."""
 
-    def step(token_ids, prefix, index):
+    def step(
+        token_ids: np.ndarray, prefix: np.ndarray, index: int
+    ) -> tuple[np.ndarray, np.ndarray]:
         prefix = np.concatenate([prefix[:, :index], token_ids], axis=1)
         return np.asarray(logits_fn(prefix))[:, -1], prefix
 
     return step
 
 
-def greedy(logits_fn, prompts, max_new_tokens, stop_token_ids=(), pad_id=0, max_length=None):
+def greedy(
+    logits_fn: Callable[[np.ndarray], "ArrayLike"],
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    stop_token_ids: Iterable[int] = (),
+    pad_id: int = 0,
+    max_length: int | None = None,
+) -> list[list[int]]:
     """`greedy_decode` over a full-prefix `logits_fn` (see `prefix_step`)."""
     empty = np.zeros((len(prompts), 0), np.int32)
     return greedy_decode(prefix_step(logits_fn), empty, prompts, max_new_tokens,
                          stop_token_ids, pad_id, max_length)  # fmt: skip
 
 
-def session_step(session):
+def session_step(
+    session: "ort.InferenceSession",
+) -> Callable[[np.ndarray, np.ndarray, int], list[np.ndarray]]:
     """The step function of an exported `decode.onnx` onnxruntime session."""
 
-    def step(token_ids, cache, index):
+    def step(token_ids: np.ndarray, cache: np.ndarray, index: int) -> list[np.ndarray]:
         feeds = {"token_ids": np.asarray(token_ids, np.int32), "cache": cache,
                  "index": np.asarray(index, np.int32)}  # fmt: skip
         return session.run(["logits", "updated_cache"], feeds)
@@ -103,7 +129,7 @@ class BoundCache:
     copies the cache in or out of Python. Pass it as the `state` of `gqa_step`'s step.
     """
 
-    def __init__(self, session, spec, batch):
+    def __init__(self, session: "ort.InferenceSession", spec: dict[str, Any], batch: int) -> None:
         import onnxruntime as ort
 
         self.binding = session.io_binding()
@@ -118,11 +144,13 @@ class BoundCache:
                 self.buffers.append(buffer)
 
 
-def gqa_step(session):
+def gqa_step(
+    session: "ort.InferenceSession",
+) -> Callable[[np.ndarray, BoundCache, int], tuple[np.ndarray, BoundCache]]:
     """The step function of an exported `decode_gqa.onnx` session; its state is a
     `BoundCache`."""
 
-    def step(token_ids, cache, index):
+    def step(token_ids: np.ndarray, cache: BoundCache, index: int) -> tuple[np.ndarray, BoundCache]:
         binding = cache.binding
         binding.bind_cpu_input("token_ids", np.ascontiguousarray(token_ids, np.int32))
         binding.bind_cpu_input("index", np.asarray(index, np.int32))
@@ -132,7 +160,7 @@ def gqa_step(session):
     return step
 
 
-def empty_cache(spec, batch):
+def empty_cache(spec: dict[str, Any], batch: int) -> np.ndarray:
     """The zero key/value cache an exported decode graph starts from (`spec`: the
     manifest's `decoding` entry)."""
     shape = (batch, spec["layers"], 2, spec["max_length"], spec["kv_heads"], spec["key_dim"])

@@ -7,9 +7,18 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from keras_attn_serving.predictor import InputError
 from keras_attn_serving.protocol import ServingError, parse_json
+
+if TYPE_CHECKING:
+    import numpy as np
+    from fastapi import FastAPI, Request
+    from keras_attn_serving.observability import Metrics
+    from keras_attn_serving.settings import ServerSettings
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("keras_attn.serve")
 
@@ -21,17 +30,19 @@ class Gate:
 
     UNLIMITED = ("/metrics", "/v2/health/live", "/v2/health/ready")
 
-    def __init__(self, app, settings, metrics, log):
+    def __init__(
+        self, app: "ASGIApp", settings: "ServerSettings", metrics: "Metrics", log: logging.Logger
+    ) -> None:
         self.app, self.settings, self.metrics, self.log = app, settings, metrics, log
         self.in_flight = 0
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: "Scope", receive: "Receive", send: "Send") -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path, started, status = scope["path"], time.perf_counter(), [500]
         limited = path not in self.UNLIMITED
 
-        async def record_status(message):
+        async def record_status(message: "Message") -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
             await send(message)
@@ -61,7 +72,7 @@ class Gate:
                                             "ms": round(1000 * seconds, 3)})  # fmt: skip
 
 
-def install_error_handlers(app):
+def install_error_handlers(app: "FastAPI") -> None:
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
     from starlette.exceptions import HTTPException
@@ -92,7 +103,7 @@ def install_error_handlers(app):
         return JSONResponse({"error": f"invalid request: {error.errors()}"}, status_code=400)
 
 
-async def read_body(request):
+async def read_body(request: "Request") -> bytes:
     """The body, decompressed, refused with 413 once it passes `max_body_bytes`."""
     max_body_bytes = request.app.state.settings.max_body_bytes
     declared = request.headers.get("content-length", "")
@@ -124,11 +135,17 @@ async def read_body(request):
     return body
 
 
-async def json_body(request):
+async def json_body(request: "Request") -> Any:
     return parse_json(await read_body(request))
 
 
-async def predict(request, name, version, feeds, timeout_s=None):
+async def predict(
+    request: "Request",
+    name: str,
+    version: str | int | None,
+    feeds: dict[str, "np.ndarray"],
+    timeout_s: float | None = None,
+) -> tuple[int, dict[str, "np.ndarray"]]:
     """`(version, outputs)` through the model's batcher, within the request timeout."""
     state = request.app.state
     chosen, predictor, batcher = state.repository.batcher(name, version)
@@ -145,12 +162,16 @@ async def predict(request, name, version, feeds, timeout_s=None):
         raise ServingError(504, f"request timed out after {timeout:g} s") from None
 
 
-def request_timeout(settings, timeout_s=None):
+def request_timeout(settings: "ServerSettings", timeout_s: float | None = None) -> float:
     """The server's timeout, or the client's when that is shorter."""
     return min(settings.request_timeout_s, timeout_s or settings.request_timeout_s)
 
 
-def check_response_size(settings, output_specs, arrays):
+def check_response_size(
+    settings: "ServerSettings",
+    output_specs: Sequence[Mapping[str, Any]],
+    arrays: Mapping[str, "np.ndarray"],
+) -> None:
     """Refuses, before any compute, a request whose rows or outputs pass the limits: a
     small request must not buy a huge answer (issue 19: 768 KB in, 210 MB of JSON out)."""
     rows = max((a.shape[0] for a in arrays.values() if a.ndim), default=0)

@@ -10,8 +10,9 @@ or a `format_version` this reader does not know is refused with an `ArtifactErro
 
 import hashlib
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -170,7 +171,7 @@ class Manifest(_Strict):
         return list(dict.fromkeys(name for name in names if name))
 
 
-def parse_manifest(content: dict) -> Manifest:
+def parse_manifest(content: dict[str, Any]) -> Manifest:
     """`content` checked against the schema; `ArtifactError` names the first wrong field."""
     version = content.get("format_version") if isinstance(content, dict) else None
     if version != FORMAT_VERSION:
@@ -193,7 +194,7 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def read_manifest(folder) -> Manifest:
+def read_manifest(folder: str | Path) -> Manifest:
     path = Path(folder) / MANIFEST
     if not path.is_file():
         raise ArtifactError(f"no {MANIFEST} in {folder}: not an exported artifact folder")
@@ -216,7 +217,7 @@ def _plain_name(rel) -> bool:
     return all(part not in ("", ".", "..") for part in rel.split("/"))
 
 
-def verify_files(folder, manifest: Manifest, prefixes=("",)) -> None:
+def verify_files(folder: str | Path, manifest: Manifest, prefixes: Iterable[str] = ("",)) -> None:
     """The folder is exactly what the manifest lists, byte for byte: every listed file under
     one of `prefixes` matches its sha256, no file is there unlisted, every path is a plain
     name inside the folder, and every file the manifest points to is listed."""

@@ -3,6 +3,7 @@
 import json
 import logging
 import time
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -13,7 +14,7 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 class Metrics:
     """Requests, latency, errors, batch sizes and queue depth, served at `/metrics`."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.registry = CollectorRegistry()
         labels = ("route", "status")
         self.requests = Counter("keras_attn_requests", "HTTP requests answered", labels,
@@ -33,14 +34,14 @@ class Metrics:
         self.batch_cap = Gauge("keras_attn_batch_cap", "rows merged at most, tuned under load",
                                ("model",), registry=self.registry)  # fmt: skip
 
-    def observe(self, route, status, seconds):
+    def observe(self, route: str, status: int, seconds: float) -> None:
         self.requests.labels(route, str(status)).inc()
         if status >= 400:
             self.errors.labels(route, str(status)).inc()
         self.latency.labels(route).observe(seconds)
 
-    def on_batch(self, model):
-        def record(rows, depth, cap):
+    def on_batch(self, model: str) -> Callable[[int, int, int], None]:
+        def record(rows: int, depth: int, cap: int) -> None:
             self.batch_size.labels(model).observe(rows)
             self.queue_depth.labels(model).set(depth)
             self.batch_cap.labels(model).set(cap)
@@ -56,7 +57,7 @@ class JsonFormatter(logging.Formatter):
 
     RESERVED = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message"}
 
-    def format(self, record):
+    def format(self, record: logging.LogRecord) -> str:
         entry = {
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
             + f".{int(record.msecs):03d}Z",
@@ -70,7 +71,7 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
-def configure_logging(level="info"):
+def configure_logging(level: str = "info") -> None:
     """JSON lines on stderr for the server's and uvicorn's loggers."""
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter())

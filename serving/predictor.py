@@ -4,7 +4,9 @@ Imports neither TensorFlow nor Keras (a test checks), so a serving host needs on
 onnxruntime, NumPy and `tokenizers`.
 """
 
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal, overload
 
 import numpy as np
 import onnxruntime as ort
@@ -19,6 +21,9 @@ from keras_attn_serving.generation import (
 )
 from keras_attn_serving.manifest import ArtifactError, read_manifest, verify_files
 from keras_attn_serving.tokenizer import WordPieceTextTokenizer
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 
 class InputError(ValueError):
@@ -38,7 +43,9 @@ class Predictor:
         >>> p.generate(["to be or not to be"], max_new_tokens=10)  # doctest: +SKIP
     """
 
-    def __init__(self, folder, verify=True, num_threads=None):
+    def __init__(
+        self, folder: str | Path, verify: bool = True, num_threads: int | None = None
+    ) -> None:
         self.folder = Path(folder)
         self.manifest = read_manifest(self.folder)
         if verify:
@@ -57,7 +64,7 @@ class Predictor:
         self.output_names = [spec["name"] for spec in self.output_specs]
         self.max_sequence_length = manifest.max_sequence_length
         self.decoding = manifest.decoding.model_dump() if manifest.decoding else None
-        self.decode_session = None
+        self.decode_session: ort.InferenceSession | None = None
         if self.decoding:
             self.decode_session = ort.InferenceSession(
                 str(self.folder / self.decoding["file"]), options,
@@ -67,7 +74,7 @@ class Predictor:
         # `decode_gqa.onnx` (onnxruntime's GroupQueryAttention, cache updated in place) when
         # the export could write it: the graph generation uses.
         self.gqa = (self.decoding or {}).get("gqa") or {}
-        self.gqa_session = None
+        self.gqa_session: ort.InferenceSession | None = None
         if self.gqa.get("file"):
             self.gqa_session = ort.InferenceSession(
                 str(self.folder / self.gqa["file"]), options, providers=["CPUExecutionProvider"]
@@ -82,7 +89,7 @@ class Predictor:
             raise ArtifactError(f"{self.folder.name} has no ONNX graph to serve (SavedModel only)")
         return self.manifest.onnx.file
 
-    def run(self, feeds):
+    def run(self, feeds: Mapping[str, "ArrayLike"]) -> dict[str, np.ndarray]:
         """Runs the model on `{input_name: array}`; returns `{output_name: array}`.
 
         Checks every input first and raises `InputError` naming the problem: input names,
@@ -92,13 +99,13 @@ class Predictor:
         """
         return self.run_checked(self.check(feeds))
 
-    def check(self, feeds):
+    def check(self, feeds: Mapping[str, "ArrayLike"]) -> dict[str, np.ndarray]:
         """`feeds` validated and cast to the model's dtypes, or `InputError` naming the problem."""
         if set(feeds) != set(self.inputs):
             raise InputError(f"inputs must be {sorted(self.inputs)}; received {sorted(feeds)}")
         return {name: self._checked(name, value) for name, value in feeds.items()}
 
-    def run_checked(self, arrays):
+    def run_checked(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The model's outputs for inputs `check` accepted."""
         outputs = self.session.run(self.output_names, arrays)
         return dict(zip(self.output_names, outputs, strict=True))
@@ -142,20 +149,28 @@ class Predictor:
             raise InputError(f"input {name!r} has {what} outside [{low}, {high})")
         return cast
 
-    def logits(self, token_ids):
+    def logits(self, token_ids: "ArrayLike") -> np.ndarray:
         """Logits of a single-input language model for int ids `(batch, length)`."""
         (name,) = self.inputs
         return self.run({name: token_ids})[self.output_names[0]]
 
-    def decode_step(self, token_ids, cache, index):
+    def decode_step(self, token_ids: np.ndarray, cache: np.ndarray, index: int) -> list[np.ndarray]:
         """One call of the exported decode graph: `(last logits, updated cache)`."""
         return self._decode_step(token_ids, cache, index)
 
-    def gqa_step(self, token_ids, cache, index):
+    def gqa_step(
+        self, token_ids: np.ndarray, cache: BoundCache, index: int
+    ) -> tuple[np.ndarray, BoundCache]:
         """One call of `decode_gqa.onnx` over a `BoundCache`: `(last logits, cache)`."""
         return self._gqa_step(token_ids, cache, index)
 
-    def generate_ids(self, prompts, max_new_tokens=20, stop_token_ids=(), use_cache=True):
+    def generate_ids(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int = 20,
+        stop_token_ids: Iterable[int] = (),
+        use_cache: bool | Literal["decode.onnx"] = True,
+    ) -> list[list[int]]:
         """Greedy continuation of id prompts; returns the new ids of each (a stop token ends
         a row and is not returned, as in `keras_attn.models.generate`). With `use_cache` (the
         default) it runs an exported key/value-cache graph: `decode_gqa.onnx` when the
@@ -165,7 +180,13 @@ class Predictor:
         return greedy_decode(step, state, [list(p) for p in prompts], max_new_tokens,
                              stop_token_ids, max_length=max_length)  # fmt: skip
 
-    def generate_tokens(self, prompts, max_new_tokens=20, stop_token_ids=(), use_cache=True):
+    def generate_tokens(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int = 20,
+        stop_token_ids: Iterable[int] = (),
+        use_cache: bool | Literal["decode.onnx"] = True,
+    ) -> Iterator[tuple[int, int]]:
         """`generate_ids` as a generator of `(row, new id)`, each as soon as it is chosen."""
         step, state, max_length = self._decoder(len(prompts), use_cache)
         return greedy_tokens(step, state, [list(p) for p in prompts], max_new_tokens,
@@ -185,7 +206,11 @@ class Predictor:
             return self.decode_step, empty_cache(self.decoding, batch), self.decoding["max_length"]
         return prefix_step(self.logits), np.zeros((batch, 0), np.int32), self.max_sequence_length
 
-    def generate(self, prompts, max_new_tokens=20):
+    @overload
+    def generate(self, prompts: str, max_new_tokens: int = 20) -> str: ...
+    @overload
+    def generate(self, prompts: list[str], max_new_tokens: int = 20) -> list[str]: ...
+    def generate(self, prompts: str | list[str], max_new_tokens: int = 20) -> str | list[str]:
         """Greedy continuation of text prompts; returns prompt + continuation as text."""
         if self.tokenizer is None:
             raise ValueError("this artifact has no tokenizer/: use generate_ids()")

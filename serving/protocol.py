@@ -9,6 +9,8 @@ followed by raw tensor bytes, in input (or output) order; a tensor sent that way
 
 import json
 import math
+from collections.abc import Collection, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -23,7 +25,7 @@ NUMPY_TO_V2 = {v: k for k, v in DATATYPES.items()}
 class ServingError(Exception):
     """An error answered as `{"error": message}` with an HTTP status."""
 
-    def __init__(self, status, message):
+    def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -33,7 +35,7 @@ def _bad(message):
     return ServingError(400, message)
 
 
-def parse_json(body, what="request body"):
+def parse_json(body: bytes | str, what: str = "request body") -> Any:
     """JSON, or a 400 naming why not (bad syntax, nesting too deep for the parser)."""
     try:
         return json.loads(body)
@@ -86,7 +88,9 @@ def _shape(tensor, name):
     return shape
 
 
-def decode_request(body: bytes, header_length=None):
+def decode_request(
+    body: bytes, header_length: str | int | None = None
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """`(request, feeds)`: the JSON header as a dict and `{input name: numpy array}`."""
     if header_length is None:
         header, binary = body, b""
@@ -154,7 +158,9 @@ def decode_request(body: bytes, header_length=None):
     return request, feeds
 
 
-def requested_outputs(request, available):
+def requested_outputs(
+    request: dict[str, Any], available: Collection[str]
+) -> list[tuple[str, bool]]:
     """`[(name, binary)]` to answer with: the ones asked for, or every output."""
     asked = request.get("outputs")
     default_binary = bool(_object(request, "parameters", "the request's").get(
@@ -177,7 +183,9 @@ def requested_outputs(request, available):
     ]
 
 
-def encode_response(header: dict, outputs: dict, wanted):
+def encode_response(
+    header: dict[str, Any], outputs: dict[str, np.ndarray], wanted: Iterable[tuple[str, bool]]
+) -> tuple[bytes, int | None]:
     """`(body, header_length)`: JSON, or JSON then binary tensors when any output asks for
     binary data (`header_length` is then the JSON's size, for Inference-Header-Content-Length)."""
     tensors, chunks = [], []
@@ -186,7 +194,7 @@ def encode_response(header: dict, outputs: dict, wanted):
         datatype = NUMPY_TO_V2.get(str(array.dtype))
         if datatype is None:
             raise ServingError(500, f"output {name!r} has dtype {array.dtype}, not a v2 datatype")
-        tensor = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+        tensor: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
         if binary:
             raw = (
                 _encode_bytes(array)

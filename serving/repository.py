@@ -4,6 +4,7 @@ its batcher (Triton's repository layout; VERSION is a positive integer)."""
 import os
 import re
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -35,9 +36,15 @@ class ModelRepository:
     """
 
     def __init__(
-        self, root, verify=True, num_threads=None, max_batch_size=32, max_delay_ms=0.0,
-        workers=2, on_batch=None,
-    ):  # fmt: skip
+        self,
+        root: str | Path,
+        verify: bool = True,
+        num_threads: int | None = None,
+        max_batch_size: int = 32,
+        max_delay_ms: float = 0.0,
+        workers: int = 2,
+        on_batch: Callable[[str], Callable[[int, int, int], None]] | None = None,
+    ) -> None:
         self.root = Path(root).resolve()
         if not self.root.is_dir():
             raise ValueError(f"`model_repository` must be a folder. Received: {root}")
@@ -49,13 +56,13 @@ class ModelRepository:
         self.batching = {"max_batch_size": max_batch_size, "max_delay_ms": max_delay_ms,
                          "workers": workers}  # fmt: skip
         self.on_batch = on_batch  # `model name -> callback(rows, queue depth, cap)`
-        self._loaded = {}
+        self._loaded: dict[tuple[str, int], tuple[Predictor, Batcher]] = {}
         self._lock = threading.Lock()
 
-    def names(self):
+    def names(self) -> list[str]:
         return sorted(p.name for p in self.root.iterdir() if p.is_dir() and NAME.match(p.name))
 
-    def servable(self):
+    def servable(self) -> bool:
         """Whether any model has a numbered version folder (what readiness needs)."""
         return any(
             _is_version(p.name) and p.is_dir()
@@ -63,7 +70,7 @@ class ModelRepository:
             for p in (self.root / name).iterdir()
         )
 
-    def versions(self, name):
+    def versions(self, name: str) -> list[int]:
         if not isinstance(name, str) or not NAME.match(name) or ".." in name:
             raise ServingError(400, f"invalid model name {str(name)[:80]!r}")
         folder = self.root / name
@@ -76,7 +83,7 @@ class ModelRepository:
             raise ServingError(404, f"model {name!r} has no numbered version folders")
         return versions
 
-    def resolve(self, name, version=None):
+    def resolve(self, name: str, version: str | int | None = None) -> tuple[int, Path]:
         """`(version, folder)`: the named version, or the newest."""
         versions = self.versions(name)
         if version is None or version == "":
@@ -89,12 +96,14 @@ class ModelRepository:
                 raise ServingError(404, f"model {name!r} has no version {chosen}")
         return chosen, self.root / name / str(chosen)
 
-    def get(self, name, version=None):
+    def get(self, name: str, version: str | int | None = None) -> tuple[int, Predictor]:
         """`(version, predictor)`."""
         chosen, loaded = self._load(name, version)
         return chosen, loaded[0]
 
-    def batcher(self, name, version=None):
+    def batcher(
+        self, name: str, version: str | int | None = None
+    ) -> tuple[int, Predictor, Batcher]:
         """`(version, predictor, batcher)`."""
         chosen, loaded = self._load(name, version)
         return chosen, loaded[0], loaded[1]
@@ -138,12 +147,12 @@ class ModelRepository:
             on_batch=self.on_batch(name) if self.on_batch else None,
         )  # fmt: skip
 
-    def loaded(self):
+    def loaded(self) -> list[tuple[str, int, Predictor, Batcher]]:
         """`[(name, version, predictor, batcher)]` of the models loaded so far."""
         with self._lock:
             return [(n, v, p, b) for (n, v), (p, b) in self._loaded.items()]
 
-    def close(self):
+    def close(self) -> None:
         """Runs what is queued, then stops every model's batcher (the end of a drain)."""
         for *_, batcher in self.loaded():
             batcher.close()

@@ -5,6 +5,8 @@ import asyncio
 import itertools
 import json
 import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
@@ -12,10 +14,15 @@ from keras_attn_serving.handling import json_body, predict, request_timeout
 from keras_attn_serving.protocol import ServingError
 from keras_attn_serving.text import TEXT_PARAMETERS, TextModel
 
+if TYPE_CHECKING:
+    import numpy as np
+
 router = APIRouter()
 
 
-async def text_task(request, name, version, task):
+async def text_task(
+    request: Request, name: str, version: str | None, task: str
+) -> tuple[int, TextModel, dict[str, Any], dict[str, Any]]:
     """`(version, TextModel, payload, parameters)` of a text request, checked for the task."""
     payload = await json_body(request)
     chosen, predictor = request.app.state.repository.get(name, version)
@@ -46,7 +53,9 @@ async def text_task(request, name, version, task):
     return chosen, model, payload, parameters or {}
 
 
-async def text_outputs(request, name, version, task):
+async def text_outputs(
+    request: Request, name: str, version: str | None, task: str
+) -> tuple[dict[str, str], TextModel, dict[str, "np.ndarray"], list[list[int]], dict[str, Any]]:
     chosen, model, payload, parameters = await text_task(request, name, version, task)
     feeds, packed = model.encode(TextModel.texts(payload))
     _, outputs = await predict(request, name, version, feeds)
@@ -80,7 +89,9 @@ async def embed(name: str, request: Request, version: str | None = None):
     return {**header, "embeddings": vectors}
 
 
-async def generation(request, name, version):
+async def generation(
+    request: Request, name: str, version: str | None
+) -> tuple[dict[str, str], TextModel, list[int], int, list[int]]:
     """`(header, TextModel, prompt ids, max_tokens, stop ids)` of a checked request."""
     chosen, model, payload, parameters = await text_task(request, name, version, "generate")
     text = payload.get("text_input")
@@ -118,7 +129,7 @@ async def generate(name: str, request: Request, version: str | None = None):
     timeout = request_timeout(request.app.state.settings)
     deadline = time.perf_counter() + timeout
 
-    def run():
+    def run() -> list[int]:
         tokens = model.predictor.generate_tokens([prompt], max_tokens, stop)
         return [token for _, token in _until(deadline, timeout, tokens)]
 
@@ -144,7 +155,7 @@ async def generate_stream(name: str, request: Request, version: str | None = Non
     except ValueError as error:
         raise ServingError(400, str(error)[:300]) from None
 
-    def events():  # Server-Sent Events, one per token (Triton's generate_stream)
+    def events() -> Iterator[str]:  # Server-Sent Events, one per token (Triton's generate_stream)
         try:
             for token, delta in [] if first is None else itertools.chain([first], tokens):
                 event = {**header, "text_output": delta, "token_id": token}

@@ -14,15 +14,25 @@ through a batcher), one router per protocol (`routes_v2`, `routes_text`, `routes
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from keras_attn_serving.handling import Gate, install_error_handlers, log
 from keras_attn_serving.repository import ModelRepository
 from keras_attn_serving.settings import ServerSettings
 
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
 __all__ = ["ModelRepository", "create_app"]
 
 
-def create_app(repository, settings=None, **overrides):
+def create_app(
+    repository: ModelRepository | str | Path,
+    settings: ServerSettings | None = None,
+    **overrides: Any,
+) -> "FastAPI":
     """The FastAPI application serving `repository` (a `ModelRepository` or a folder).
 
     `settings` is a `ServerSettings` (its `model_repository` is ignored when `repository` is
@@ -49,7 +59,7 @@ def create_app(repository, settings=None, **overrides):
         repository.on_batch = metrics.on_batch
 
     @contextlib.asynccontextmanager
-    async def lifespan(app):
+    async def lifespan(app: "FastAPI") -> AsyncIterator[None]:
         log.info("serving", extra={"repository": str(repository.root),
                                    "models": repository.names()})  # fmt: skip
         yield
@@ -58,7 +68,9 @@ def create_app(repository, settings=None, **overrides):
         await asyncio.to_thread(repository.close)
         log.info("drained")
 
-    docs = {} if settings.openapi else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+    docs: dict[str, Any] = (
+        {} if settings.openapi else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+    )
     app = FastAPI(title="keras-attn-serve", lifespan=lifespan, **docs)
     app.state.repository = repository
     app.state.settings = settings

@@ -8,8 +8,15 @@ in between (through its batcher), so these functions never call onnxruntime them
 except `TextModel.stream`, which drives the decode graph step by step.
 """
 
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 from keras_attn_serving.protocol import ServingError
+
+if TYPE_CHECKING:
+    from keras_attn_serving.predictor import Predictor
+    from numpy.typing import ArrayLike
 
 TEXT_TASKS = ("classify", "tag", "embed", "generate")
 # The `parameters` each text endpoint reads; any other is refused with a 400.
@@ -21,7 +28,7 @@ TEXT_PARAMETERS = {
 }
 
 
-def softmax(logits):
+def softmax(logits: "ArrayLike") -> np.ndarray:
     shifted = np.asarray(logits, np.float64)
     shifted = np.exp(shifted - shifted.max(-1, keepdims=True))
     return shifted / shifted.sum(-1, keepdims=True)
@@ -30,7 +37,7 @@ def softmax(logits):
 class TextModel:
     """Raw text in, task answers out, for one exported model (`Predictor`)."""
 
-    def __init__(self, predictor):
+    def __init__(self, predictor: "Predictor") -> None:
         self.predictor = predictor
         manifest = predictor.manifest
         self.task = manifest.task
@@ -47,7 +54,7 @@ class TextModel:
         axes = manifest.inputs[0].shape if manifest.inputs else []
         self.fixed_length = axes[1] if len(axes) == 2 and isinstance(axes[1], int) else None
 
-    def require(self, task):
+    def require(self, task: str) -> None:
         """`ServingError` 400 unless this model answers `task` from text."""
         if self.tokenizer is None:
             raise ServingError(400, "this model was exported without a tokenizer: text "
@@ -59,7 +66,7 @@ class TextModel:
             )  # fmt: skip
 
     @staticmethod
-    def texts(payload):
+    def texts(payload: Any) -> list[str]:
         """The `text_input` of a request body (one string or a list of them), as a list."""
         text = payload.get("text_input") if isinstance(payload, dict) else None
         texts = [text] if isinstance(text, str) else text
@@ -78,7 +85,9 @@ class TextModel:
                 ) from None  # fmt: skip
         return texts
 
-    def encode(self, texts, truncate=True):
+    def encode(
+        self, texts: list[str], truncate: bool = True
+    ) -> tuple[dict[str, np.ndarray], list[list[int]]]:
         """`(feeds, ids)`: the model's inputs for `texts` (packed as at training time, padded
         to the longest with 0) and each text's ids as packed, one list per text. Texts longer
         than the model takes are cut as the packer cuts them, unless `truncate=False`."""
@@ -110,10 +119,10 @@ class TextModel:
                 raise ServingError(400, f"text endpoints cannot fill model input {name!r}")
         return feeds, packed
 
-    def label(self, index):
+    def label(self, index: int) -> str:
         return self.labels[index] if self.labels else str(index)
 
-    def classify(self, outputs):
+    def classify(self, outputs: dict[str, np.ndarray]) -> list[dict[str, Any]]:
         """One `{label, label_id, score, scores}` per text from `(batch, classes)` logits."""
         probabilities = softmax(next(iter(outputs.values())))
         answers = []
@@ -125,7 +134,9 @@ class TextModel:
             })  # fmt: skip
         return answers
 
-    def tag(self, outputs, packed):
+    def tag(
+        self, outputs: dict[str, np.ndarray], packed: list[list[int]]
+    ) -> list[list[dict[str, Any]]]:
         """Per text, one `{token, label, label_id, score}` per word piece (start/end ids of
         the packer left out) from `(batch, sequence, classes)` logits."""
         probabilities = softmax(next(iter(outputs.values())))
@@ -144,7 +155,13 @@ class TextModel:
             answers.append(tokens)
         return answers
 
-    def embed(self, outputs, packed, pooling="mean", normalize=False):
+    def embed(
+        self,
+        outputs: dict[str, np.ndarray],
+        packed: list[list[int]],
+        pooling: str = "mean",
+        normalize: bool = False,
+    ) -> list[list[float]]:
         """One vector per text: the mean of `sequence_output` over the text's positions
         (`pooling="mean"`) or the `pooled_output` (`"cls"`), optionally L2-normalized.
 
@@ -173,19 +190,23 @@ class TextModel:
             vectors = vectors / np.linalg.norm(vectors, axis=-1, keepdims=True)
         return vectors.tolist()
 
-    def prompt(self, text):
+    def prompt(self, text: str) -> list[int]:
         """A generation prompt's ids: packed with the start id but no end id (it continues),
         and never cut (too long is an error when generating)."""
         (ids,) = self.encode([text], truncate=False)[1]
         return ids[:-1] if self.packer.get("end_value") is not None else ids
 
-    def continuation(self, prompt, new, prompt_text=None):
+    def continuation(
+        self, prompt: list[int], new: list[int], prompt_text: str | None = None
+    ) -> str:
         """The text the `new` ids add after `prompt`'s text, without a leading space."""
         shown = self.tokenizer.decode(prompt) if prompt_text is None else prompt_text
         full = self.tokenizer.decode(prompt + new)
         return (full[len(shown) :] if full.startswith(shown) else full).lstrip()
 
-    def stream(self, prompt, max_tokens, stop_token_ids=()):
+    def stream(
+        self, prompt: list[int], max_tokens: int, stop_token_ids: Iterable[int] = ()
+    ) -> Iterator[tuple[int, str]]:
         """Greedy continuation of prompt ids, yielded as `(token id, text delta)` pairs as
         each token is chosen; the deltas join into `continuation(prompt, new ids)`."""
         prompt_text = self.tokenizer.decode(prompt)

@@ -11,7 +11,9 @@ of the default corpus and on 10,000 random-Unicode lines per case setting (teste
 
 import functools
 import json
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Self, overload
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
@@ -39,13 +41,13 @@ class WordPieceTextTokenizer:
 
     def __init__(
         self,
-        vocabulary,
-        lowercase=True,
-        special_tokens=("[PAD]", "[UNK]"),
-        unknown_token="[UNK]",
-        max_bytes_per_word=100,
-        unicode_table=None,
-    ):
+        vocabulary: Iterable[str],
+        lowercase: bool = True,
+        special_tokens: Sequence[str] = ("[PAD]", "[UNK]"),
+        unknown_token: str = "[UNK]",
+        max_bytes_per_word: int = 100,
+        unicode_table: Mapping[int, str | int | None] | None = None,
+    ) -> None:
         self.vocabulary = list(vocabulary)
         # `unicode_table={}` switches the correction off (to build the table).
         self._translation = _translation(lowercase) if unicode_table is None else unicode_table
@@ -71,7 +73,7 @@ class WordPieceTextTokenizer:
         self._tokenizer.decoder = decoders.WordPiece(prefix="##")
 
     @classmethod
-    def from_folder(cls, folder):
+    def from_folder(cls, folder: str | Path) -> Self:
         folder = Path(folder)
         config = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
         vocabulary = (folder / "vocab.txt").read_text(encoding="utf-8").split("\n")
@@ -86,10 +88,14 @@ class WordPieceTextTokenizer:
         )
 
     @property
-    def vocabulary_size(self):
+    def vocabulary_size(self) -> int:
         return len(self.vocabulary)
 
-    def encode(self, texts):
+    @overload
+    def encode(self, texts: str) -> list[int]: ...
+    @overload
+    def encode(self, texts: list[str]) -> list[list[int]]: ...
+    def encode(self, texts: str | list[str]) -> list[int] | list[list[int]]:
         """A string or a list of strings to a list of ids (or a list of such lists)."""
         if isinstance(texts, str):
             return self.encode([texts])[0]
@@ -126,7 +132,7 @@ class WordPieceTextTokenizer:
                 out.extend(token.id for token in self._tokenizer.model.tokenize(word))
         return out
 
-    def decode(self, ids):
+    def decode(self, ids: Iterable[int]) -> str:
         """Ids to text, special tokens dropped."""
         ids = [int(i) for i in ids]
         bad = [i for i in ids if not 0 <= i < len(self.vocabulary)]
