@@ -2,7 +2,9 @@
 
 import datetime
 import shutil
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import keras
 import numpy as np
@@ -45,7 +47,7 @@ from keras_attn_export.saved_model import (
     write_saved_model,
 )
 
-from keras_attn.preprocessing import TextPreprocessor
+from keras_attn.preprocessing import SegmentPacker, StartEndPacker, TextPreprocessor
 from keras_attn.tokenizers import WordPieceTokenizer
 
 
@@ -56,7 +58,7 @@ def as_float32(model: keras.Model) -> keras.Model:
     if all(layer.compute_dtype not in ("float16", "bfloat16") for layer in layers):
         return model
 
-    def float32_policies(value):
+    def float32_policies(value: Any) -> Any:
         if isinstance(value, dict):
             if value.get("class_name") in ("DTypePolicy", "DTypePolicyMap"):
                 return "float32"
@@ -93,21 +95,21 @@ def _check_formats(formats, optimize, quantize):
 
 def export_model(
     model: keras.Model,
-    out_dir,
-    tokenizer=None,
-    packer=None,
-    formats=FORMATS,
+    out_dir: str | Path,
+    tokenizer: WordPieceTokenizer | None = None,
+    packer: StartEndPacker | SegmentPacker | None = None,
+    formats: Iterable[str] = FORMATS,
     opset: int = 17,
     optimize: bool = False,
-    quantize=None,
-    int8_weights=None,
-    tolerance=1e-4,
-    batch_sizes=DEFAULT_BATCH_SIZES,
-    sequence_lengths=DEFAULT_SEQUENCE_LENGTHS,
-    input_ranges=None,
+    quantize: str | None = None,
+    int8_weights: str | None = None,
+    tolerance: float | dict[str, float] = 1e-4,
+    batch_sizes: Iterable[int] = DEFAULT_BATCH_SIZES,
+    sequence_lengths: Iterable[int] = DEFAULT_SEQUENCE_LENGTHS,
+    input_ranges: dict[str, tuple[int, int]] | None = None,
     strings_in: bool = False,
-    labels=None,
-    task=None,
+    labels: Sequence[str] | None = None,
+    task: str | None = None,
     overwrite: bool = True,
     verbose: bool = True,
 ) -> dict:

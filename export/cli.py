@@ -7,14 +7,19 @@ import os
 import re
 import sys
 import zipfile
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from keras_attn_export.parity import ParityError
 
 import keras_attn  # noqa: F401  registers the layers and models for loading
 from keras_attn.tokenizers import WordPieceTokenizer
 
+if TYPE_CHECKING:
+    import keras
 
-def parse_args(argv=None):
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="keras-attn-export",
         description="Export a saved Keras model (.keras) to a verified artifact folder: "
@@ -69,7 +74,7 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def parse_labels(text):
+def parse_labels(text: str | None) -> list[str] | None:
     """`a,b,c` or a JSON list of strings -> list of str (None stays None)."""
     if text is None:
         return None
@@ -85,7 +90,7 @@ def parse_labels(text):
     return labels
 
 
-def load_tokenizer(path):
+def load_tokenizer(path: str | None) -> WordPieceTokenizer | None:
     """A `WordPieceTokenizer` from a vocab.txt or a Hugging Face folder (None stays None)."""
     if path is None:
         return None
@@ -95,7 +100,7 @@ def load_tokenizer(path):
     return WordPieceTokenizer(path)
 
 
-def load_model(path):
+def load_model(path: str) -> "keras.Model":
     """`keras.saving.load_model`, its unknown-class error turned into a hint at `--import`."""
     import keras
 
@@ -121,7 +126,7 @@ def load_model(path):
         ) from None
 
 
-def import_modules(names):
+def import_modules(names: Iterable[str]) -> None:
     """Imports each module (custom layers register themselves on import); the current folder
     is searched first, as `python -m` would."""
     if os.getcwd() not in sys.path:
@@ -133,7 +138,7 @@ def import_modules(names):
             raise ValueError(f"`--import {name}` failed: {error}") from None
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     from keras_attn_export.api import export_model
 

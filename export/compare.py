@@ -1,7 +1,9 @@
 """Parity of the exported artifacts with Keras: the sweep of cases, one row per output and
 case, int8 drift, and `serve_text` against `serving_default`."""
 
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import keras
 import numpy as np
@@ -16,6 +18,12 @@ from keras_attn_export.saved_model import (
     load_signature,
 )
 
+if TYPE_CHECKING:
+    import onnxruntime as ort
+    import tensorflow as tf
+
+    from keras_attn.preprocessing import TextPreprocessor
+
 COLUMNS = {"model.onnx": "onnx", "model.opt.onnx": "onnx_opt"}  # parity table columns
 
 TEXT_SAMPLES = [
@@ -25,7 +33,7 @@ TEXT_SAMPLES = [
 ]
 
 
-def text_parity(folder: Path, preprocessor) -> float:
+def text_parity(folder: Path, preprocessor: "TextPreprocessor") -> float:
     """Max |serve_text(strings) - serving_default(the preprocessor's ids of those strings)|;
     0 when they agree."""
     import tensorflow as tf
@@ -45,7 +53,12 @@ def text_parity(folder: Path, preprocessor) -> float:
     return max(max_abs_diff(from_text[k].numpy(), from_ids[k].numpy()) for k in from_ids)
 
 
-def sweep(model, batch_sizes, sequence_lengths, input_ranges=None):
+def sweep(
+    model: keras.Model,
+    batch_sizes: Iterable[int],
+    sequence_lengths: Iterable[int],
+    input_ranges: dict[str, tuple[int, int]] | None = None,
+) -> list[tuple[int, int, dict[str, np.ndarray], dict[str, np.ndarray]]]:
     """The parity sweep's cases, Keras run once each: `[(batch, seq, feeds, {output: array})]`."""
     specs = input_specs(model)
     cases = []
@@ -59,7 +72,11 @@ def sweep(model, batch_sizes, sequence_lengths, input_ranges=None):
     return cases
 
 
-def parity_rows(cases, saved, sessions):
+def parity_rows(
+    cases: Sequence[tuple[int, int, dict[str, np.ndarray], dict[str, np.ndarray]]],
+    saved: "tf.types.experimental.ConcreteFunction | None",
+    sessions: dict[str, "ort.InferenceSession"],
+) -> list[dict[str, Any]]:
     """Max-abs differences vs Keras for each output and case of `sweep`, one column per
     artifact (`saved` may be None; `sessions` maps an ONNX file to its session)."""
     import tensorflow as tf
@@ -80,11 +97,14 @@ def parity_rows(cases, saved, sessions):
     return rows
 
 
-def quantization_drift(cases, session):
+def quantization_drift(
+    cases: Sequence[tuple[int, int, dict[str, np.ndarray], dict[str, np.ndarray]]],
+    session: "ort.InferenceSession",
+) -> dict[str, dict[str, float]]:
     """How far int8 outputs move from Keras over the `sweep` cases: per output, the largest
     absolute difference, that difference relative to the largest |Keras output|, and the
     fraction of positions whose argmax over the last axis is unchanged."""
-    report = {}
+    report: dict[str, dict[str, Any]] = {}
     for _, _, feeds, reference in cases:
         quantized = run_onnx(session, feeds)
         for name, ref in reference.items():

@@ -22,12 +22,23 @@ place, and no step copies the cache. Every row decodes the same positions, as `g
 manifest; models it cannot express (see `supported`) keep `decode.onnx` only.
 """
 
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
+
+if TYPE_CHECKING:
+    import keras
+    import onnx
+    from numpy.typing import ArrayLike
+
+    from keras_attn.models.cached import CachedCausalLM
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swish", "silu")
 
 
-def supported(lm):
+def supported(lm: "CachedCausalLM") -> str | None:
     """`None` if `write_decode_graph` can express the model, else the reason."""
     if lm.position_embedding is None:
         return "the embedding is a TokenAndPositionEmbedding (one position layer is expressed)"
@@ -54,16 +65,27 @@ def _weights(layer):
 
 
 class _Graph:
-    def __init__(self):
+    nodes: list["onnx.NodeProto"]
+    initializers: list["onnx.TensorProto"]
+    count: int
+
+    def __init__(self) -> None:
         self.nodes, self.initializers, self.count = [], [], 0
 
-    def const(self, name, array):
+    def const(self, name: str, array: "ArrayLike") -> str:
         from onnx import numpy_helper
 
         self.initializers.append(numpy_helper.from_array(np.asarray(array), name))
         return name
 
-    def op(self, op_type, inputs, outputs=1, domain="", **attrs):
+    def op(
+        self,
+        op_type: str,
+        inputs: list[str],
+        outputs: int | list[str] = 1,
+        domain: str = "",
+        **attrs: Any,
+    ) -> Any:
         from onnx import helper
 
         self.count += 1
@@ -74,11 +96,11 @@ class _Graph:
         self.nodes.append(helper.make_node(op_type, inputs, names, domain=domain, **attrs))
         return names[0] if len(names) == 1 else names
 
-    def dense(self, x, kernel, bias, prefix):
+    def dense(self, x: str, kernel: "ArrayLike", bias: "ArrayLike", prefix: str) -> Any:
         y = self.op("MatMul", [x, self.const(f"{prefix}.kernel", kernel)])
         return self.op("Add", [y, self.const(f"{prefix}.bias", bias)])
 
-    def layer_norm(self, x, layer, prefix):
+    def layer_norm(self, x: str, layer: "keras.layers.Layer", prefix: str) -> Any:
         gamma, beta = _weights(layer)
         return self.op(
             "LayerNormalization",
@@ -86,7 +108,7 @@ class _Graph:
             axis=-1, epsilon=float(layer.epsilon),
         )  # fmt: skip
 
-    def activation(self, x, name):
+    def activation(self, x: str, name: str) -> Any:
         if name == "relu":
             return self.op("Relu", [x])
         if name == "gelu":
@@ -124,7 +146,9 @@ def _feed_forward(g, block, h, prefix):
     return g.dense(h, w2, b2, f"{prefix}.ffn2")
 
 
-def write_decode_graph(lm, path, max_length, opset=17):
+def write_decode_graph(
+    lm: "CachedCausalLM", path: str | Path, max_length: int, opset: int = 17
+) -> dict[str, Any]:
     """Writes the decode-step graph of a causal LM's cached call (`CausalLM`, or
     `keras_attn.models.cached.FunctionalCausalLM`) to `path`; returns the
     spec the manifest records (`layers`, `kv_heads`, `key_dim`, `max_length`, names)."""
@@ -140,8 +164,9 @@ def write_decode_graph(lm, path, max_length, opset=17):
     g = _Graph()
     embeddings = _weights(lm.token_embedding)[0]  # (vocab, d)
     vocab, hidden = embeddings.shape
+    # `position_embedding` is not None: `supported(lm)` refused that above.
     table = np.asarray(
-        lm.position_embedding(np.zeros((1, max_length, hidden), np.float32), start_index=0)
+        lm.position_embedding(np.zeros((1, max_length, hidden), np.float32), start_index=0)  # type: ignore[misc]
     ).reshape(max_length, hidden)
     tokens = g.op("Gather", [g.const("token_embedding", embeddings), "token_ids"])
     shape = g.op("Shape", ["token_ids"])  # (batch, new)
@@ -177,7 +202,7 @@ def write_decode_graph(lm, path, max_length, opset=17):
                 helper.make_tensor_value_info(f"present_{kind}_{n}", TensorProto.FLOAT, cache_shape)
             )
         p = f"block_{n}"
-        sublayers = (
+        sublayers: tuple[Callable[..., Any], Callable[..., Any]] = (
             (lambda h, n=n, p=p, a=attention: _attend(g, a, h, n, p, hidden, seqlens, end)),
             (lambda h, p=p, b=block: _feed_forward(g, b, h, p)),
         )

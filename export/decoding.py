@@ -7,13 +7,20 @@ The same graph prefills a prompt (`index` 0, all prompt tokens) and decodes one 
 time (`index` t), so onnxruntime generation never recomputes the prefix.
 """
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import keras
 
 from keras_attn.layers.tracing import onnx_tracing
-from keras_attn.models.cached import cached_causal_lm
+from keras_attn.models.cached import CachedCausalLM, cached_causal_lm
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 
-def cache_spec(lm, max_length):
+def cache_spec(lm: CachedCausalLM, max_length: int) -> dict[str, int]:
     """`{"layers", "kv_heads", "key_dim", "max_length"}` of a causal LM's cache."""
     attention = lm.decoder_blocks[0].self_attention
     return {
@@ -24,7 +31,9 @@ def cache_spec(lm, max_length):
     }
 
 
-def decode_function(lm, spec):
+def decode_function(
+    lm: CachedCausalLM, spec: dict[str, int]
+) -> tuple[Callable[..., Any], list["tf.TensorSpec"]]:
     """A `tf.function` of (token ids, stacked cache, index) running `lm.call_with_cache`."""
     import tensorflow as tf
 
@@ -39,7 +48,9 @@ def decode_function(lm, spec):
     ]
 
     @tf.function(input_signature=signature)
-    def decode(token_ids, cache, index):
+    def decode(
+        token_ids: "tf.Tensor", cache: "tf.Tensor", index: "tf.Tensor"
+    ) -> dict[str, "tf.Tensor"]:
         caches = [cache[:, n] for n in range(spec["layers"])]
         with onnx_tracing():  # tf2onnx converts ScatterND, not XlaDynamicUpdateSlice
             logits, caches = lm.call_with_cache(token_ids, caches, index)
@@ -48,7 +59,7 @@ def decode_function(lm, spec):
     return decode, signature
 
 
-def write_decode_onnx(model, path: Path, max_length, opset=17) -> dict:
+def write_decode_onnx(model: keras.Model, path: Path, max_length: int, opset: int = 17) -> dict:
     """Writes the decode graph of a `CausalLM` to `path`; returns its cache spec (for the
     manifest)."""
     import tf2onnx

@@ -2,7 +2,9 @@
 sequence and vocabulary limits (read from nested layers too), and the tokenizer assets."""
 
 import json
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import keras
 import numpy as np
@@ -12,6 +14,7 @@ from keras_attn_export.saved_model import input_specs
 import keras_attn
 import keras_attn.models as models
 from keras_attn.preprocessing import SegmentPacker, StartEndPacker
+from keras_attn.tokenizers import WordPieceTokenizer
 
 
 def versions() -> dict:
@@ -30,7 +33,7 @@ def versions() -> dict:
     }
 
 
-def nested_layers(model):
+def nested_layers(model: keras.Model) -> Iterator[keras.layers.Layer]:
     """The model's layers, nested models' layers included (a head's encoder)."""
     for layer in model.layers:
         yield layer
@@ -38,23 +41,23 @@ def nested_layers(model):
             yield from nested_layers(layer)
 
 
-def layer_attribute(model, name):
+def layer_attribute(model: keras.Model, name: str) -> int | None:
     """Smallest integer `layer.<name>` over the model's layers (nested too), or None."""
-    values = [getattr(layer, name, None) for layer in nested_layers(model)]
+    values: list[Any] = [getattr(layer, name, None) for layer in nested_layers(model)]
     values = [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
     return min(values) if values else None
 
 
-def max_token_id(model):
+def max_token_id(model: keras.Model) -> int:
     """Ids to sample in the parity check: below the smallest vocabulary in the model."""
     return layer_attribute(model, "vocabulary_size") or 2
 
 
-def model_input_ranges(model):
+def model_input_ranges(model: keras.Model) -> dict[str, list[int]]:
     """`{input name: [low, high)}` of the integer inputs whose values index a table (by the
     naming rule of `keras_attn_export.parity.input_kind`): token ids (the vocabulary), segment ids
     (`num_segments`), padding masks (0 or 1). The server refuses values outside them."""
-    ranges = {}
+    ranges: dict[str, list[int]] = {}
     bounds = {
         "token": layer_attribute(model, "vocabulary_size"),
         "segment": layer_attribute(model, "num_segments"),
@@ -63,11 +66,12 @@ def model_input_ranges(model):
     for spec in input_specs(model):
         kind = input_kind(spec["name"])
         if np.issubdtype(np.dtype(spec["dtype"]), np.integer) and bounds.get(kind):
-            ranges[spec["name"]] = [0, bounds[kind]]
+            # not None: `bounds.get(kind)` is checked just above
+            ranges[spec["name"]] = [0, bounds[kind]]  # type: ignore[list-item]
     return ranges
 
 
-def max_sequence_length(model):
+def max_sequence_length(model: keras.Model) -> int | None:
     """The longest input a learned position table allows (less an encoder's position offset,
     RoBERTa's 2), or None."""
     table = layer_attribute(model, "sequence_length")
@@ -90,7 +94,7 @@ TASKS = {
 }
 
 
-def task_of(model):
+def task_of(model: keras.Model) -> str | None:
     """The manifest's `task`: what the model does, from its class (`None` for other models)."""
     for name, task in TASKS.items():
         if isinstance(model, getattr(models, name)):
@@ -98,7 +102,7 @@ def task_of(model):
     return None
 
 
-def check_labels(model, labels, task):
+def check_labels(model: keras.Model, labels: Sequence[str] | None, task: str | None) -> None:
     if labels is None:
         return
     if task not in ("classify", "tag"):
@@ -114,14 +118,14 @@ def check_labels(model, labels, task):
         )
 
 
-def embedding_spec(model, task):
+def embedding_spec(model: keras.Model, task: str | None) -> dict[str, Any] | None:
     """The manifest's `embedding`: an embedding model's own pooling (an `Encoder`'s
     `embedding_pooling`, from its checkpoint), which `/embed` applies by default; or None."""
     pooling = getattr(model, "embedding_pooling", None)
     return dict(pooling) if task == "embed" and pooling else None
 
 
-def packer_spec(packer):
+def packer_spec(packer: StartEndPacker | SegmentPacker | None) -> dict[str, Any] | None:
     """The manifest's `packer`: what the server adds around one text's ids, or `None`."""
     if packer is None:
         return None
@@ -139,7 +143,7 @@ def packer_spec(packer):
     }
 
 
-def write_tokenizer(tokenizer, folder: Path) -> list[Path]:
+def write_tokenizer(tokenizer: WordPieceTokenizer, folder: Path) -> list[Path]:
     folder.mkdir()
     vocab = folder / "vocab.txt"
     vocab.write_text("\n".join(tokenizer.get_vocabulary()) + "\n", encoding="utf-8")

@@ -31,7 +31,7 @@ def _outputs(model):
     return dict(zip(model.output_names, model.outputs, strict=True))
 
 
-def check_task(model, task, inferred):
+def check_task(model: keras.Model, task: str | None, inferred: str | None) -> str | None:
     """The manifest's task: `task` if given (checked against the outputs), else `inferred`."""
     if task is None:
         return inferred
@@ -55,7 +55,9 @@ def check_task(model, task, inferred):
     return task
 
 
-def split_text_model(model):
+def split_text_model(
+    model: keras.Model,
+) -> tuple[keras.Model, WordPieceTokenizer, StartEndPacker | SegmentPacker | None] | None:
     """`(ids_model, tokenizer, packer)` for a model taking strings through our tokenizer (and
     packer); `None` for a model taking ids.
 

@@ -3,7 +3,9 @@
 graphs of a causal LM, and the text graph (tokenizer as onnxruntime-extensions operators)."""
 
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import keras
 import numpy as np
@@ -23,8 +25,14 @@ from keras_attn_serving.generation import (
 from keras_attn.models import CausalLM, generate
 from keras_attn.models.cached import cached_causal_lm, model_inputs
 
+if TYPE_CHECKING:
+    import onnxruntime as ort
 
-def write_onnx_files(model, folder: Path, opset, optimize) -> dict:
+    from keras_attn.preprocessing import SegmentPacker, StartEndPacker
+    from keras_attn.tokenizers import WordPieceTokenizer
+
+
+def write_onnx_files(model: keras.Model, folder: Path, opset: int, optimize: bool) -> dict:
     """Writes `model.onnx` [+ `model.opt.onnx`]; returns the manifest's `onnx` entry with the
     fused operators onnxruntime runs in each file (`write_int8` adds the int8 file)."""
     import onnx
@@ -43,7 +51,13 @@ def write_onnx_files(model, folder: Path, opset, optimize) -> dict:
     }
 
 
-def write_int8(folder: Path, onnx_info: dict, optimize, cases, requested=None):
+def write_int8(
+    folder: Path,
+    onnx_info: dict,
+    optimize: bool,
+    cases: Sequence[tuple[int, int, dict[str, np.ndarray], dict[str, np.ndarray]]],
+    requested: str | None = None,
+) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
     """Writes `model.int8.onnx` and adds it to `onnx_info`; returns `(quantization, drift)`,
     the manifest's `quantization` and `int8` entries.
 
@@ -90,12 +104,14 @@ def write_int8(folder: Path, onnx_info: dict, optimize, cases, requested=None):
     return quantization, drifts[chosen]
 
 
-def is_causal_lm(model, task):
+def is_causal_lm(model: keras.Model, task: str | None) -> bool:
     """A `CausalLM`, or a functional model exported with `task="generate"`."""
     return isinstance(model, CausalLM) or task == "generate"
 
 
-def export_decoding(model, folder: Path, opset, tolerance) -> dict:
+def export_decoding(
+    model: keras.Model, folder: Path, opset: int, tolerance: float | dict[str, float]
+) -> dict:
     """`decode.onnx` for cached generation (tf2onnx of the Keras decode step), and where
     `keras_attn_export.decode_graph` can express the model, `decode_gqa.onnx` (onnxruntime's own
     operators, cache updated in place), the one `serving` decodes with. Each is checked
@@ -166,7 +182,14 @@ def _check_decoding(model, name, step, new_state, max_length, tolerance):
     return worst
 
 
-def export_text_onnx(model, folder: Path, tokenizer, packer, sessions, opset) -> dict:
+def export_text_onnx(
+    model: keras.Model,
+    folder: Path,
+    tokenizer: "WordPieceTokenizer | None",
+    packer: "StartEndPacker | SegmentPacker | None",
+    sessions: dict[str, "ort.InferenceSession"],
+    opset: int,
+) -> dict:
     """`model.text.onnx`, checked: on ASCII samples its outputs equal `model.onnx` on our
     tokenizer's ids (non-ASCII text may differ; see `keras_attn_export.text_onnx`)."""
     from keras_attn_export.text_onnx import text_session, write_text_onnx

@@ -11,11 +11,16 @@ each on the parity inputs, and keeps the faster of those within the drift bound.
 
 import statistics
 import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from keras_attn_export.onnx import run_onnx
 
 from keras_attn.hardware import cpu_flags
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
 
 INT8_WEIGHTS = ("s8", "u8")
 # Largest relative drift (max |int8 - Keras| over the largest |Keras output|, worst output) a
@@ -23,7 +28,7 @@ INT8_WEIGHTS = ("s8", "u8")
 DRIFT_BOUND = 0.1
 
 
-def check_int8_weights(requested) -> None:
+def check_int8_weights(requested: str | None) -> None:
     if requested is not None and requested not in INT8_WEIGHTS:
         raise ValueError(
             f"`int8_weights` must be one of {INT8_WEIGHTS} or None. Received: {requested!r}"
@@ -44,7 +49,7 @@ def pick(candidates: dict, bound: float = DRIFT_BOUND) -> str:
     return min(candidates, key=lambda name: (candidates[name]["relative_drift"], name))
 
 
-def time_session(session, feeds: dict, repeats: int = 7) -> float:
+def time_session(session: "ort.InferenceSession", feeds: dict, repeats: int = 7) -> float:
     """Median milliseconds of `repeats` runs of `session` on `feeds` (after one warm-up)."""
     run_onnx(session, feeds)
     times = []
@@ -55,12 +60,16 @@ def time_session(session, feeds: dict, repeats: int = 7) -> float:
     return statistics.median(times)
 
 
-def largest_feeds(cases) -> dict:
+def largest_feeds(
+    cases: Sequence[tuple[int, int, dict[str, np.ndarray], dict[str, np.ndarray]]],
+) -> dict:
     """The feeds of the biggest parity case (most positions), the one timed."""
     return max(cases, key=lambda case: int(np.prod(case[0:2])))[2]
 
 
-def quantization_entry(weights: str, chosen_by: str, candidates=None) -> dict:
+def quantization_entry(
+    weights: str, chosen_by: str, candidates: dict[str, dict[str, Any]] | None = None
+) -> dict:
     """The manifest's `quantization`: the weight type, how it was chosen, each measured
     candidate, the drift bound and the CPU flags."""
     return {

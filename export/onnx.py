@@ -1,11 +1,15 @@
 """ONNX export with tf2onnx, and onnxruntime sessions that feed inputs by name."""
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import keras
 import numpy as np
 
 from keras_attn.layers.tracing import onnx_tracing
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
 
 MIN_OPSET, MAX_OPSET = 13, 18  # tf2onnx 1.17 refuses opset 19
 
@@ -33,7 +37,9 @@ def write_onnx(model: keras.Model, path: Path, opset: int = 17) -> None:
         f.write(proto.SerializeToString())
 
 
-def run_onnx(session, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def run_onnx(
+    session: "ort.InferenceSession", feeds: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
     """Runs an onnxruntime session with inputs matched by name (conversion routes reorder them)."""
     names = [o.name for o in session.get_outputs()]
     expected = {i.name for i in session.get_inputs()}

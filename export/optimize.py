@@ -14,6 +14,10 @@ quantization, with signed or unsigned weights as the CPU suits.
 import collections
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import onnx
 
 FUSED_OPS = (
     "LayerNormalization",
@@ -31,13 +35,13 @@ FUSED_OPS = (
 )
 
 
-def count_ops(model) -> dict[str, int]:
+def count_ops(model: "onnx.ModelProto") -> dict[str, int]:
     """`{op_type: count}` of the fused operators (`FUSED_OPS`) in an ONNX model (proto)."""
     counts = collections.Counter(node.op_type for node in model.graph.node)
     return {op: counts[op] for op in FUSED_OPS if counts[op]}
 
 
-def fuse(model, pack_qkv=True):
+def fuse(model: "onnx.ModelProto", pack_qkv: bool = True) -> "onnx.ModelProto":
     """`model` (ONNX proto) with LayerNorm, GELU and attention patterns replaced by fused
     operators, and its shapes annotated so onnxruntime's own fusions apply.
 
@@ -114,7 +118,7 @@ def runtime_fused_counts(path: Path) -> dict[str, int]:
         return count_ops(onnx.load(options.optimized_model_filepath))
 
 
-def gelu_fed_matmuls(model) -> list[str]:
+def gelu_fed_matmuls(model: "onnx.ModelProto") -> list[str]:
     """Names of the MatMuls that read a GELU's output (each block's feed-forward output
     projection), in graph order."""
     gelus = {"Gelu", "BiasGelu", "FastGelu"}
@@ -126,7 +130,9 @@ def gelu_fed_matmuls(model) -> list[str]:
     ]
 
 
-def quantize_int8(source: Path, target: Path, weights="u8", float_ffn_outputs=2) -> list[str]:
+def quantize_int8(
+    source: Path, target: Path, weights: str = "u8", float_ffn_outputs: int = 2
+) -> list[str]:
     """Dynamic int8 quantization of the MatMul and Gemm projections, with signed (`"s8"`) or
     unsigned (`"u8"`) weights (`keras_attn_export.graphs.write_int8` measures both);
     returns the names of the MatMuls left in float32.

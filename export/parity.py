@@ -1,6 +1,11 @@
 """Parity: the same padded inputs through Keras, the SavedModel and onnxruntime."""
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 DEFAULT_BATCH_SIZES = (1, 3)
 DEFAULT_SEQUENCE_LENGTHS = (7, 16)
@@ -10,7 +15,7 @@ class ParityError(ValueError):
     """An exported artifact disagrees with the Keras model beyond the tolerance."""
 
 
-def input_kind(name):
+def input_kind(name: str) -> str:
     """What an integer input holds, from its name: `"position"` (`mask_positions` too),
     `"mask"`, `"segment"`, `"token"`, or `"other"`. The parity sweep and the manifest's input
     ranges share it."""
@@ -20,7 +25,7 @@ def input_kind(name):
     return "other"
 
 
-def default_range(name, max_token_id, sequence_length):
+def default_range(name: str, max_token_id: int, sequence_length: int) -> tuple[int, int]:
     """Values an integer input takes in the sweep, by `input_kind`: segment ids are 0 or 1, a
     padding mask is 1 (its padded tail is 0), positions index the sequence, anything else is a
     token id in `[1, max_token_id)`."""
@@ -31,7 +36,14 @@ def default_range(name, max_token_id, sequence_length):
     }.get(input_kind(name), (1, max(2, max_token_id)))  # token ids, and anything else
 
 
-def sample_inputs(specs, batch_size, sequence_length, max_token_id, input_ranges=None, seed=0):
+def sample_inputs(
+    specs: list[dict[str, Any]],
+    batch_size: int,
+    sequence_length: int,
+    max_token_id: int,
+    input_ranges: dict[str, tuple[int, int]] | None = None,
+    seed: int = 0,
+) -> dict[str, np.ndarray]:
     """Random inputs for `specs` (`[{"name", "dtype", "shape"}]`), integer ones padded with 0.
 
     Named axes (`batch`, `sequence`, ...) take `batch_size`, then `sequence_length`; fixed
@@ -60,12 +72,12 @@ def sample_inputs(specs, batch_size, sequence_length, max_token_id, input_ranges
     return feeds
 
 
-def max_abs_diff(a, b):
+def max_abs_diff(a: "ArrayLike", b: "ArrayLike") -> float:
     """Largest |a - b|; NaN if either holds a NaN (np.max propagates it)."""
     return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
 
 
-def format_table(rows, tolerance):
+def format_table(rows: list[dict[str, Any]], tolerance: float | dict[str, float]) -> str:
     """Plain-text table of parity rows (dicts with batch, seq, and one column per runtime)."""
     columns = [k for k in rows[0] if k not in ("batch", "seq", "output")]
     head = f"{'output':<12}{'batch':>6}{'seq':>6}" + "".join(f"{c:>22}" for c in columns)
@@ -77,7 +89,7 @@ def format_table(rows, tolerance):
     return "\n".join(lines)
 
 
-def check_tolerance(tolerance):
+def check_tolerance(tolerance: float | dict[str, float]) -> float | dict[str, float]:
     """`tolerance` (a float or `{output name: float}`) checked: each finite and >= 0."""
     values = tolerance.values() if isinstance(tolerance, dict) else [tolerance]
     for value in values:
@@ -94,12 +106,12 @@ def check_tolerance(tolerance):
     return tolerance
 
 
-def check(rows, tolerance):
+def check(rows: list[dict[str, Any]], tolerance: float | dict[str, float]) -> float:
     """The worst difference; raises `ParityError` with the table when a row exceeds the
     tolerance of its output (`tolerance`: a float, or `{output name: float}`) or is NaN (a
     NaN anywhere in an output never passes)."""
 
-    def allowed(output):
+    def allowed(output: str) -> float:
         if isinstance(tolerance, dict):
             if output not in tolerance:
                 raise ValueError(
@@ -108,7 +120,7 @@ def check(rows, tolerance):
             return tolerance[output]
         return tolerance
 
-    def diffs(row):
+    def diffs(row: dict[str, Any]) -> list[float]:
         return [v for k, v in row.items() if k not in ("batch", "seq", "output")]
 
     worst = max(max(diffs(row)) for row in rows)

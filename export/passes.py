@@ -10,7 +10,13 @@ work the PyTorch path's graph never had, removed without changing a value.
   standard deviation and sum) are not computed.
 """
 
+from collections.abc import Collection
+from typing import TYPE_CHECKING
+
 from keras_attn_export.patterns import constant_array
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
 
 # Attention's inputs: input, weights, bias, mask_index, past, attention_bias.
 # MultiHeadAttention's: query, key, value, bias, key_padding_mask, attention_bias, ...
@@ -67,7 +73,7 @@ def _padding_mask(bias):
     return None
 
 
-def mask_index(model) -> int:
+def mask_index(model: "ir.Model") -> int:
     """Rewrites attention padding biases into 2-D mask indices; returns how many."""
     import onnx_ir as ir
 
@@ -105,7 +111,7 @@ def _same_dims(a, b):
     if a is None or b is None or len(a) != len(b):
         return False
 
-    def equal(x, y):
+    def equal(x: object, y: object) -> bool:
         if isinstance(x, int) or isinstance(y, int):
             return x == y
         return getattr(x, "value", None) is not None and x == y
@@ -113,7 +119,7 @@ def _same_dims(a, b):
     return all(equal(x, y) for x, y in zip(a, b, strict=True))
 
 
-def drop_redundant_expands(model) -> int:
+def drop_redundant_expands(model: "ir.Model") -> int:
     """`Add(x, Expand(y, s)) -> Add(x, y)` where the expansion has `x`'s shape; returns how
     many. Shapes come from onnxruntime's symbolic inference (equal axes share a name)."""
     changed = 0
@@ -137,7 +143,7 @@ def drop_redundant_expands(model) -> int:
     return changed
 
 
-def trim_outputs(model, op_types=("SkipLayerNormalization",)) -> int:
+def trim_outputs(model: "ir.Model", op_types: Collection[str] = ("SkipLayerNormalization",)) -> int:
     """Drops the trailing optional outputs of `op_types` nodes that nothing reads."""
     graph_outputs = set(model.graph.outputs)
     changed = 0
@@ -180,7 +186,7 @@ def _embedding_terms(value, terms):
     return False
 
 
-def embed_layer_norm(model) -> int:
+def embed_layer_norm(model: "ir.Model") -> int:
     """`SkipLayerNormalization` of summed token, position (rows 0..S-1) and segment lookups
     becomes onnxruntime's `EmbedLayerNormalization` (the PyTorch path's graph has one);
     returns how many."""

@@ -2,7 +2,13 @@
 GELU as fused operators, attention as onnxruntime's `MultiHeadAttention`, `tf.tensordot`'s
 reshapes and Keras's negative-id wrap removed (`rules()`, applied by `optimize.fuse`)."""
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+    from onnxscript.rewriter import pattern
 
 
 def _normalized(op, x, epsilon):
@@ -45,7 +51,7 @@ def _scalar(value):
     return float(array.reshape(-1)[0]) if array.size == 1 else None
 
 
-def constant_array(value):
+def constant_array(value: "ir.Value | None") -> np.ndarray | None:
     """The value of a constant `value` as a NumPy array, or None."""
     const = None if value is None else value.const_value
     return None if const is None else const.numpy()
@@ -83,11 +89,12 @@ def _layer_norm_replace(op, x, epsilon, gamma=None, beta=None, **_):
         else x.shape[-1]
     )
 
-    def parameter(value, fill):
+    def parameter(value: "ir.Value | None", fill: float) -> "ir.Value":
         if value is None:
             name = f"{x.name}_layer_norm_{'scale' if fill else 'bias'}"
             return op.initializer(ir.tensor(np.full(width, fill, np.float32), name=name))
-        if len(value.const_value.shape) == 1:
+        # A constant: `_layer_norm_check` accepted only constant gamma and beta.
+        if len(value.const_value.shape) == 1:  # type: ignore[union-attr]
             return value
         return op.Reshape(value, op.Constant(value_ints=[-1]))  # folded by onnxruntime
 
@@ -226,7 +233,7 @@ def _wrapped_gather_replace(op, table, ids, **_):
     return op.Gather(table, ids, axis=0)
 
 
-def rules():
+def rules() -> "pattern.RewriteRuleSet":
     from onnxscript.rewriter import pattern
 
     return pattern.RewriteRuleSet(
@@ -247,13 +254,13 @@ def rules():
     )
 
 
-def wrapped_index(table, ids, size) -> bool:
+def wrapped_index(table: "ir.Value", ids: "ir.Value", size: "ir.Value") -> bool:
     """Whether `size` wraps negative `ids` into `table`'s rows (ONNX `Gather` does that itself)."""
     rows = None if table.shape is None else table.shape[0]
-    size = constant_array(size)
+    constant = constant_array(size)
     return (
         isinstance(rows, int)
-        and size is not None
-        and size.size == 1
-        and int(np.asarray(size).reshape(-1)[0]) == rows
+        and constant is not None
+        and constant.size == 1
+        and int(np.asarray(constant).reshape(-1)[0]) == rows
     )

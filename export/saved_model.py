@@ -1,12 +1,14 @@
 """TF SavedModel export of a functional Keras model, with dynamic batch and sequence axes."""
 
 import shutil
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import keras
 import tensorflow as tf
 
-from keras_attn.preprocessing.preprocessor import FEATURES
+from keras_attn.preprocessing.preprocessor import FEATURES, TextPreprocessor
 
 SIGNATURE = "serving_default"
 TEXT_SIGNATURE = "serve_text"
@@ -30,7 +32,7 @@ def output_names(model: keras.Model) -> list[str]:
     return list(model.output_names)
 
 
-def call_model(model: keras.Model, by_name: dict):
+def call_model(model: keras.Model, by_name: dict) -> dict[str, Any]:
     """Runs `model` on inputs given by input name (whatever structure it was built with) and
     returns `{output name: tensor}`."""
     inputs = keras.tree.map_structure(lambda t: by_name[t.name], model.input)
@@ -55,7 +57,7 @@ def output_specs(model: keras.Model) -> list[dict]:
     return specs
 
 
-def serving_function(model: keras.Model):
+def serving_function(model: keras.Model) -> tuple[Callable[..., Any], list[tf.TensorSpec]]:
     """A `tf.function` of named inputs to a dict of named float32 outputs."""
     specs = input_specs(model)
     signature = [
@@ -69,14 +71,16 @@ def serving_function(model: keras.Model):
     names = [s["name"] for s in specs]
 
     @tf.function(input_signature=signature)
-    def serve(*inputs):
+    def serve(*inputs: tf.Tensor) -> dict[str, tf.Tensor]:
         outputs = call_model(model, dict(zip(names, inputs, strict=True)))
         return {n: tf.cast(o, tf.float32) for n, o in outputs.items()}
 
     return serve, signature
 
 
-def text_serving_function(model: keras.Model, preprocessor):
+def text_serving_function(
+    model: keras.Model, preprocessor: TextPreprocessor
+) -> tuple[Callable[..., Any], list[tf.TensorSpec]]:
     """A `tf.function` of raw strings `(batch,)` to the model's named outputs: `preprocessor`
     (a `TextPreprocessor`) turns them into the model's inputs, which then take exactly the
     path of the ids-in signature."""
@@ -84,13 +88,13 @@ def text_serving_function(model: keras.Model, preprocessor):
     spec = [tf.TensorSpec([None], tf.string, name="text")]
 
     @tf.function(input_signature=spec)
-    def serve_text(text):
+    def serve_text(text: tf.Tensor) -> dict[str, tf.Tensor]:
         return serve(*text_feeds(model, preprocessor, text))
 
     return serve_text, spec
 
 
-def text_feeds(model: keras.Model, preprocessor, text) -> list:
+def text_feeds(model: keras.Model, preprocessor: TextPreprocessor, text: tf.Tensor) -> list:
     """The model's inputs for strings `text`, in `input_specs` order, each in its dtype."""
     features = preprocessor(text)
     specs = input_specs(model)
@@ -104,7 +108,12 @@ def text_feeds(model: keras.Model, preprocessor, text) -> list:
     return [tf.cast(features[s["name"]], s["dtype"]) for s in specs]
 
 
-def write_saved_model(model: keras.Model, path: Path, assets=(), preprocessor=None) -> list[str]:
+def write_saved_model(
+    model: keras.Model,
+    path: Path,
+    assets: Iterable[str | Path] = (),
+    preprocessor: TextPreprocessor | None = None,
+) -> list[str]:
     """Writes `model` as a SavedModel; returns the signature names.
 
     `serving_default` takes the model's inputs (ids). With a `preprocessor`, `serve_text`
@@ -130,7 +139,7 @@ def write_saved_model(model: keras.Model, path: Path, assets=(), preprocessor=No
     return names
 
 
-def load_signature(path: Path, name: str = SIGNATURE):
+def load_signature(path: Path, name: str = SIGNATURE) -> tf.types.experimental.ConcreteFunction:
     import tensorflow_text  # noqa: F401  registers the ops a `serve_text` graph uses
 
     return tf.saved_model.load(str(path)).signatures[name]

@@ -12,17 +12,31 @@ reference tokenizer and ours decompose them first (`Dvořák` → `d ##vor ##ak`
 [UNK]` for the operator). ASCII and most Latin-1 text gives identical ids.
 """
 
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import onnx
+    import onnxruntime as ort
+
+    from keras_attn.tokenizers import WordPieceTokenizer
 
 TOKENIZER_DOMAIN = "ai.onnx.contrib"
 
 
-def tokenizer_graph(vocabulary, lowercase, max_length=None, opset=17, ir_version=8):
+def tokenizer_graph(
+    vocabulary: Iterable[str],
+    lowercase: bool,
+    max_length: int | None = None,
+    opset: int = 17,
+    ir_version: int = 8,
+) -> "onnx.ModelProto":
     """ONNX model: `text (1,)` string → `token_ids (1, n)` int32, our WordPiece ids without
     the `[CLS]`/`[SEP]` the operator adds, cut at `max_length` when given."""
     from onnx import TensorProto, helper
 
-    def n(name):  # the tokenizer's names, apart from tf2onnx's in the merged graph
+    def n(name: str) -> str:  # the tokenizer's names, apart from tf2onnx's in the merged graph
         return f"wordpiece/{name}"
 
     nodes = [
@@ -54,7 +68,13 @@ def tokenizer_graph(vocabulary, lowercase, max_length=None, opset=17, ir_version
     )
 
 
-def write_text_onnx(model_path: Path, out_path: Path, tokenizer, max_length=None, opset=17):
+def write_text_onnx(
+    model_path: Path,
+    out_path: Path,
+    tokenizer: "WordPieceTokenizer",
+    max_length: int | None = None,
+    opset: int = 17,
+) -> None:
     """Merges the tokenizer graph in front of the single-input model at `model_path`."""
     import onnx
     from onnx import compose
@@ -68,7 +88,7 @@ def write_text_onnx(model_path: Path, out_path: Path, tokenizer, max_length=None
     onnx.save(merged, out_path)
 
 
-def text_session(path: Path):
+def text_session(path: Path) -> "ort.InferenceSession":
     """An onnxruntime session for a strings-in file, with the extensions' ops registered."""
     import onnxruntime as ort
     from onnxruntime_extensions import get_library_path

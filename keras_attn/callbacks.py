@@ -4,6 +4,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import keras
 import numpy as np
@@ -16,17 +17,17 @@ class TimeBudget(keras.callbacks.Callback):
         seconds: float. Wall-clock budget for training, from the start of `fit`.
     """
 
-    def __init__(self, seconds):
+    def __init__(self, seconds: float) -> None:
         super().__init__()
         if not seconds > 0:
             raise ValueError(f"`seconds` must be positive. Received: seconds={seconds}")
         self.seconds = seconds
         self.elapsed = 0.0
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._start = time.perf_counter()
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self.elapsed = time.perf_counter() - self._start
         if self.elapsed >= self.seconds:
             self.model.stop_training = True
@@ -58,7 +59,9 @@ class ResumeTraining(keras.callbacks.Callback):
         data: optional `EpochShuffled`; told the epoch at each epoch's start.
     """
 
-    def __init__(self, directory, data=None):
+    def __init__(
+        self, directory: str | os.PathLike[str], data: "EpochShuffled | None" = None
+    ) -> None:
         super().__init__()
         if not isinstance(directory, str | os.PathLike) or not str(directory):
             raise ValueError(f"`directory` must be a path. Received: directory={directory!r}")
@@ -68,10 +71,10 @@ class ResumeTraining(keras.callbacks.Callback):
             )
         self.directory = Path(directory)
         self.data = data
-        self.resumed_from = None  # the epoch restored at the start of `fit`, if any
+        self.resumed_from: int | None = None  # the epoch restored at the start of `fit`, if any
 
     @property
-    def path(self):
+    def path(self) -> Path:
         return self.directory / RESUME_FILE
 
     def _variables(self):
@@ -80,19 +83,19 @@ class ResumeTraining(keras.callbacks.Callback):
             optimizer.build(self.model.trainable_variables)  # its variables must exist to load
         return [*self.model.variables, *(optimizer.variables if optimizer is not None else [])]
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         for stale in self.directory.glob(f".{RESUME_FILE}.*"):  # a write a kill cut short
             stale.unlink(missing_ok=True)
         if self.path.is_file():
             self._restore()
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if self.data is not None:
             self.data.epoch = epoch
             self.data.requested = []
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if self.data is not None and self.data.requested != sorted(self.data.requested):
             raise ValueError(
                 "fit() shuffled the batches of the EpochShuffled data from the process's "
@@ -148,7 +151,9 @@ class EpochShuffled(keras.utils.PyDataset):
         seed: int. The shuffling seed.
     """
 
-    def __init__(self, x, y=None, batch_size=32, seed=0, **kwargs):
+    def __init__(
+        self, x: Any, y: Any = None, batch_size: int = 32, seed: int = 0, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"`batch_size` must be an integer >= 1. Received: {batch_size!r}")
@@ -158,12 +163,12 @@ class EpochShuffled(keras.utils.PyDataset):
         self.x, self.y, self.batch_size, self.seed = x, y, batch_size, seed
         self.rows = sizes.pop()
         self.epoch = 0
-        self.requested = []  # batch indices asked for this epoch, in order
+        self.requested: list[int] = []  # batch indices asked for this epoch, in order
 
-    def __len__(self):
+    def __len__(self) -> int:
         return -(-self.rows // self.batch_size)
 
-    def __getitem__(self, index):
+    def __getitem__(self, index: int) -> Any:
         self.requested.append(index)
         order = np.random.default_rng([self.seed, self.epoch]).permutation(self.rows)
         rows = np.sort(order[index * self.batch_size : (index + 1) * self.batch_size])

@@ -1,29 +1,32 @@
 """Argument checks shared across the package: each raises a `ValueError` naming the argument."""
 
+from collections.abc import Collection, Iterable
+from typing import Any
 
-def check_positive_int(name, value, allow_none=False):
+
+def check_positive_int(name: str, value: Any, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
 
 
-def check_positive_ints(**values):
+def check_positive_ints(**values: Any) -> None:
     for name, value in values.items():
         check_positive_int(name, value)
 
 
-def check_rate(name, value):
+def check_rate(name: str, value: Any) -> None:
     if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
         raise ValueError(f"`{name}` must be in [0, 1). Received: {name}={value!r}")
 
 
-def check_choice(name, value, choices):
+def check_choice(name: str, value: Any, choices: Collection[Any]) -> None:
     if value not in choices:
         raise ValueError(f"`{name}` must be one of {tuple(choices)}. Received: {name}={value!r}")
 
 
-def check_non_negative_ints(**values):
+def check_non_negative_ints(**values: Any) -> None:
     for name, value in values.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"`{name}` must be a non-negative integer. Received: {name}={value!r}")
@@ -37,7 +40,7 @@ RENAMED = {
 }
 
 
-def check_renamed(kwargs: dict, names=tuple(RENAMED)) -> None:
+def check_renamed(kwargs: dict[str, Any], names: Iterable[str] = tuple(RENAMED)) -> None:
     """`TypeError` naming the new name of any old keyword argument (of `names`) in `kwargs`."""
     for old in names:
         if old in kwargs:

@@ -1,10 +1,12 @@
 """Losses for token-level and sequence-level training."""
 
+from typing import Any
+
 import keras
 from keras import ops
 
 
-def scale_for_replicas(loss):
+def scale_for_replicas(loss: Any) -> Any:
     """Divides a per-replica mean by the replica count under `tf.distribute`, as Keras's own
     losses do, so that summed replica gradients equal the gradient of the global mean."""
     if keras.backend.backend() != "tensorflow":
@@ -38,12 +40,12 @@ class SparseCrossEntropy(keras.losses.Loss):
 
     def __init__(
         self,
-        from_logits=True,
-        ignore_class=None,
-        label_smoothing=0.0,
-        name="sparse_cross_entropy",
-        **kwargs,
-    ):
+        from_logits: bool = True,
+        ignore_class: int | None = None,
+        label_smoothing: float = 0.0,
+        name: str = "sparse_cross_entropy",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(name=name, **kwargs)
         if not 0.0 <= label_smoothing < 1.0:
             raise ValueError(
@@ -70,7 +72,7 @@ class SparseCrossEntropy(keras.losses.Loss):
         )
         return ops.where(valid, y_true, 0), valid
 
-    def call(self, y_true, y_pred):
+    def call(self, y_true: Any, y_pred: Any) -> Any:
         """Per-target losses, zero where the target is ignored."""
         labels, valid = self._labels(y_true, y_pred)
         return self._per_target(labels, valid, y_pred)
@@ -87,7 +89,7 @@ class SparseCrossEntropy(keras.losses.Loss):
             nll = (1.0 - self.label_smoothing) * nll + self.label_smoothing * smooth
         return ops.where(valid, nll, 0.0)
 
-    def __call__(self, y_true, y_pred, sample_weight=None):
+    def __call__(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> Any:
         y_pred = ops.convert_to_tensor(y_pred)
         labels, valid = self._labels(y_true, y_pred)
         losses = self._per_target(labels, valid, y_pred)
@@ -101,7 +103,7 @@ class SparseCrossEntropy(keras.losses.Loss):
         loss = ops.sum(losses * weights) / ops.maximum(ops.sum(valid), 1.0)
         return scale_for_replicas(loss)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {
             **super().get_config(),
             "from_logits": self.from_logits,

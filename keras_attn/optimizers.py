@@ -1,6 +1,7 @@
 """Learning-rate schedules and the AdamW setup Transformers are usually trained with."""
 
 import math
+from typing import Any
 
 import keras
 from keras import ops
@@ -22,20 +23,20 @@ class InverseSqrtSchedule(keras.optimizers.schedules.LearningRateSchedule):
         scale: float. Multiplies the whole schedule. Defaults to `1.0`.
     """
 
-    def __init__(self, hidden_dim, warmup_steps=4000, scale=1.0):
+    def __init__(self, hidden_dim: int, warmup_steps: int = 4000, scale: float = 1.0) -> None:
         check_positive_int("hidden_dim", hidden_dim)
         check_positive_int("warmup_steps", warmup_steps)
         self.hidden_dim = hidden_dim
         self.warmup_steps = warmup_steps
         self.scale = scale
 
-    def __call__(self, step):
+    def __call__(self, step: Any) -> Any:
         s = ops.cast(step, "float32") + 1.0
         warmup = ops.cast(self.warmup_steps, "float32")
         rate = ops.minimum(ops.rsqrt(s), s * warmup**-1.5)
         return self.scale * self.hidden_dim**-0.5 * rate
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {
             "hidden_dim": self.hidden_dim,
             "warmup_steps": self.warmup_steps,
@@ -62,12 +63,12 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
 
     def __init__(
         self,
-        peak_learning_rate,
-        warmup_steps,
-        total_steps,
-        decay="linear",
-        final_learning_rate=0.0,
-    ):
+        peak_learning_rate: float,
+        warmup_steps: int,
+        total_steps: int,
+        decay: str = "linear",
+        final_learning_rate: float = 0.0,
+    ) -> None:
         if not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise ValueError(
                 "`warmup_steps` must be a non-negative int. "
@@ -85,7 +86,7 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
         self.decay = decay
         self.final_learning_rate = final_learning_rate
 
-    def __call__(self, step):
+    def __call__(self, step: Any) -> Any:
         s = ops.cast(step, "float32")
         peak, final = self.peak_learning_rate, self.final_learning_rate
         warmup = peak * s / max(self.warmup_steps, 1)
@@ -96,7 +97,7 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
             decayed = final + (peak - final) * 0.5 * (1.0 + ops.cos(math.pi * p))
         return ops.where(s < self.warmup_steps, warmup, decayed)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {
             "peak_learning_rate": self.peak_learning_rate,
             "warmup_steps": self.warmup_steps,
@@ -109,7 +110,12 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
 NO_DECAY = ("bias", "gamma", "beta")
 
 
-def adamw(learning_rate=1e-3, weight_decay=0.01, global_clipnorm=1.0, **kwargs):
+def adamw(
+    learning_rate: float | keras.optimizers.schedules.LearningRateSchedule = 1e-3,
+    weight_decay: float = 0.01,
+    global_clipnorm: float | None = 1.0,
+    **kwargs: Any,
+) -> keras.optimizers.AdamW:
     """`keras.optimizers.AdamW` set up as BERT and GPT-2 train: decoupled weight decay on
     kernels and embeddings but not on biases or LayerNorm scales/offsets, and gradients
     clipped to a global norm (`None` turns clipping off).

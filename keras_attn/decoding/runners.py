@@ -9,14 +9,17 @@ cached keys and values), and `full(ids, state)` (the same logits recomputed from
 uncached reference).
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import keras
 import numpy as np
 from keras import ops
 
+from keras_attn.types import Tensor
 
-def compile_step(fn):
+
+def compile_step(fn: Callable[..., Any]) -> Callable[..., Any]:
     """`fn` traced once per input shape pattern on TensorFlow (eager dispatch dominates small
     decoding steps); unchanged on other backends."""
     if keras.backend.backend() != "tensorflow":
@@ -26,7 +29,7 @@ def compile_step(fn):
     return tf.function(fn, reduce_retracing=True)
 
 
-def compiled(owner, key, build):
+def compiled(owner: Any, key: str, build: Callable[[], Any]) -> Any:
     """`build()` once per `owner` (a model) and `key`: compiled decoding functions outlive one
     `decode` call, so repeated calls do not trace and compile again. Kept outside Keras's
     attribute tracking."""
@@ -39,7 +42,7 @@ def compiled(owner, key, build):
     return functions[key]
 
 
-def position(index):
+def position(index: int) -> int | Tensor:
     """Step index as a tensor on TensorFlow, so compiled steps do not retrace per position."""
     if keras.backend.backend() != "tensorflow":
         return index
@@ -48,7 +51,7 @@ def position(index):
     return tf.constant(index, tf.int32)
 
 
-def select_rows(state, rows):
+def select_rows(state: Any, rows: Sequence[int] | np.ndarray) -> Any:
     """The state of `rows` (beam reordering): every tensor gathered along the batch axis."""
     rows = np.asarray(rows, dtype="int32")
     return keras.tree.map_structure(lambda t: ops.take(t, rows, axis=0), state)
@@ -70,14 +73,14 @@ class Runner:
 
     def __init__(
         self,
-        owner,
+        owner: Any,
         step: Callable,
         full: Callable,
         initial_state: Callable,
         vocabulary_size: int | None = None,
         max_length: int | None = None,
         key: str = "",
-    ):
+    ) -> None:
         self.model = owner
         self.step, self.full, self.initial_state = step, full, initial_state
         self.vocabulary_size = vocabulary_size

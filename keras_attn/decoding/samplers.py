@@ -7,19 +7,19 @@ and a seeded `numpy.random.Generator` gives the same sample twice on every backe
 import numpy as np
 
 
-def log_softmax(logits):
+def log_softmax(logits: np.ndarray) -> np.ndarray:
     shifted = logits - logits.max(-1, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
 
 
-def top_k_filter(logits, k):
+def top_k_filter(logits: np.ndarray, k: int) -> np.ndarray:
     """Keeps each row's `k` largest logits (and ties with the k-th); the rest become -inf."""
     k = min(k, logits.shape[-1])
     kth = np.partition(logits, -k, axis=-1)[:, -k][:, None]
     return np.where(logits >= kth, logits, -np.inf)
 
 
-def top_p_filter(logits, p):
+def top_p_filter(logits: np.ndarray, p: float) -> np.ndarray:
     """Keeps the smallest set of most likely tokens whose probability reaches `p` (Holtzman
     et al.): a token stays if the tokens more likely than it sum to less than `p`, so the top
     token always stays."""
@@ -44,7 +44,14 @@ class Sampler:
         seed: optional int. The same seed gives the same samples.
     """
 
-    def __init__(self, method="greedy", temperature=1.0, top_k=None, top_p=None, seed=None):
+    def __init__(
+        self,
+        method: str = "greedy",
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+    ) -> None:
         if method not in ("greedy", "sample"):
             raise ValueError(
                 f"`sampler` must be 'greedy', 'sample' or 'beam'. Received: sampler={method!r}"
@@ -61,7 +68,7 @@ class Sampler:
         self.top_p = top_p
         self.rng = np.random.default_rng(seed)
 
-    def filtered(self, logits):
+    def filtered(self, logits: np.ndarray) -> np.ndarray:
         """Logits after temperature, top-k and top-p; excluded tokens are -inf."""
         logits = logits / self.temperature
         if self.top_k is not None:
@@ -70,7 +77,7 @@ class Sampler:
             logits = top_p_filter(logits, self.top_p)
         return logits
 
-    def __call__(self, logits):
+    def __call__(self, logits: np.ndarray) -> np.ndarray:
         if self.method == "greedy":
             return logits.argmax(-1)
         probs = np.exp(log_softmax(self.filtered(logits)))

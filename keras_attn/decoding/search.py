@@ -1,11 +1,15 @@
 """Decoding loops: greedy and sampled continuation of a batch, and beam search."""
 
+from collections.abc import Callable, Iterable
+from typing import Any
+
 import keras
 import numpy as np
 from keras import ops
 
-from keras_attn.decoding.runners import compiled, position, select_rows
+from keras_attn.decoding.runners import Runner, compiled, position, select_rows
 from keras_attn.decoding.samplers import Sampler, log_softmax
+from keras_attn.types import Tensor
 
 SAMPLERS = ("greedy", "sample", "beam")
 
@@ -23,7 +27,7 @@ def _until_stop(ids, stop):
     return ids
 
 
-def as_prompts(prompts) -> list[list[int]]:
+def as_prompts(prompts: Any) -> list[list[int]]:
     """Prompts as lists of ints, from a list of id lists, a 2-D NumPy array or a 2-D backend
     tensor (Hugging Face's and keras-hub's `(batch, seq)` ids)."""
     if not isinstance(prompts, (list, tuple)):
@@ -52,20 +56,20 @@ def as_prompts(prompts) -> list[list[int]]:
 
 
 def decode(
-    runner,
-    prompts,
-    max_new_tokens,
-    sampler="greedy",
-    temperature=1.0,
-    top_k=None,
-    top_p=None,
-    num_beams=4,
-    length_penalty=0.6,
-    stop_token_ids=(),
-    seed=None,
-    use_cache=True,
-    pad_token_id=0,
-):
+    runner: Runner,
+    prompts: Any,
+    max_new_tokens: int,
+    sampler: str = "greedy",
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    num_beams: int = 4,
+    length_penalty: float = 0.6,
+    stop_token_ids: Iterable[int] = (),
+    seed: int | None = None,
+    use_cache: bool = True,
+    pad_token_id: int = 0,
+) -> list[list[int]]:
     """Continues each prompt by up to `max_new_tokens` ids.
 
     Greedy and sampled decoding run all prompts in one batch: prompts share a right-padded
@@ -191,7 +195,7 @@ def _is_stop(ids, stop_ids):
     return ops.any(ops.expand_dims(ids, -1) == ops.expand_dims(stop_ids, 0), axis=-1)
 
 
-def greedy_loop(runner):
+def greedy_loop(runner: Runner) -> Callable[..., tuple[Tensor, Tensor]]:
     """Cached greedy decoding as one compiled loop (`ops.while_loop`), built once per model
     (`runner.model`; runners without a model, such as pure-numpy test runners, use the
     Python loop).
@@ -205,11 +209,21 @@ def greedy_loop(runner):
     finished)`, where `state` and `last_logits` come from prefilling `buffer[:, :t]`.
     """
 
-    def loop(buffer, lengths, state, logits, t, stop_ids, pad_token_id):
+    def loop(
+        buffer: Tensor,
+        lengths: Tensor,
+        state: Any,
+        logits: Tensor,
+        t: int | Tensor,
+        stop_ids: Tensor,
+        pad_token_id: int,
+    ) -> tuple[Tensor, Tensor]:
         rows, width = buffer.shape
         vocabulary = ops.arange(ops.shape(logits)[-1], dtype="int32")
 
-        def body(t, buffer, state, logits, finished):
+        def body(
+            t: Tensor, buffer: Tensor, state: Any, logits: Tensor, finished: Tensor
+        ) -> tuple[Tensor, Tensor, Any, Tensor, Tensor]:
             logits = ops.where(vocabulary == pad_token_id, float("-inf"), logits)
             chosen = ops.cast(ops.argmax(logits, axis=-1), "int32")
             chosen = ops.where(finished, pad_token_id, chosen)
@@ -223,14 +237,14 @@ def greedy_loop(runner):
             logits, state = runner.step(ops.expand_dims(token, 1), state, t)
             return t + 1, buffer, state, logits[:, -1], finished
 
-        def more(t, buffer, state, logits, finished):
+        def more(t: Tensor, buffer: Tensor, state: Any, logits: Tensor, finished: Tensor) -> Tensor:
             return ops.logical_and(t < width, ops.logical_not(ops.all(finished)))
 
         finished = ops.zeros((rows,), dtype="bool")
         out = ops.while_loop(more, body, (t, buffer, state, logits, finished))
         return out[1], out[4]
 
-    def build():
+    def build() -> Callable[..., tuple[Tensor, Tensor]]:
         if keras.backend.backend() == "jax":
             import jax
 
@@ -244,22 +258,22 @@ def greedy_loop(runner):
     return compiled(runner.model, "greedy_loop", build)
 
 
-def length_normalized(score, length, alpha):
+def length_normalized(score: float, length: int, alpha: float) -> float:
     """Wu et al. (GNMT): `score / ((5 + length) / 6)^alpha`."""
     return score / ((5.0 + length) / 6.0) ** alpha
 
 
 def beam_search(
-    runner,
-    row,
-    prompt,
-    max_new_tokens,
-    num_beams,
-    length_penalty,
-    stop,
-    pad_token_id,
-    use_cache=True,
-):
+    runner: Runner,
+    row: int,
+    prompt: list[int],
+    max_new_tokens: int,
+    num_beams: int,
+    length_penalty: float,
+    stop: set[int],
+    pad_token_id: int,
+    use_cache: bool = True,
+) -> list[int]:
     """Beam search for one prompt; returns the best hypothesis's new ids.
 
     Each step extends every live beam by every token and keeps the `num_beams` best
@@ -276,6 +290,7 @@ def beam_search(
     else:
         logits = runner.compiled_full(ids, state)
     log_probs = log_softmax(_last_logits(logits, pad_token_id))
+    beams: list[list[int]]
     beams, scores = [[]], np.zeros(1)
     finished = []
     for n in range(max_new_tokens):

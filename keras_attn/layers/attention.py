@@ -4,15 +4,27 @@
 with optional W_q, W_k, W_v projections.
 """
 
+from collections.abc import Callable
+from typing import Any
+
 import keras
 from keras import ops
 
 from keras_attn.layers.initializers import fresh
 from keras_attn.layers.masks import mask_value, masked_softmax, merge_masks
-from keras_attn.layers.scores import get_score, serialize_score
+from keras_attn.layers.scores import Score, get_score, serialize_score
+from keras_attn.types import Initializer, Shape, Tensor
 
 
-def attend(query, key, value, score, mask=None, dropout=None, training=None):
+def attend(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    score: Score,
+    mask: Tensor | None = None,
+    dropout: keras.layers.Dropout | None = None,
+    training: bool | None = None,
+) -> tuple[Tensor, Tensor]:
     """softmax(score(q, k)) · v over the last two axes, with masking and optional dropout.
 
     Args:
@@ -29,7 +41,14 @@ def attend(query, key, value, score, mask=None, dropout=None, training=None):
     return ops.matmul(dropped, value), weights
 
 
-def attend_heads_last(query, key, value, mask=None, dropout=None, training=None):
+def attend_heads_last(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    mask: Tensor | None = None,
+    dropout: keras.layers.Dropout | None = None,
+    training: bool | None = None,
+) -> Tensor:
     """`softmax(q kᵀ) v` for `(B, T, H, d)` heads, as `keras.ops.dot_product_attention` lays
     them out, in three passes over the `(B, H, T, S)` scores: matmul, softmax, matmul.
 
@@ -60,7 +79,9 @@ def attend_heads_last(query, key, value, mask=None, dropout=None, training=None)
     return out * ops.cast(ops.expand_dims(ops.expand_dims(visible, -1), -1), out.dtype)
 
 
-def attend_per_head(query, key, value, mask=None):
+def attend_per_head(
+    query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None
+) -> Tensor:
     """`softmax(q kᵀ) v` for `(B, H, T, d)` heads, one `(batch, head)` pair at a time.
 
     The same numbers as `attend` with a plain dot score, computed under `keras.ops.map` so
@@ -87,7 +108,7 @@ def attend_per_head(query, key, value, mask=None):
     index = ops.arange(ops.shape(flat[0])[0], dtype="int32")
     shared_mask = mask is not None and mask.shape[0] == 1
 
-    def weights_and_visible(q, k, i):
+    def weights_and_visible(q: Tensor, k: Tensor, i: Tensor) -> tuple[Tensor, Tensor | None]:
         """One pair's softmax weights `(T, S)` and, under a mask, which rows see a key."""
         scores = ops.matmul(q, ops.transpose(k))
         if mask is None:
@@ -97,13 +118,13 @@ def attend_per_head(query, key, value, mask=None):
         visible = ops.cast(ops.any(row, axis=-1, keepdims=True), scores.dtype)
         return ops.softmax(scores, axis=-1), visible
 
-    def one_head(args):
+    def one_head(args: tuple[Tensor, Tensor, Tensor, Tensor]) -> Tensor:
         q, k, v, i = args
         weights, visible = weights_and_visible(q, k, i)
         out = ops.matmul(weights, v)
         return out if visible is None else out * visible
 
-    def one_head_gradient(args):
+    def one_head_gradient(args: tuple[Tensor, ...]) -> tuple[Tensor, Tensor, Tensor]:
         q, k, v, out, d_out, i = args
         weights, visible = weights_and_visible(q, k, i)
         if visible is not None:
@@ -115,10 +136,14 @@ def attend_per_head(query, key, value, mask=None):
         return ops.matmul(d_scores, k), ops.matmul(ops.transpose(d_scores), q), d_value
 
     @ops.custom_gradient
-    def core(q, k, v):
+    def core(
+        q: Tensor, k: Tensor, v: Tensor
+    ) -> tuple[Tensor, Callable[..., tuple[Tensor, Tensor, Tensor]]]:
         out = ops.map(one_head, (q, k, v, index))
 
-        def gradient(*args, upstream=None):
+        def gradient(
+            *args: Tensor, upstream: Tensor | None = None
+        ) -> tuple[Tensor, Tensor, Tensor]:
             d_out = args[0] if upstream is None else upstream
             return ops.map(one_head_gradient, (q, k, v, out, d_out, index))
 
@@ -128,7 +153,14 @@ def attend_per_head(query, key, value, mask=None):
     return ops.reshape(out, (-1, heads, length, d_v))
 
 
-def resolve_input_masks(value, key, query_mask, value_mask, key_mask, mask):
+def resolve_input_masks(
+    value: Tensor | None,
+    key: Tensor | None,
+    query_mask: Tensor | None,
+    value_mask: Tensor | None,
+    key_mask: Tensor | None,
+    mask: Tensor | None,
+) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     """Padding masks of an attention call, from explicit arguments or Keras mask propagation.
 
     Keras fills `mask` when a layer is called with a single tensor (self-attention) and
@@ -145,8 +177,15 @@ def resolve_input_masks(value, key, query_mask, value_mask, key_mask, mask):
 
 
 def combined_mask(
-    query_mask, value_mask, key_mask, attention_mask, use_causal_mask, q_len, k_len, offset=0
-):
+    query_mask: Tensor | None,
+    value_mask: Tensor | None,
+    key_mask: Tensor | None,
+    attention_mask: Tensor | None,
+    use_causal_mask: bool,
+    q_len: int | Tensor,
+    k_len: int | Tensor,
+    offset: int | Tensor = 0,
+) -> Tensor | None:
     """Every mask source merged into one bool `(B|1, T|1, S)` tensor, or `None`."""
     return merge_masks(
         query_mask=query_mask,
@@ -159,14 +198,14 @@ def combined_mask(
     )
 
 
-def key_side_mask(value_mask, key_mask):
+def key_side_mask(value_mask: Tensor | None, key_mask: Tensor | None) -> Tensor | None:
     """The padding masks of values and keys as one `(B, S)` mask (either may be `None`)."""
     if value_mask is None or key_mask is None:
         return key_mask if value_mask is None else value_mask
     return ops.logical_and(ops.cast(value_mask, "bool"), ops.cast(key_mask, "bool"))
 
 
-def check_rank3(name, shape):
+def check_rank3(name: str, shape: Shape) -> None:
     if len(shape) != 3:
         raise ValueError(
             f"`{name}` must have shape (batch, seq_len, dim). Received: {name}.shape={tuple(shape)}"
@@ -209,15 +248,15 @@ class Attention(keras.layers.Layer):
 
     def __init__(
         self,
-        score="scaled_dot",
-        key_dim=None,
-        value_dim=None,
-        use_bias=True,
-        dropout=0.0,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        **kwargs,
-    ):
+        score: str | dict[str, Any] | Score = "scaled_dot",
+        key_dim: int | None = None,
+        value_dim: int | None = None,
+        use_bias: bool = True,
+        dropout: float = 0.0,
+        kernel_initializer: Initializer = "glorot_uniform",
+        bias_initializer: Initializer = "zeros",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         for arg, val in (("key_dim", key_dim), ("value_dim", value_dim)):
             if val is not None and (not isinstance(val, int) or val <= 0):
@@ -244,7 +283,9 @@ class Attention(keras.layers.Layer):
             name=name,
         )
 
-    def build(self, query_shape, value_shape=None, key_shape=None):
+    def build(
+        self, query_shape: Shape, value_shape: Shape | None = None, key_shape: Shape | None = None
+    ) -> None:
         value_shape = query_shape if value_shape is None else value_shape
         key_shape = value_shape if key_shape is None else key_shape
         for name, shape in (("query", query_shape), ("value", value_shape), ("key", key_shape)):
@@ -264,18 +305,18 @@ class Attention(keras.layers.Layer):
 
     def call(
         self,
-        query,
-        value=None,
-        key=None,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        use_causal_mask=False,
-        return_attention_scores=False,
-        training=None,
-        mask=None,
-    ):
+        query: Tensor,
+        value: Tensor | None = None,
+        key: Tensor | None = None,
+        query_mask: Tensor | None = None,
+        value_mask: Tensor | None = None,
+        key_mask: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        use_causal_mask: bool = False,
+        return_attention_scores: bool = False,
+        training: bool | None = None,
+        mask: Tensor | None = None,
+    ) -> Tensor | tuple[Tensor, Tensor]:
         query_mask, value_mask, key_mask = resolve_input_masks(
             value, key, query_mask, value_mask, key_mask, mask
         )
@@ -306,7 +347,7 @@ class Attention(keras.layers.Layer):
             return output, weights
         return output
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {
             **super().get_config(),
             "score": serialize_score(self._score_arg, self.score),

@@ -5,11 +5,13 @@ them, so they compose with any token embedding; `TokenAndPositionEmbedding` does
 """
 
 import math
+from typing import Any
 
 import keras
 from keras import ops
 
 from keras_attn.checks import check_positive_int
+from keras_attn.types import DType, Initializer, Shape, Tensor
 
 
 def _check_length(layer, name, length, limit):
@@ -47,12 +49,12 @@ class TokenEmbedding(keras.layers.Layer):
 
     def __init__(
         self,
-        vocabulary_size,
-        embedding_dim,
-        mask_zero=False,
-        embeddings_initializer="glorot_uniform",
-        **kwargs,
-    ):
+        vocabulary_size: int,
+        embedding_dim: int,
+        mask_zero: bool = False,
+        embeddings_initializer: Initializer = "glorot_uniform",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         check_positive_int("vocabulary_size", vocabulary_size)
         check_positive_int("embedding_dim", embedding_dim)
@@ -62,14 +64,14 @@ class TokenEmbedding(keras.layers.Layer):
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
         self.supports_masking = mask_zero
 
-    def build(self, inputs_shape=None):
+    def build(self, inputs_shape: Shape | None = None) -> None:
         self.embeddings = self.add_weight(
             name="embeddings",
             shape=(self.vocabulary_size, self.embedding_dim),
             initializer=self.embeddings_initializer,
         )
 
-    def call(self, inputs, reverse=False):
+    def call(self, inputs: Tensor, reverse: bool = False) -> Tensor:
         if reverse:
             if inputs.shape[-1] is not None and inputs.shape[-1] != self.embedding_dim:
                 raise ValueError(
@@ -82,14 +84,14 @@ class TokenEmbedding(keras.layers.Layer):
             inputs = ops.cast(inputs, "int32")
         return ops.take(self.embeddings, inputs, axis=0)
 
-    def compute_mask(self, inputs, mask=None):
+    def compute_mask(self, inputs: Tensor, mask: Tensor | None = None) -> Tensor | None:
         if not self.mask_zero:
             return None
         if "float" in keras.backend.standardize_dtype(inputs.dtype):
             return mask  # reverse projection: the mask of the hidden states carries through.
         return ops.not_equal(inputs, 0)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {
             **super().get_config(),
             "vocabulary_size": self.vocabulary_size,
@@ -110,13 +112,17 @@ class SegmentEmbedding(TokenEmbedding):
     """
 
     def __init__(
-        self, num_segments, embedding_dim, embeddings_initializer="glorot_uniform", **kwargs
-    ):
+        self,
+        num_segments: int,
+        embedding_dim: int,
+        embeddings_initializer: Initializer = "glorot_uniform",
+        **kwargs: Any,
+    ) -> None:
         check_positive_int("num_segments", num_segments)
         super().__init__(num_segments, embedding_dim, False, embeddings_initializer, **kwargs)
         self.num_segments = num_segments
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         config = super().get_config()
         del config["vocabulary_size"], config["mask_zero"]
         return {**config, "num_segments": self.num_segments}
@@ -138,14 +144,16 @@ class PositionEmbedding(keras.layers.Layer):
         `(batch, seq_len, dim)` position vectors, broadcast over the batch.
     """
 
-    def __init__(self, sequence_length, initializer="glorot_uniform", **kwargs):
+    def __init__(
+        self, sequence_length: int, initializer: Initializer = "glorot_uniform", **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         check_positive_int("sequence_length", sequence_length)
         self.sequence_length = sequence_length
         self.initializer = keras.initializers.get(initializer)
         self.supports_masking = True
 
-    def build(self, inputs_shape):
+    def build(self, inputs_shape: Shape) -> None:
         if len(inputs_shape) < 2 or inputs_shape[-1] is None:
             raise ValueError(
                 "`inputs` must have shape (batch, seq_len, dim) with a known dim. "
@@ -158,7 +166,9 @@ class PositionEmbedding(keras.layers.Layer):
             initializer=self.initializer,
         )
 
-    def call(self, inputs, start_index=0, position_ids=None):
+    def call(
+        self, inputs: Tensor, start_index: int | Tensor = 0, position_ids: Tensor | None = None
+    ) -> Tensor:
         shape = ops.shape(inputs)
         length, dim = shape[-2], shape[-1]
         table = ops.cast(self.position_embeddings, self.compute_dtype)
@@ -170,10 +180,10 @@ class PositionEmbedding(keras.layers.Layer):
         positions = ops.slice(table, (start_index, 0), (length, dim))
         return ops.broadcast_to(positions, shape)
 
-    def compute_output_shape(self, inputs_shape):
+    def compute_output_shape(self, inputs_shape: Shape) -> Shape:
         return inputs_shape
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {
             **super().get_config(),
             "sequence_length": self.sequence_length,
@@ -181,7 +191,9 @@ class PositionEmbedding(keras.layers.Layer):
         }
 
 
-def sinusoidal_encoding(positions, dim, max_wavelength=10000.0, dtype="float32"):
+def sinusoidal_encoding(
+    positions: Tensor, dim: int, max_wavelength: float = 10000.0, dtype: DType = "float32"
+) -> Tensor:
     """Vaswani's encoding for float positions `(T,)`: `(T, dim)` with
     `PE[p, 2i] = sin(p / max_wavelength^(2i/dim))`, `PE[p, 2i+1] = cos(same angle)`."""
     index = ops.arange(dim, dtype="float32")
@@ -205,7 +217,7 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
         `(batch, seq_len, dim)` encodings, broadcast over the batch.
     """
 
-    def __init__(self, max_wavelength=10000, **kwargs):
+    def __init__(self, max_wavelength: float = 10000, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if not max_wavelength > 1:
             raise ValueError(
@@ -215,14 +227,16 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
         self.max_wavelength = max_wavelength
         self.supports_masking = True
 
-    def build(self, inputs_shape):
+    def build(self, inputs_shape: Shape) -> None:
         if len(inputs_shape) < 2 or inputs_shape[-1] is None:
             raise ValueError(
                 "`inputs` must have shape (batch, seq_len, dim) with a known dim. "
                 f"Received: inputs.shape={tuple(inputs_shape)}"
             )
 
-    def call(self, inputs, start_index=0, position_ids=None):
+    def call(
+        self, inputs: Tensor, start_index: int | Tensor = 0, position_ids: Tensor | None = None
+    ) -> Tensor:
         shape = ops.shape(inputs)
         if position_ids is not None:  # (batch, seq) -> (batch, seq, dim)
             return sinusoidal_encoding(
@@ -236,8 +250,8 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
         )
         return ops.broadcast_to(encoding, shape)
 
-    def compute_output_shape(self, inputs_shape):
+    def compute_output_shape(self, inputs_shape: Shape) -> Shape:
         return inputs_shape
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "max_wavelength": self.max_wavelength}

@@ -1,14 +1,17 @@
 """Position-wise feed-forward network: the same two-layer MLP applied at every position."""
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import keras
 from keras import ops
 
 from keras_attn.layers.initializers import fresh
+from keras_attn.types import Initializer, Shape, Tensor
 
 
-def gelu(x):
+def gelu(x: Tensor) -> Tensor:
     """Exact GELU, `0.5·x·(1 + erf(x/√2))`.
 
     Written out rather than `keras.activations.gelu`: TensorFlow's own gelu lowers to an `Erfc`
@@ -18,7 +21,7 @@ def gelu(x):
     return 0.5 * x * (1.0 + ops.erf(x * (1.0 / math.sqrt(2.0))))
 
 
-def gelu_tanh(x):
+def gelu_tanh(x: Tensor) -> Tensor:
     """GELU's tanh approximation (GPT-2, BERT's original code)."""
     x = ops.convert_to_tensor(x)
     inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)
@@ -34,7 +37,7 @@ ACTIVATIONS = {
 }
 
 
-def get_activation(name):
+def get_activation(name: str) -> Callable[[Tensor], Tensor]:
     if name not in ACTIVATIONS:
         raise ValueError(
             f"`activation` must be one of {sorted(ACTIVATIONS)}. Received: activation={name!r}"
@@ -64,15 +67,15 @@ class FeedForward(keras.layers.Layer):
 
     def __init__(
         self,
-        intermediate_dim,
-        activation="relu",
-        dropout=0.0,
-        output_dim=None,
-        use_bias=True,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        **kwargs,
-    ):
+        intermediate_dim: int,
+        activation: str = "relu",
+        dropout: float = 0.0,
+        output_dim: int | None = None,
+        use_bias: bool = True,
+        kernel_initializer: Initializer = "glorot_uniform",
+        bias_initializer: Initializer = "zeros",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         for name, value in (("intermediate_dim", intermediate_dim), ("output_dim", output_dim)):
             if value is None and name == "output_dim":
@@ -101,7 +104,7 @@ class FeedForward(keras.layers.Layer):
             name=name,
         )
 
-    def build(self, inputs_shape):
+    def build(self, inputs_shape: Shape) -> None:
         if inputs_shape[-1] is None:
             raise ValueError(
                 f"The last axis of `inputs` must be known. Received: inputs.shape={inputs_shape}"
@@ -112,14 +115,14 @@ class FeedForward(keras.layers.Layer):
         self.output_dense.build((*inputs_shape[:-1], self.intermediate_dim))
         self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
 
-    def call(self, inputs, training=None):
+    def call(self, inputs: Tensor, training: bool | None = None) -> Tensor:
         hidden = self.activation_fn(self.intermediate_dense(inputs))
         return self.dropout_layer(self.output_dense(hidden), training=training)
 
-    def compute_output_shape(self, inputs_shape):
+    def compute_output_shape(self, inputs_shape: Shape) -> Shape:
         return (*inputs_shape[:-1], self.output_dim or inputs_shape[-1])
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {
             **super().get_config(),
             "intermediate_dim": self.intermediate_dim,

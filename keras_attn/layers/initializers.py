@@ -2,8 +2,10 @@
 
 import keras
 
+from keras_attn.types import Initializer
 
-def fresh(initializer):
+
+def fresh(initializer: Initializer) -> keras.initializers.Initializer:
     """A new instance of `initializer` (a name, config or instance).
 
     Keras 3 fixes an unseeded initializer's seed when the instance is made, so one instance
@@ -12,4 +14,5 @@ def fresh(initializer):
     initializer stays reproducible.
     """
     initializer = keras.initializers.get(initializer)
-    return initializer.__class__.from_config(initializer.get_config())
+    # `initializer` is now a keras Initializer (mypy keeps the parameter's union type).
+    return initializer.__class__.from_config(initializer.get_config())  # type: ignore[union-attr]

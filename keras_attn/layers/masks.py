@@ -9,8 +9,12 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attn.types import DType, Tensor
 
-def causal_mask(query_length, key_length=None, offset=0):
+
+def causal_mask(
+    query_length: int | Tensor, key_length: int | Tensor | None = None, offset: int | Tensor = 0
+) -> Tensor:
     """Lower-triangular mask: query `i` may attend to keys `j <= i + offset`.
 
     `offset` is the absolute position of the first query. In cached decoding the queries are the
@@ -36,7 +40,7 @@ def causal_mask(query_length, key_length=None, offset=0):
     return ops.expand_dims(ops.greater_equal(rows, cols), 0)
 
 
-def padding_mask_to_attention_mask(padding_mask, query_length=None):
+def padding_mask_to_attention_mask(padding_mask: Tensor, query_length: int | None = None) -> Tensor:
     """Turns a key padding mask `(B, S)` into an attention mask `(B, 1, S)` or `(B, T, S)`.
 
     Args:
@@ -59,14 +63,14 @@ def padding_mask_to_attention_mask(padding_mask, query_length=None):
 
 
 def merge_masks(
-    query_mask=None,
-    key_mask=None,
-    attention_mask=None,
-    use_causal_mask=False,
-    query_length=None,
-    key_length=None,
-    causal_offset=0,
-):
+    query_mask: Tensor | None = None,
+    key_mask: Tensor | None = None,
+    attention_mask: Tensor | None = None,
+    use_causal_mask: bool = False,
+    query_length: int | Tensor | None = None,
+    key_length: int | Tensor | None = None,
+    causal_offset: int | Tensor = 0,
+) -> Tensor | None:
     """Merges every mask source into one `(B|1, T|1, S)` bool attention mask, or `None`.
 
     The query's padding mask blocks whole rows (a padded query attends to nothing, and its output
@@ -123,7 +127,7 @@ def merge_masks(
     return merged
 
 
-def mask_value(dtype):
+def mask_value(dtype: DType) -> float:
     """The value masked scores get: large and negative, finite in `dtype` (float16 included).
 
     `0.7 * min(dtype)`, as Keras does: far below any real score, yet its difference with a real
@@ -135,7 +139,7 @@ def mask_value(dtype):
     return -0.7 * float(np.finfo(dtype).max)
 
 
-def masked_softmax(scores, mask=None):
+def masked_softmax(scores: Tensor, mask: Tensor | None = None) -> Tensor:
     """Softmax over the last axis, computed in float32, with masked positions set to exactly zero.
 
     A row whose mask is all `False` yields all zeros (not NaN, not uniform weights).

@@ -1,5 +1,7 @@
 """Multi-head attention: per-head W_q, W_k, W_v, attention per head, heads concatenated, W_O."""
 
+from typing import Any
+
 import keras
 from keras import ops
 
@@ -14,7 +16,7 @@ from keras_attn.layers.attention import (
     resolve_input_masks,
 )
 from keras_attn.layers.initializers import fresh
-from keras_attn.layers.scores import get_score, serialize_score
+from keras_attn.layers.scores import Score, get_score, serialize_score
 from keras_attn.layers.tracing import (  # noqa: F401  (onnx_tracing: imported from here too)
     attend_for_onnx,
     is_onnx_tracing,
@@ -23,6 +25,7 @@ from keras_attn.layers.tracing import (  # noqa: F401  (onnx_tracing: imported f
     onnx_tracing,
     write_cache,
 )
+from keras_attn.types import Initializer, Shape, Tensor
 
 # Smallest T·S where `attend_per_head` runs instead of one batched pass (see `bench/attention.py`).
 PER_HEAD_MIN_SCORES = 1024 * 1024
@@ -82,18 +85,18 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def __init__(
         self,
-        num_heads,
-        key_dim,
-        value_dim=None,
-        num_key_value_heads=None,
-        dropout=0.0,
-        use_bias=True,
-        output_dim=None,
-        score="scaled_dot",
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        **kwargs,
-    ):
+        num_heads: int,
+        key_dim: int,
+        value_dim: int | None = None,
+        num_key_value_heads: int | None = None,
+        dropout: float = 0.0,
+        use_bias: bool = True,
+        output_dim: int | None = None,
+        score: str | dict[str, Any] | Score = "scaled_dot",
+        kernel_initializer: Initializer = "glorot_uniform",
+        bias_initializer: Initializer = "zeros",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         check_positive_int("num_heads", num_heads)
         check_positive_int("key_dim", key_dim)
@@ -155,7 +158,9 @@ class MultiHeadAttention(keras.layers.Layer):
             out = out + ops.expand_dims(dense.bias, 1)
         return out
 
-    def build(self, query_shape, value_shape=None, key_shape=None):
+    def build(
+        self, query_shape: Shape, value_shape: Shape | None = None, key_shape: Shape | None = None
+    ) -> None:
         value_shape = query_shape if value_shape is None else value_shape
         key_shape = value_shape if key_shape is None else key_shape
         for name, shape in (("query", query_shape), ("value", value_shape), ("key", key_shape)):
@@ -187,20 +192,20 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def call(
         self,
-        query,
-        value=None,
-        key=None,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        use_causal_mask=False,
-        return_attention_scores=False,
-        training=None,
-        mask=None,
-        cache=None,
-        cache_update_index=None,
-    ):
+        query: Tensor,
+        value: Tensor | None = None,
+        key: Tensor | None = None,
+        query_mask: Tensor | None = None,
+        value_mask: Tensor | None = None,
+        key_mask: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        use_causal_mask: bool = False,
+        return_attention_scores: bool = False,
+        training: bool | None = None,
+        mask: Tensor | None = None,
+        cache: Tensor | None = None,
+        cache_update_index: int | Tensor | None = None,
+    ) -> Tensor | tuple[Tensor, ...]:
         if cache is not None:
             return self._call_cached(
                 query, query_mask if query_mask is not None else mask, value_mask,
@@ -329,7 +334,7 @@ class MultiHeadAttention(keras.layers.Layer):
             return output, weights
         return output
 
-    def key_value_cache(self, value, key=None):
+    def key_value_cache(self, value: Tensor, key: Tensor | None = None) -> Tensor:
         """Projected keys and values of a fixed sequence, `(batch, 2, S, kv_heads, key_dim)`.
 
         Computed once and passed as `cache` without `cache_update_index`, cross-attention of
@@ -386,7 +391,7 @@ class MultiHeadAttention(keras.layers.Layer):
             return (*outputs, cache)
         return outputs, cache
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {
             **super().get_config(),
             "num_heads": self.num_heads,

@@ -1,9 +1,12 @@
 """Rotary position embedding (RoPE, Su et al.): positions as rotations of query/key pairs."""
 
 import math
+from typing import Any
 
 import keras
 from keras import ops
+
+from keras_attn.types import Shape, Tensor
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -27,7 +30,13 @@ class RotaryEmbedding(keras.layers.Layer):
         a tensor of the input's shape.
     """
 
-    def __init__(self, max_wavelength=10000, scaling_factor=1.0, sequence_axis=1, **kwargs):
+    def __init__(
+        self,
+        max_wavelength: float = 10000,
+        scaling_factor: float = 1.0,
+        sequence_axis: int = 1,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         if not max_wavelength > 1:
             raise ValueError(
@@ -43,7 +52,7 @@ class RotaryEmbedding(keras.layers.Layer):
         self.sequence_axis = sequence_axis
         self.supports_masking = True
 
-    def build(self, inputs_shape):
+    def build(self, inputs_shape: Shape) -> None:
         rank = len(inputs_shape)
         axis = self.sequence_axis % rank if rank else 0
         if rank < 2 or axis == rank - 1:
@@ -57,7 +66,7 @@ class RotaryEmbedding(keras.layers.Layer):
                 f"Received: inputs.shape={tuple(inputs_shape)}"
             )
 
-    def call(self, inputs, start_index=0):
+    def call(self, inputs: Tensor, start_index: int | Tensor = 0) -> Tensor:
         rank = len(inputs.shape)
         axis = self.sequence_axis % rank
         dim = inputs.shape[-1]
@@ -78,10 +87,10 @@ class RotaryEmbedding(keras.layers.Layer):
         rotated = ops.concatenate([-x2, x1], axis=-1)
         return inputs * cos + rotated * sin
 
-    def compute_output_shape(self, inputs_shape):
+    def compute_output_shape(self, inputs_shape: Shape) -> Shape:
         return inputs_shape
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {
             **super().get_config(),
             "max_wavelength": self.max_wavelength,

@@ -7,11 +7,13 @@ weights with a softmax. Select one by name (`score="scaled_dot"`) or pass an ins
 """
 
 import math
+from typing import Any
 
 import keras
 from keras import ops
 
 from keras_attn.layers.initializers import fresh
+from keras_attn.types import Initializer, Shape, Tensor
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -25,21 +27,21 @@ class Score(keras.layers.Layer):
     #: True when the score is `q·k/√d_k`, which attention may hand to a fused kernel.
     is_scaled_dot = False
 
-    def __init__(self, **kwargs):
+    def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         # Inputs may carry Keras masks; attention applies them to the scores, not the score.
         self.supports_masking = True
 
-    def build(self, query_shape, key_shape):
+    def build(self, query_shape: Shape, key_shape: Shape) -> None:
         pass  # scores without weights need no build
 
-    def compute_mask(self, query, key, mask=None):
+    def compute_mask(self, query: Tensor, key: Tensor, mask: Tensor | None = None) -> Tensor | None:
         return None
 
-    def call(self, query, key):
+    def call(self, query: Tensor, key: Tensor) -> Tensor:
         raise NotImplementedError(f"{type(self).__name__} must implement `call(query, key)`.")
 
-    def compute_output_shape(self, query_shape, key_shape):
+    def compute_output_shape(self, query_shape: Shape, key_shape: Shape) -> Shape:
         return (*query_shape[:-1], key_shape[-2])
 
 
@@ -62,10 +64,10 @@ class DotScore(Score):
         [[[2.0, 2.0, 2.0]]]
     """
 
-    def build(self, query_shape, key_shape):
+    def build(self, query_shape: Shape, key_shape: Shape) -> None:
         _check_same_depth(self, query_shape, key_shape)
 
-    def call(self, query, key):
+    def call(self, query: Tensor, key: Tensor) -> Tensor:
         return ops.matmul(query, ops.swapaxes(key, -1, -2))
 
 
@@ -79,24 +81,24 @@ class ScaledDotScore(Score):
 
     is_scaled_dot = True
 
-    def __init__(self, scale=None, **kwargs):
+    def __init__(self, scale: float | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if scale is not None and not scale > 0:
             raise ValueError(f"`scale` must be a positive number. Received: scale={scale}")
         self.scale = scale
 
-    def build(self, query_shape, key_shape):
+    def build(self, query_shape: Shape, key_shape: Shape) -> None:
         _check_same_depth(self, query_shape, key_shape)
 
-    def scale_for(self, depth):
+    def scale_for(self, depth: int) -> float:
         """The factor applied to `q·k` for keys of depth `depth`."""
         return self.scale if self.scale is not None else 1.0 / math.sqrt(depth)
 
-    def call(self, query, key):
+    def call(self, query: Tensor, key: Tensor) -> Tensor:
         scale = ops.cast(self.scale_for(query.shape[-1]), query.dtype)
         return ops.matmul(ops.multiply(query, scale), ops.swapaxes(key, -1, -2))
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "scale": self.scale}
 
 
@@ -108,21 +110,21 @@ class BilinearScore(Score):
         kernel_initializer: initializer of `W`. Defaults to `"glorot_uniform"`.
     """
 
-    def __init__(self, kernel_initializer="glorot_uniform", **kwargs):
+    def __init__(self, kernel_initializer: Initializer = "glorot_uniform", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
 
-    def build(self, query_shape, key_shape):
+    def build(self, query_shape: Shape, key_shape: Shape) -> None:
         self.kernel = self.add_weight(
             name="kernel",
             shape=(query_shape[-1], key_shape[-1]),
             initializer=self.kernel_initializer,
         )
 
-    def call(self, query, key):
+    def call(self, query: Tensor, key: Tensor) -> Tensor:
         return ops.matmul(ops.matmul(query, self.kernel), ops.swapaxes(key, -1, -2))
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {
             **super().get_config(),
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
@@ -141,7 +143,13 @@ class AdditiveScore(Score):
         kernel_initializer: initializer of `W_q`, `W_k` and `v`.
     """
 
-    def __init__(self, units=None, use_bias=True, kernel_initializer="glorot_uniform", **kwargs):
+    def __init__(
+        self,
+        units: int | None = None,
+        use_bias: bool = True,
+        kernel_initializer: Initializer = "glorot_uniform",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         if units is not None and (not isinstance(units, int) or units <= 0):
             raise ValueError(f"`units` must be a positive integer. Received: units={units}")
@@ -149,7 +157,7 @@ class AdditiveScore(Score):
         self.use_bias = use_bias
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
 
-    def build(self, query_shape, key_shape):
+    def build(self, query_shape: Shape, key_shape: Shape) -> None:
         units = self.units or key_shape[-1]
         init = self.kernel_initializer
         self.query_kernel = self.add_weight(
@@ -167,7 +175,7 @@ class AdditiveScore(Score):
             name="score_kernel", shape=(units,), initializer=fresh(init)
         )
 
-    def call(self, query, key):
+    def call(self, query: Tensor, key: Tensor) -> Tensor:
         q = ops.expand_dims(ops.matmul(query, self.query_kernel), -2)  # (..., T, 1, u)
         k = ops.expand_dims(ops.matmul(key, self.key_kernel), -3)  # (..., 1, S, u)
         hidden = q + k
@@ -175,7 +183,7 @@ class AdditiveScore(Score):
             hidden = hidden + self.bias
         return ops.tensordot(ops.tanh(hidden), self.score_kernel, axes=1)  # (..., T, S)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {
             **super().get_config(),
             "units": self.units,
@@ -192,7 +200,7 @@ SCORES = {
 }
 
 
-def get_score(identifier, **kwargs):
+def get_score(identifier: str | dict[str, Any] | Score, **kwargs: Any) -> Score:
     """Returns a `Score` layer from a name, a `Score` instance, or a serialized config.
 
     Args:
@@ -219,7 +227,7 @@ def get_score(identifier, **kwargs):
     )
 
 
-def serialize_score(identifier, score):
+def serialize_score(identifier: str | dict[str, Any] | Score, score: Score) -> str | dict[str, Any]:
     """Config value for a score argument: the name if one was given, else the serialized layer."""
     if isinstance(identifier, str):
         return identifier

@@ -1,5 +1,7 @@
 """Token + position (+ segment) embeddings, summed, then optional LayerNorm and dropout (BERT)."""
 
+from typing import Any
+
 import keras
 from keras import ops
 
@@ -10,11 +12,14 @@ from keras_attn.layers.embeddings import (
     TokenEmbedding,
 )
 from keras_attn.layers.initializers import fresh
+from keras_attn.types import Initializer, Shape, Tensor
 
 POSITION_ENCODINGS = ("learned", "sinusoidal")
 
 
-def position_encoding_layer(position_encoding, sequence_length, name, **kwargs):
+def position_encoding_layer(
+    position_encoding: str, sequence_length: int | None, name: str, **kwargs: Any
+) -> PositionEmbedding | SinusoidalPositionEncoding:
     """`PositionEmbedding(sequence_length)` for `"learned"`, `SinusoidalPositionEncoding` for
     `"sinusoidal"`; `kwargs` (dtype, initializer) go to the learned table."""
     if position_encoding not in POSITION_ENCODINGS:
@@ -23,7 +28,8 @@ def position_encoding_layer(position_encoding, sequence_length, name, **kwargs):
             f"Received: position_encoding={position_encoding!r}"
         )
     if position_encoding == "learned":
-        return PositionEmbedding(sequence_length, name=name, **kwargs)
+        # `None` (enough for sinusoidal encodings) is rejected by PositionEmbedding's check.
+        return PositionEmbedding(sequence_length, name=name, **kwargs)  # type: ignore[arg-type]
     kwargs.pop("initializer", None)
     return SinusoidalPositionEncoding(name=name, **kwargs)
 
@@ -57,18 +63,18 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
 
     def __init__(
         self,
-        vocabulary_size,
-        sequence_length,
-        embedding_dim,
-        num_segments=None,
-        position_encoding="learned",
-        mask_zero=False,
-        use_layer_norm=False,
-        layer_norm_epsilon=1e-12,
-        dropout=0.0,
-        embeddings_initializer="glorot_uniform",
-        **kwargs,
-    ):
+        vocabulary_size: int,
+        sequence_length: int,
+        embedding_dim: int,
+        num_segments: int | None = None,
+        position_encoding: str = "learned",
+        mask_zero: bool = False,
+        use_layer_norm: bool = False,
+        layer_norm_epsilon: float = 1e-12,
+        dropout: float = 0.0,
+        embeddings_initializer: Initializer = "glorot_uniform",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         if position_encoding not in POSITION_ENCODINGS:
             raise ValueError(
@@ -126,7 +132,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
             )
         self.dropout_layer = keras.layers.Dropout(dropout, dtype=policy)
 
-    def build(self, token_ids_shape, segment_ids_shape=None):
+    def build(self, token_ids_shape: Shape, segment_ids_shape: Shape | None = None) -> None:
         if len(token_ids_shape) != 2:
             raise ValueError(
                 "`token_ids` must have shape (batch, seq_len). "
@@ -145,7 +151,13 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         if self.layer_norm is not None:
             self.layer_norm.build(hidden_shape)
 
-    def call(self, token_ids, segment_ids=None, start_index=0, training=None):
+    def call(
+        self,
+        token_ids: Tensor,
+        segment_ids: Tensor | None = None,
+        start_index: int | Tensor = 0,
+        training: bool | None = None,
+    ) -> Tensor:
         if segment_ids is not None and self.segment_embedding is None:
             raise ValueError(
                 "`segment_ids` were given but the layer has no segment embedding; "
@@ -161,15 +173,17 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
             x = self.layer_norm(x)
         return self.dropout_layer(x, training=training)
 
-    def compute_mask(self, token_ids, mask=None):
+    def compute_mask(self, token_ids: Tensor, mask: Tensor | None = None) -> Tensor | None:
         if not self.mask_zero:
             return None
         return ops.not_equal(token_ids, 0)
 
-    def compute_output_shape(self, token_ids_shape, segment_ids_shape=None):
+    def compute_output_shape(
+        self, token_ids_shape: Shape, segment_ids_shape: Shape | None = None
+    ) -> Shape:
         return (*token_ids_shape, self.embedding_dim)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {
             **super().get_config(),
             "vocabulary_size": self.vocabulary_size,

@@ -1,10 +1,16 @@
 """Where and how attention is traced: for ONNX export (`onnx_tracing`, `write_cache`) and on
 which device (`on_tensorflow_cpu`, which picks the per-(batch, head) path)."""
 
+from typing import TYPE_CHECKING
+
 import keras
 from keras import ops
 
 from keras_attn.layers.masks import mask_value
+from keras_attn.types import Tensor
+
+if TYPE_CHECKING:  # it imports this module
+    from keras_attn.layers.multi_head_attention import MultiHeadAttention
 
 _TRACING = {"onnx": False}
 
@@ -31,7 +37,7 @@ class onnx_tracing:
         _TRACING["onnx"] = self._previous
 
 
-def write_cache(cache, start, new):
+def write_cache(cache: Tensor, start: int | Tensor, new: Tensor) -> Tensor:
     """`cache (B, S, ...)` with `new (B, T, ...)` written at positions `start .. start+T-1`."""
     if not _TRACING["onnx"]:
         return ops.slice_update(cache, [0, start] + [0] * (len(cache.shape) - 2), new)
@@ -44,7 +50,7 @@ def write_cache(cache, start, new):
     return ops.scatter_update(cache, indices, updates)
 
 
-def on_tensorflow():
+def on_tensorflow() -> bool:
     return keras.backend.backend() == "tensorflow"
 
 
@@ -55,7 +61,7 @@ def _tensorflow_gpus():
     return tf.config.list_logical_devices("GPU")
 
 
-def on_tensorflow_cpu(tensor=None):
+def on_tensorflow_cpu(tensor: Tensor | None = None) -> bool:
     """TensorFlow placing this computation on a CPU: `tensor`'s device when it has one, else
     no GPU visible to TensorFlow (where ops go by default)."""
     if not on_tensorflow():
@@ -66,12 +72,19 @@ def on_tensorflow_cpu(tensor=None):
     return not _tensorflow_gpus()
 
 
-def is_onnx_tracing():
+def is_onnx_tracing() -> bool:
     """Whether attention is being traced for ONNX (inside `onnx_tracing`)."""
     return _TRACING["onnx"]
 
 
-def attend_for_onnx(layer, query, key, value, merged, padding=None):
+def attend_for_onnx(
+    layer: "MultiHeadAttention",
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    merged: Tensor | None,
+    padding: tuple[Tensor | None, Tensor | None] | None = None,
+) -> Tensor:
     """The fused path of `layer` (a `MultiHeadAttention`) as `onnx_tracing` writes it:
     `(B, T, H·d)` projections by matmul, `softmax(q kᵀ + bias) v` over `(B, H, T, d)` heads,
     the output projection by matmul.
@@ -83,14 +96,16 @@ def attend_for_onnx(layer, query, key, value, merged, padding=None):
     onnxruntime's 2-D mask index (no `(B, T, S)` tensor is built in each layer)."""
     heads, depth = layer.num_heads, layer.key_dim
 
-    def project(dense, x):
+    def project(dense: keras.layers.EinsumDense, x: Tensor) -> Tensor:
         kernel = ops.reshape(dense.kernel, (x.shape[-1], -1))
         y = ops.matmul(x, ops.cast(kernel, x.dtype))
         if dense.bias is None:
             return y
         return y + ops.cast(ops.reshape(dense.bias, (-1,)), x.dtype)
 
-    def split(x, perm):  # (B, T, H·d) -> (B, H, T, d), or (B, H, d, T) for keys
+    def split(
+        x: Tensor, perm: tuple[int, int, int, int]
+    ) -> Tensor:  # (B, T, H·d) -> (B, H, T, d), or (B, H, d, T) for keys
         shape = ops.shape(x)
         return ops.transpose(ops.reshape(x, (shape[0], shape[1], heads, depth)), perm)
 

@@ -1,10 +1,13 @@
 """What the encoder and decoder blocks share: arguments, sublayer factories, residual wiring."""
 
+from typing import Any
+
 import keras
 
 from keras_attn.layers.feed_forward import FeedForward, get_activation
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
-from keras_attn.layers.scores import get_score, serialize_score
+from keras_attn.layers.scores import Score, get_score, serialize_score
+from keras_attn.types import Initializer
 
 
 class TransformerBlock(keras.layers.Layer):
@@ -16,21 +19,22 @@ class TransformerBlock(keras.layers.Layer):
 
     def __init__(
         self,
-        num_heads,
-        intermediate_dim,
-        dropout=0.0,
-        attention_dropout=None,
-        activation="relu",
-        normalize_first=False,
-        layer_norm_epsilon=1e-5,
-        key_dim=None,
-        num_key_value_heads=None,
-        score="scaled_dot",
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        **kwargs,
-    ):
+        num_heads: int,
+        intermediate_dim: int,
+        dropout: float = 0.0,
+        attention_dropout: float | None = None,
+        activation: str = "relu",
+        normalize_first: bool = False,
+        layer_norm_epsilon: float = 1e-5,
+        key_dim: int | None = None,
+        num_key_value_heads: int | None = None,
+        score: str | dict[str, Any] | Score = "scaled_dot",
+        kernel_initializer: Initializer = "glorot_uniform",
+        bias_initializer: Initializer = "zeros",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
+        value: float | None  # both checking loops below bind it
         for name, value in (("num_heads", num_heads), ("intermediate_dim", intermediate_dim)):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
@@ -125,7 +129,7 @@ class TransformerBlock(keras.layers.Layer):
             x = norm(x)
         return x, extra
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {
             **super().get_config(),
             "num_heads": self.num_heads,

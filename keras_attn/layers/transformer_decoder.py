@@ -3,6 +3,7 @@
 import keras
 
 from keras_attn.layers.transformer_block import TransformerBlock
+from keras_attn.types import Shape, Tensor
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -41,7 +42,9 @@ class TransformerDecoder(TransformerBlock):
         (2, 5, 64)
     """
 
-    def build(self, decoder_sequence_shape, encoder_sequence_shape=None):
+    def build(
+        self, decoder_sequence_shape: Shape, encoder_sequence_shape: Shape | None = None
+    ) -> None:
         if len(decoder_sequence_shape) != 3:
             raise ValueError(
                 "`decoder_sequence` must have shape (batch, seq_len, hidden_dim). "
@@ -76,22 +79,22 @@ class TransformerDecoder(TransformerBlock):
 
     def call(
         self,
-        decoder_sequence,
-        encoder_sequence=None,
-        decoder_padding_mask=None,
-        decoder_attention_mask=None,
-        encoder_padding_mask=None,
-        encoder_attention_mask=None,
-        use_causal_mask=True,
-        return_attention_scores=False,
-        training=None,
-        mask=None,
-        decoder_sequence_mask=None,
-        encoder_sequence_mask=None,
-        self_attention_cache=None,
-        self_attention_cache_update_index=None,
-        cross_attention_cache=None,
-    ):
+        decoder_sequence: Tensor,
+        encoder_sequence: Tensor | None = None,
+        decoder_padding_mask: Tensor | None = None,
+        decoder_attention_mask: Tensor | None = None,
+        encoder_padding_mask: Tensor | None = None,
+        encoder_attention_mask: Tensor | None = None,
+        use_causal_mask: bool = True,
+        return_attention_scores: bool = False,
+        training: bool | None = None,
+        mask: Tensor | None = None,
+        decoder_sequence_mask: Tensor | None = None,
+        encoder_sequence_mask: Tensor | None = None,
+        self_attention_cache: Tensor | None = None,
+        self_attention_cache_update_index: int | Tensor | None = None,
+        cross_attention_cache: Tensor | None = None,
+    ) -> Tensor | tuple[Tensor, ...]:
         # Keras delivers propagated masks as `mask` (one tensor passed) or `<arg>_mask`.
         if decoder_padding_mask is None:
             decoder_padding_mask = mask if mask is not None else decoder_sequence_mask
@@ -108,7 +111,7 @@ class TransformerDecoder(TransformerBlock):
 
         new_cache = []
 
-        def self_attention(x):
+        def self_attention(x: Tensor) -> tuple[Tensor, Tensor | None]:
             if self_attention_cache is None:
                 return self._attend(
                     self.self_attention,
@@ -133,7 +136,7 @@ class TransformerDecoder(TransformerBlock):
             new_cache.append(cache)
             return output, scores
 
-        def cross_attention(x):
+        def cross_attention(x: Tensor) -> tuple[Tensor, Tensor | None]:
             if cross_attention_cache is not None:
                 output, scores, _ = self._attend_cached(
                     self.cross_attention,
@@ -179,7 +182,7 @@ class TransformerDecoder(TransformerBlock):
             self.feed_forward_dropout,
             training,
         )
-        outputs = (x,)
+        outputs: tuple[Tensor, ...] = (x,)
         if return_attention_scores:
             outputs += (
                 (self_scores,) if self.cross_attention is None else (self_scores, cross_scores)
@@ -188,5 +191,5 @@ class TransformerDecoder(TransformerBlock):
             outputs += (new_cache[0],)
         return outputs[0] if len(outputs) == 1 else outputs
 
-    def compute_mask(self, decoder_sequence, mask=None):
+    def compute_mask(self, decoder_sequence: Tensor, mask: Tensor | None = None) -> Tensor | None:
         return mask

@@ -3,6 +3,7 @@
 import keras
 
 from keras_attn.layers.transformer_block import TransformerBlock
+from keras_attn.types import Shape, Tensor
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -42,7 +43,7 @@ class TransformerEncoder(TransformerBlock):
         (2, 8, 64)
     """
 
-    def build(self, inputs_shape):
+    def build(self, inputs_shape: Shape) -> None:
         if len(inputs_shape) != 3:
             raise ValueError(
                 "`inputs` must have shape (batch, seq_len, hidden_dim). "
@@ -64,20 +65,20 @@ class TransformerEncoder(TransformerBlock):
 
     def call(
         self,
-        inputs,
-        padding_mask=None,
-        attention_mask=None,
-        use_causal_mask=False,
-        return_attention_scores=False,
-        training=None,
-        mask=None,
-        inputs_mask=None,
-    ):
+        inputs: Tensor,
+        padding_mask: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        use_causal_mask: bool = False,
+        return_attention_scores: bool = False,
+        training: bool | None = None,
+        mask: Tensor | None = None,
+        inputs_mask: Tensor | None = None,
+    ) -> Tensor | tuple[Tensor, Tensor]:
         # Keras delivers the propagated mask as `mask` (one tensor passed) or `inputs_mask`.
         if padding_mask is None:
             padding_mask = mask if mask is not None else inputs_mask
 
-        def self_attention(x):
+        def self_attention(x: Tensor) -> tuple[Tensor, Tensor | None]:
             return self._attend(
                 self.self_attention,
                 return_attention_scores,
@@ -107,5 +108,5 @@ class TransformerEncoder(TransformerBlock):
             return x, scores
         return x
 
-    def compute_mask(self, inputs, mask=None):
+    def compute_mask(self, inputs: Tensor, mask: Tensor | None = None) -> Tensor | None:
         return mask

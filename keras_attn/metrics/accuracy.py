@@ -1,7 +1,11 @@
 """Masked token accuracy: the share of real targets predicted right, padding skipped."""
 
+from typing import Any
+
 import keras
 from keras import ops
+
+from keras_attn.types import Tensor
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -19,11 +23,13 @@ class MaskedAccuracy(keras.metrics.Mean):
         0.5
     """
 
-    def __init__(self, ignore_class=0, name="masked_accuracy", **kwargs):
+    def __init__(self, ignore_class: int = 0, name: str = "masked_accuracy", **kwargs: Any) -> None:
         super().__init__(name=name, **kwargs)
         self.ignore_class = ignore_class
 
-    def update_state(self, y_true, y_pred, sample_weight=None):
+    def update_state(
+        self, y_true: Tensor, y_pred: Tensor, sample_weight: Tensor | None = None
+    ) -> None:
         y_true = ops.cast(y_true, "int32")
         if len(y_true.shape) == len(y_pred.shape):
             y_true = ops.squeeze(y_true, -1)
@@ -36,5 +42,5 @@ class MaskedAccuracy(keras.metrics.Mean):
             weight = weight * sample_weight
         super().update_state(correct, sample_weight=weight)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "ignore_class": self.ignore_class}

@@ -10,6 +10,8 @@ SQuAD evaluation script's normalization. These libraries are in the `metrics` ex
 
 import re
 import string
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 
 def _require(module, extra="metrics"):
@@ -30,7 +32,7 @@ def _check_pairs(name_a, a, name_b, b):
         )
 
 
-def entity_f1(true_tags, predicted_tags):
+def entity_f1(true_tags: Sequence[Sequence[str]], predicted_tags: Sequence[Sequence[str]]) -> float:
     """Entity-level F1 over BIO-tagged sentences (an entity counts only if its span and type
     both match), micro-averaged over types: `seqeval.metrics.f1_score`.
 
@@ -44,7 +46,11 @@ def entity_f1(true_tags, predicted_tags):
     return float(seqeval.f1_score(true_tags, predicted_tags))
 
 
-def token_f1(true_tags, predicted_tags, outside="O"):
+def token_f1(
+    true_tags: Sequence[Sequence[str]],
+    predicted_tags: Sequence[Sequence[str]],
+    outside: str = "O",
+) -> float:
     """Token-level F1: micro-averaged over tokens, counting only the entity tags (every tag
     but `outside`) as positives: `sklearn.metrics.f1_score(average="micro")`."""
     _check_pairs("true_tags", true_tags, "predicted_tags", predicted_tags)
@@ -60,7 +66,7 @@ def token_f1(true_tags, predicted_tags, outside="O"):
     )
 
 
-def normalize_answer(text):
+def normalize_answer(text: str) -> str:
     """SQuAD's normalization: lower case, no punctuation, no articles, single spaces."""
     text = text.lower()
     text = "".join(ch for ch in text if ch not in set(string.punctuation))
@@ -68,14 +74,14 @@ def normalize_answer(text):
     return " ".join(text.split())
 
 
-def exact_match(predictions, references):
+def exact_match(predictions: Sequence[Any], references: Sequence[Any]) -> float:
     """Share of predictions equal to their reference: strings after `normalize_answer`,
     anything else (id lists, tuples) compared as is."""
     _check_pairs("predictions", predictions, "references", references)
     if not predictions:
         raise ValueError("`predictions` must not be empty.")
 
-    def same(p, r):
+    def same(p: Any, r: Any) -> bool:
         if isinstance(p, str) and isinstance(r, str):
             return normalize_answer(p) == normalize_answer(r)
         return list(p) == list(r)
@@ -83,7 +89,7 @@ def exact_match(predictions, references):
     return sum(same(p, r) for p, r in zip(predictions, references, strict=True)) / len(predictions)
 
 
-def bleu(hypotheses, references):
+def bleu(hypotheses: Sequence[str], references: Sequence[str]) -> float:
     """Corpus BLEU (0–100) of detokenized hypotheses against one reference each:
     `sacrebleu.corpus_bleu` with its default 13a tokenizer."""
     _check_pairs("hypotheses", hypotheses, "references", references)
@@ -91,7 +97,11 @@ def bleu(hypotheses, references):
     return float(sacrebleu.corpus_bleu(list(hypotheses), [list(references)]).score)
 
 
-def rouge(hypotheses, references, types=("rouge1", "rouge2", "rougeL")):
+def rouge(
+    hypotheses: Sequence[str],
+    references: Sequence[str],
+    types: Iterable[str] = ("rouge1", "rouge2", "rougeL"),
+) -> dict[str, float]:
     """Mean ROUGE F-measures over pairs: `rouge_score.rouge_scorer` (ROUGE-N for `rougeN`,
     longest common subsequence for `rougeL`), without stemming.
 

@@ -1,6 +1,9 @@
 """What every backbone shares: a functional model from ids to hidden states, rebuilt from its
 constructor arguments, loadable from a Hugging Face folder."""
 
+import os
+from typing import Any, Self
+
 from keras_attn.models.task import ConfigModel
 from keras_attn.pretrained import load_pretrained, save_pretrained
 
@@ -11,7 +14,7 @@ class HoldsBackbone:
 
     backbone_attributes: frozenset[str] = frozenset()
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         # Only called when normal lookup fails. On PyTorch a layer is a `torch.nn.Module`, which
         # keeps sub-modules (the backbone) in `_modules` and finds them in its own
         # `__getattr__`: that one answers every other name.
@@ -33,13 +36,15 @@ class Backbone(ConfigModel):
     """
 
     @classmethod
-    def from_pretrained(cls, folder, strict: bool = True, **kwargs):
+    def from_pretrained(
+        cls, folder: str | os.PathLike[str], strict: bool = True, **kwargs: Any
+    ) -> Self:
         """This backbone with the weights of a Hugging Face folder (`config.json`,
         `model.safetensors`); `kwargs` override constructor arguments read from
         `config.json`. See `keras_attn.pretrained.load_pretrained`."""
         return load_pretrained(folder, cls, strict=strict, **kwargs)
 
-    def save_pretrained(self, folder, tokenizer=None) -> None:
+    def save_pretrained(self, folder: str | os.PathLike[str], tokenizer: Any = None) -> None:
         """Writes `config.json`, `model.safetensors` (and `vocab.txt`) in the Hugging Face
         layout; see `keras_attn.pretrained.save_pretrained`."""
         save_pretrained(self, folder, tokenizer=tokenizer)

@@ -11,6 +11,8 @@ A user's functional causal LM made of our layers gets the same methods from
 and checks on a probe that they compute the model's logits.
 """
 
+from collections.abc import Iterable
+
 import keras
 import numpy as np
 from keras import ops
@@ -22,9 +24,12 @@ from keras_attn.layers.embeddings import (
 )
 from keras_attn.layers.token_and_position_embedding import TokenAndPositionEmbedding
 from keras_attn.layers.transformer_decoder import TransformerDecoder
+from keras_attn.types import Tensor
 
 
-def empty_caches(blocks, batch_size, max_length: int) -> list:
+def empty_caches(
+    blocks: Iterable[TransformerDecoder], batch_size: int, max_length: int
+) -> list[Tensor]:
     """Zeros for the self-attention keys and values of each decoder block:
     `(batch, 2, max_length, kv_heads, key_dim)` in the block's compute dtype."""
     caches = []
@@ -49,7 +54,7 @@ class CachedCausalLM:
     head: keras.layers.Layer | None = None
 
     @property
-    def max_length(self):
+    def max_length(self) -> int | None:
         """The longest sequence the position table allows (None: sinusoidal, unbounded)."""
         return getattr(self.position_embedding, "sequence_length", None)
 
@@ -58,23 +63,26 @@ class CachedCausalLM:
         """Whether id 0 is padding (masked), as the token embedding says."""
         return bool(self.token_embedding.mask_zero)
 
-    def embed(self, token_ids, index=0):
+    def embed(self, token_ids: Tensor, index: int | Tensor = 0) -> Tensor:
         """Embeddings of `token_ids` placed at positions `index, index + 1, …`."""
         x = self.token_embedding(token_ids)
-        return x + self.position_embedding(x, start_index=index)
+        # Set on every model that reaches here (`FunctionalCausalLM` overrides `embed` when None).
+        return x + self.position_embedding(x, start_index=index)  # type: ignore[misc]
 
-    def logits(self, x):
+    def logits(self, x: Tensor) -> Tensor:
         """float32 logits of the last blocks' output `x`."""
         if self.final_norm is not None:
             x = self.final_norm(x)
         x = self.head(x) if self.head is not None else self.token_embedding(x, reverse=True)
         return ops.cast(x, "float32")
 
-    def init_cache(self, batch_size: int, max_length: int) -> list:
+    def init_cache(self, batch_size: int, max_length: int) -> list[Tensor]:
         """An empty key/value cache: per block `(batch, 2, max_length, kv_heads, key_dim)`."""
         return empty_caches(self.decoder_blocks, batch_size, max_length)
 
-    def call_with_cache(self, token_ids, cache: list, cache_update_index):
+    def call_with_cache(
+        self, token_ids: Tensor, cache: list[Tensor], cache_update_index: int | Tensor
+    ) -> tuple[Tensor, list[Tensor]]:
         """Logits `(batch, new, vocab)` of `token_ids` placed at `cache_update_index`, and the
         cache with their keys and values written in."""
         x = self.embed(token_ids, cache_update_index)
@@ -87,13 +95,15 @@ class CachedCausalLM:
             updated.append(block_cache)
         return self.logits(x), updated
 
-    def padding(self, token_ids):
+    def padding(self, token_ids: Tensor) -> Tensor:
         """The padding mask the model's embedding would propagate."""
         if self.zero_is_padding:
             return ops.not_equal(token_ids, 0)
         return ops.ones_like(token_ids, dtype="bool")
 
-    def call_with_attention_scores(self, token_ids):
+    def call_with_attention_scores(
+        self, token_ids: Tensor
+    ) -> tuple[Tensor, dict[str, dict[str, Tensor]]]:
         """`(logits, {block name: {"self": (batch, heads, T, T)}})` for unpadded ids."""
         token_ids = ops.convert_to_tensor(token_ids)
         x, mask, maps = self.embed(token_ids, 0), self.padding(token_ids), {}
@@ -124,7 +134,7 @@ class FunctionalCausalLM(CachedCausalLM):
     layers alone give the model's logits on a probe, or raises a `ValueError` naming the
     contract."""
 
-    def __init__(self, model: keras.Model, verify: bool = True):
+    def __init__(self, model: keras.Model, verify: bool = True) -> None:
         combined = _of_type(model, TokenAndPositionEmbedding)
         tokens = _of_type(model, TokenEmbedding)
         positions = _of_type(model, (PositionEmbedding, SinusoidalPositionEncoding))
@@ -148,13 +158,13 @@ class FunctionalCausalLM(CachedCausalLM):
             self._verify(model)
 
     @property
-    def max_length(self):
+    def max_length(self) -> int | None:
         if self._combined is not None:
             learned = self._combined.position_encoding == "learned"
             return self._combined.sequence_length if learned else None
         return getattr(self.position_embedding, "sequence_length", None)
 
-    def embed(self, token_ids, index=0):
+    def embed(self, token_ids: Tensor, index: int | Tensor = 0) -> Tensor:
         if self._combined is not None:
             return self._combined(token_ids, start_index=index)
         # Named, not `super()`: autograph (tf.function over the decode step) mis-converts
@@ -176,7 +186,7 @@ class FunctionalCausalLM(CachedCausalLM):
             )
 
 
-def model_inputs(model: keras.Model, token_ids):
+def model_inputs(model: keras.Model, token_ids: Tensor) -> Tensor | dict[str, Tensor]:
     """What a causal LM takes for unpadded `token_ids`: the ids, or with a `padding_mask` input
     (`CausalLM(padding_mask_input=True)`) a dict with an all-ones mask."""
     if isinstance(model.input, dict):

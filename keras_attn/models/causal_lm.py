@@ -1,6 +1,9 @@
 """GPT-style causal language model: a decoder backbone (embeddings, decoder blocks, final norm)
 and the task on it (output tied to the token embedding, cached call, generation)."""
 
+import os
+from typing import TYPE_CHECKING, Any, Self, TypeVar
+
 import keras
 from keras import ops
 
@@ -17,6 +20,11 @@ from keras_attn.models.cached import CachedCausalLM
 from keras_attn.models.task import Task, float32_logits
 from keras_attn.pretrained import save_pretrained
 from keras_attn.pretrained.registry import register_model_class
+
+if TYPE_CHECKING:
+    from keras_attn.decoding import Runner
+
+_BackboneT = TypeVar("_BackboneT", bound=keras.Model)
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -62,22 +70,22 @@ class DecoderBackbone(Backbone):
 
     def __init__(
         self,
-        vocabulary_size,
-        max_sequence_length=None,
-        hidden_dim=128,
-        num_layers=2,
-        num_heads=4,
-        intermediate_dim=None,
-        dropout=0.0,
-        normalize_first=True,
-        activation="gelu",
-        position_encoding="learned",
-        mask_zero=True,
-        layer_norm_epsilon=1e-5,
-        padding_mask_input=False,
-        name="decoder_backbone",
-        **kwargs,
-    ):
+        vocabulary_size: int,
+        max_sequence_length: int | None = None,
+        hidden_dim: int = 128,
+        num_layers: int = 2,
+        num_heads: int = 4,
+        intermediate_dim: int | None = None,
+        dropout: float = 0.0,
+        normalize_first: bool = True,
+        activation: str = "gelu",
+        position_encoding: str = "learned",
+        mask_zero: bool = True,
+        layer_norm_epsilon: float = 1e-5,
+        padding_mask_input: bool = False,
+        name: str = "decoder_backbone",
+        **kwargs: Any,
+    ) -> None:
         check_renamed(kwargs, ("sequence_length",))
         check_positive_ints(
             vocabulary_size=vocabulary_size,
@@ -105,7 +113,9 @@ class DecoderBackbone(Backbone):
         )
         x = token_embedding(token_ids)
         position_embedding = position_encoding_layer(
-            position_encoding, max_sequence_length, "position_embedding"
+            position_encoding,
+            max_sequence_length,  # type: ignore[arg-type]  # None: sinusoidal (layers/ annotates it `int`)
+            "position_embedding",
         )
         positions = position_embedding(x, **position_kwargs)
         x = keras.layers.Add(name="embeddings_add")([x, positions])
@@ -166,7 +176,14 @@ class CausalLM(HoldsBackbone, CachedCausalLM, Task):
     config_args = ("backbone",)
     nested_models = ("backbone",)
 
-    def __init__(self, backbone=None, *args, preprocessor=None, name="causal_lm", **kwargs):
+    def __init__(
+        self,
+        backbone: "DecoderBackbone | int | None" = None,
+        *args: Any,
+        preprocessor: Any = None,
+        name: str = "causal_lm",
+        **kwargs: Any,
+    ) -> None:
         trainable = {key: kwargs.pop(key) for key in ("trainable",) if key in kwargs}
         backbone = backbone_of(DecoderBackbone, backbone, args, kwargs)
         inputs = _fresh_inputs(backbone)
@@ -176,45 +193,54 @@ class CausalLM(HoldsBackbone, CachedCausalLM, Task):
         self.backbone = backbone
 
     # What the cached call (`keras_attn.models.cached.CachedCausalLM`) runs: the backbone's.
+    # Read-only properties over `CachedCausalLM`'s attributes: never assigned on a task.
     @property
-    def token_embedding(self):
+    def token_embedding(self) -> TokenEmbedding:  # type: ignore[override]
         return self.backbone.token_embedding
 
     @property
-    def position_embedding(self):
+    def position_embedding(self) -> keras.layers.Layer | None:  # type: ignore[override]
         return self.backbone.position_embedding
 
     @property
-    def decoder_blocks(self):
+    def decoder_blocks(self) -> list[TransformerDecoder]:  # type: ignore[override]
         return self.backbone.decoder_blocks
 
     @property
-    def final_norm(self):
+    def final_norm(self) -> keras.layers.Layer | None:  # type: ignore[override]
         return self.backbone.final_norm
 
-    def default_loss(self):
+    def default_loss(self) -> SparseCrossEntropy:
         return lm_loss()
 
     @classmethod
-    def from_pretrained(cls, folder, strict=True, preprocessor=None, **kwargs):
+    def from_pretrained(
+        cls,
+        folder: str | os.PathLike[str],
+        strict: bool = True,
+        preprocessor: Any = None,
+        **kwargs: Any,
+    ) -> Self:
         """A causal LM on `DecoderBackbone.from_pretrained(folder, **kwargs)` (a Hugging
         Face GPT-2 folder); the output layer is the tied token embedding, so every weight
         comes from the checkpoint."""
         backbone = DecoderBackbone.from_pretrained(folder, strict=strict, **kwargs)
         return cls(backbone, preprocessor=preprocessor)
 
-    def save_pretrained(self, folder, tokenizer=None):
+    def save_pretrained(self, folder: str | os.PathLike[str], tokenizer: Any = None) -> None:
         """Writes the backbone in the Hugging Face GPT-2 layout; see
         `keras_attn.pretrained.save_pretrained`."""
         save_pretrained(self.backbone, folder, tokenizer=tokenizer)
 
-    def runner(self):
+    def runner(self) -> "Runner":
         """The decoding `keras_attn.decoding.Runner` over this model's cached call."""
         from keras_attn.models.generation import causal_runner
 
         return causal_runner(self)
 
-    def generate(self, prompts, max_new_tokens, **kwargs):
+    def generate(
+        self, prompts: Any, max_new_tokens: int, **kwargs: Any
+    ) -> list[list[int]] | list[str] | str:
         """Continues prompts of any lengths; see `keras_attn.models.generate` (id lists,
         `(batch, seq)` arrays or tensors, or strings through the model's preprocessor).
 
@@ -231,7 +257,12 @@ class CausalLM(HoldsBackbone, CachedCausalLM, Task):
         return generate(self, prompts, max_new_tokens, **kwargs)
 
 
-def backbone_of(backbone_class: type[keras.Model], backbone, args, kwargs):
+def backbone_of(
+    backbone_class: type[_BackboneT],
+    backbone: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> _BackboneT:
     """`backbone` itself (a `backbone_class`), or the `backbone_class` of the arguments given in
     its place (`CausalLM(vocabulary_size, max_sequence_length, ...)`)."""
     if isinstance(backbone, backbone_class):
@@ -266,13 +297,13 @@ def _fresh_inputs(backbone: keras.Model):
 CausalLM.backbone_attributes = frozenset(DecoderBackbone.config_args)
 
 
-def build_causal_lm(vocabulary_size, max_sequence_length, **kwargs):
+def build_causal_lm(vocabulary_size: int, max_sequence_length: int, **kwargs: Any) -> CausalLM:
     """`CausalLM(vocabulary_size, max_sequence_length, **kwargs)`: kept for the functional
     style."""
     return CausalLM(vocabulary_size, max_sequence_length, **kwargs)
 
 
-def lm_loss(pad_token_id=0, label_smoothing=0.0):
+def lm_loss(pad_token_id: int | None = 0, label_smoothing: float = 0.0) -> SparseCrossEntropy:
     """Next-token cross-entropy over logits, ignoring targets equal to `pad_token_id`."""
     return SparseCrossEntropy(ignore_class=pad_token_id, label_smoothing=label_smoothing)
 

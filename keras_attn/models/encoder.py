@@ -1,5 +1,8 @@
 """BERT-style encoder: token + position + segment embeddings, then Transformer encoder blocks."""
 
+import os
+from typing import Any, Self
+
 import keras
 from keras import ops
 
@@ -9,6 +12,7 @@ from keras_attn.checks import (
     check_positive_ints,
     check_rate,
 )
+from keras_attn.layers.embeddings import TokenEmbedding
 from keras_attn.layers.token_and_position_embedding import (
     POSITION_ENCODINGS,
     TokenAndPositionEmbedding,
@@ -17,6 +21,7 @@ from keras_attn.layers.transformer_encoder import TransformerEncoder
 from keras_attn.models.backbone import Backbone
 from keras_attn.pretrained import load_pretrained, read_pooling
 from keras_attn.pretrained.registry import register_model_class
+from keras_attn.types import Tensor
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -74,26 +79,26 @@ class EncoderBackbone(Backbone):
 
     def __init__(
         self,
-        vocabulary_size,
-        max_sequence_length=128,
-        hidden_dim=128,
-        num_layers=2,
-        num_heads=4,
-        intermediate_dim=None,
-        dropout=0.1,
-        num_segments=2,
-        activation="gelu",
-        normalize_first=False,
-        layer_norm_epsilon=1e-12,
-        position_encoding="learned",
-        pad_token_id=0,
-        padding_mask_input=False,
-        position_offset=0,
-        use_pooler=True,
-        embedding_pooling=None,
-        name="encoder",
-        **kwargs,
-    ):
+        vocabulary_size: int,
+        max_sequence_length: int = 128,
+        hidden_dim: int = 128,
+        num_layers: int = 2,
+        num_heads: int = 4,
+        intermediate_dim: int | None = None,
+        dropout: float = 0.1,
+        num_segments: int | None = 2,
+        activation: str = "gelu",
+        normalize_first: bool = False,
+        layer_norm_epsilon: float = 1e-12,
+        position_encoding: str = "learned",
+        pad_token_id: int = 0,
+        padding_mask_input: bool = False,
+        position_offset: int = 0,
+        use_pooler: bool = True,
+        embedding_pooling: dict[str, Any] | None = None,
+        name: str = "encoder",
+        **kwargs: Any,
+    ) -> None:
         check_positive_ints(
             vocabulary_size=vocabulary_size,
             max_sequence_length=max_sequence_length,
@@ -170,7 +175,9 @@ class EncoderBackbone(Backbone):
         self._set_config_args(locals())
         self.embeddings, self.encoder_blocks, self.final_norm = embeddings, blocks, final_norm
 
-    def call_with_attention_scores(self, inputs: dict):
+    def call_with_attention_scores(
+        self, inputs: dict[str, Tensor]
+    ) -> tuple[Tensor, dict[str, dict[str, Tensor]]]:
         """`(sequence_output, {block name: {"self": (batch, heads, T, T)}})` for a dict of
         inputs built like this encoder's."""
         inputs = {key: ops.convert_to_tensor(value) for key, value in inputs.items()}
@@ -182,13 +189,15 @@ class EncoderBackbone(Backbone):
             maps[block.name] = {"self": weights}
         return (self.final_norm(x) if self.final_norm is not None else x), maps
 
-    def padding_mask(self, inputs):
+    def padding_mask(self, inputs: dict[str, Tensor]) -> Tensor:
         """Bool `(batch, seq)` padding mask (`True` = real token) of a dict of inputs built
         like this encoder's, by its rule (`padding_mask` input, or ids against `pad_token_id`)."""
         return padding_of(inputs, self.pad_token_id)
 
     @classmethod
-    def from_pretrained(cls, folder, strict=True, **kwargs):
+    def from_pretrained(
+        cls, folder: str | os.PathLike[str], strict: bool = True, **kwargs: Any
+    ) -> Self:
         """An encoder with the weights of a Hugging Face folder (`config.json`,
         `model.safetensors`): BERT, MiniLM, sentence-transformers, RoBERTa or DistilBERT.
 
@@ -201,12 +210,12 @@ class EncoderBackbone(Backbone):
         return load_pretrained(folder, cls, strict=strict, **kwargs)
 
     @property
-    def token_embedding(self):
+    def token_embedding(self) -> TokenEmbedding:
         """The `TokenEmbedding` layer (a masked-LM head ties its output projection to it)."""
         return self.embeddings.token_embedding
 
 
-def padding_of(inputs, pad_token_id=0):
+def padding_of(inputs: dict[str, Tensor], pad_token_id: int = 0) -> Tensor:
     """Bool padding mask of a dict of encoder inputs: its `padding_mask` input when it has one,
     else `token_ids != pad_token_id`."""
     if "padding_mask" in inputs:
@@ -214,7 +223,7 @@ def padding_of(inputs, pad_token_id=0):
     return ops.not_equal(inputs["token_ids"], pad_token_id)
 
 
-def encoder_inputs(encoder, leading_shape=()):
+def encoder_inputs(encoder: keras.Model, leading_shape: tuple[int, ...] = ()) -> dict[str, Tensor]:
     """Fresh `keras.Input`s matching `encoder`'s inputs, with extra leading axes (choices)."""
     return {
         name: keras.Input((*leading_shape, None), dtype="int32", name=name)

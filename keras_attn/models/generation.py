@@ -1,30 +1,40 @@
 """Generation for causal LMs: a `CausalLM`, or a user's functional causal LM of our layers
 (`keras_attn.models.cached.FunctionalCausalLM`)."""
 
+from collections.abc import Sequence
+from typing import Any
+
+import keras
+
 from keras_attn.checks import check_renamed
 from keras_attn.decoding import Runner, decode
 from keras_attn.models.cached import cached_causal_lm, model_inputs
+from keras_attn.types import Tensor
 
 
-def causal_runner(model) -> Runner:
+def causal_runner(model: keras.Model) -> Runner:
     """The decoding `Runner` of a causal LM, over its cached call."""
     lm = cached_causal_lm(model)
 
-    def step(token_ids, state, index):
+    def step(
+        token_ids: Tensor, state: dict[str, Any], index: int | Tensor
+    ) -> tuple[Tensor, dict[str, Any]]:
         logits, caches = lm.call_with_cache(token_ids, state["caches"], index)
         return logits, {"caches": caches}
 
-    def full(token_ids, state):
+    def full(token_ids: Tensor, state: dict[str, Any]) -> Tensor:
         return model(model_inputs(model, token_ids), training=False)
 
-    def initial_state(rows, max_length):
+    def initial_state(rows: Sequence[int], max_length: int) -> dict[str, Any]:
         return {"caches": lm.init_cache(len(rows), max_length)}
 
     vocabulary = lm.token_embedding.vocabulary_size
     return Runner(model, step, full, initial_state, vocabulary, lm.max_length)
 
 
-def generate(model, prompts, max_new_tokens: int, **kwargs):
+def generate(
+    model: keras.Model, prompts: Any, max_new_tokens: int, **kwargs: Any
+) -> list[list[int]] | list[str] | str:
     """Continues prompts with any sampler: the one public `generate` (`CausalLM.generate`
     calls it). `kwargs` as `keras_attn.decoding.decode` (`sampler`, `temperature`, `top_k`,
     `top_p`, `num_beams`, `stop_token_ids`, `seed`, `use_cache`, `pad_token_id`).

@@ -2,6 +2,7 @@
 multiple choice."""
 
 import os
+from typing import Any, Self
 
 import keras
 import numpy as np
@@ -12,6 +13,7 @@ from keras_attn.layers.masks import mask_value
 from keras_attn.losses import SparseCrossEntropy
 from keras_attn.models.encoder import EncoderBackbone, encoder_inputs
 from keras_attn.models.task import Task, float32_logits
+from keras_attn.types import Shape, Tensor
 
 
 class Head(Task):
@@ -23,19 +25,24 @@ class Head(Task):
     masked_lm = False
 
     @classmethod
-    def from_config(cls, config):
+    def from_config(cls, config: dict[str, Any]) -> Any:
         config = dict(config)
         if "encoder" in config:  # written before the backbone/task split
             config["backbone"] = config.pop("encoder")
         return super().from_config(config)
 
-    def default_loss(self):
+    def default_loss(self) -> SparseCrossEntropy | dict[str, SparseCrossEntropy]:
         return SparseCrossEntropy()
 
     @classmethod
     def from_pretrained(
-        cls, folder, strict=True, backbone_kwargs=None, sequence_length=None, **kwargs
-    ):
+        cls,
+        folder: str | os.PathLike[str],
+        strict: bool = True,
+        backbone_kwargs: dict[str, Any] | None = None,
+        sequence_length: int | None = None,
+        **kwargs: Any,
+    ) -> Self:
         """This head on `EncoderBackbone.from_pretrained(folder, **backbone_kwargs)`; `kwargs`
         are the head's own (`num_classes`, …). The head's layers start from fresh weights.
 
@@ -62,7 +69,9 @@ class Head(Task):
         return cls(backbone, **kwargs)
 
 
-def folder_preprocessor(folder, sequence_length: int, masked_lm: bool = False):
+def folder_preprocessor(
+    folder: str | os.PathLike[str], sequence_length: int, masked_lm: bool = False
+) -> Any:
     """BERT's preprocessing for a Hugging Face folder: its WordPiece vocabulary (`vocab.txt` or
     `tokenizer.json`) and `[CLS] text [SEP]` packed to `sequence_length`; with `masked_lm`, a
     `MaskedLMPreprocessor` that also masks 15% of the tokens (at most ⌈0.15 ·
@@ -96,7 +105,8 @@ def folder_preprocessor(folder, sequence_length: int, masked_lm: bool = False):
         tokenizer.vocabulary_size(),
         tokenizer.token_to_id("[MASK]"),
         mask_selection_length=max(1, -(-sequence_length * 3 // 20)),
-        unselectable_token_ids=sorted({0, packer.start_value, packer.end_value, packer.pad_value}),
+        # The packer's ids are all set (from the vocabulary) just above.
+        unselectable_token_ids=sorted({0, packer.start_value, packer.end_value, packer.pad_value}),  # type: ignore[arg-type]
     )
     return MaskedLMPreprocessor(tokenizer, packer, masker)
 
@@ -123,7 +133,15 @@ class SequenceClassifier(Head):
 
     config_args = ("backbone", "num_classes", "pooling", "dropout")
 
-    def __init__(self, backbone, num_classes, pooling="cls", dropout=0.1, name=None, **kwargs):
+    def __init__(
+        self,
+        backbone: EncoderBackbone,
+        num_classes: int,
+        pooling: str = "cls",
+        dropout: float = 0.1,
+        name: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         check_positive_ints(num_classes=num_classes)
         check_choice("pooling", pooling, ("cls", "mean"))
         check_rate("dropout", dropout)
@@ -158,7 +176,15 @@ class TokenClassifier(Head):
 
     config_args = ("backbone", "num_classes", "dropout", "ignore_label")
 
-    def __init__(self, backbone, num_classes, dropout=0.1, ignore_label=-100, name=None, **kwargs):
+    def __init__(
+        self,
+        backbone: EncoderBackbone,
+        num_classes: int,
+        dropout: float = 0.1,
+        ignore_label: int = -100,
+        name: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         check_positive_ints(num_classes=num_classes)
         check_rate("dropout", dropout)
         inputs = encoder_inputs(backbone)
@@ -167,7 +193,7 @@ class TokenClassifier(Head):
         super().__init__(inputs, logits, name=name or "token_classifier", **kwargs)
         self._set_config_args(locals())
 
-    def default_loss(self):
+    def default_loss(self) -> SparseCrossEntropy:
         return SparseCrossEntropy(ignore_class=self.ignore_label)
 
 
@@ -186,7 +212,7 @@ class SpanQA(Head):
 
     config_args = ("backbone",)
 
-    def __init__(self, backbone, name=None, **kwargs):
+    def __init__(self, backbone: EncoderBackbone, name: str | None = None, **kwargs: Any) -> None:
         inputs = encoder_inputs(backbone)
         x = backbone(inputs)["sequence_output"]
         x = keras.layers.Dense(2, name="span_logits")(x)
@@ -198,11 +224,13 @@ class SpanQA(Head):
         super().__init__(inputs, outputs, name=name or "span_qa", **kwargs)
         self._set_config_args(locals())
 
-    def default_loss(self):
+    def default_loss(self) -> dict[str, SparseCrossEntropy]:
         return {"start_logits": SparseCrossEntropy(), "end_logits": SparseCrossEntropy()}
 
 
-def best_spans(start_logits, end_logits, max_answer_length, allowed=None):
+def best_spans(
+    start_logits: Tensor, end_logits: Tensor, max_answer_length: int, allowed: Tensor | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The best answer span of each row: `argmax_{i ≤ j < i + max_answer_length} s_i + e_j`.
 
     Args:
@@ -238,11 +266,12 @@ def best_spans(start_logits, end_logits, max_answer_length, allowed=None):
 class MergeChoices(keras.layers.Layer):
     """`(batch, num_choices, seq)` → `(batch · num_choices, seq)`; the length stays dynamic."""
 
-    def call(self, inputs):
+    def call(self, inputs: Tensor) -> Tensor:
         return ops.reshape(inputs, (-1, ops.shape(inputs)[-1]))
 
-    def compute_output_shape(self, input_shape):
-        batch = None if input_shape[0] is None else input_shape[0] * input_shape[1]
+    def compute_output_shape(self, input_shape: Shape) -> Shape:
+        # The choices axis is static (`encoder_inputs(leading_shape=(num_choices,))`).
+        batch = None if input_shape[0] is None else input_shape[0] * input_shape[1]  # type: ignore[operator]
         return (batch, input_shape[-1])
 
 
@@ -250,19 +279,19 @@ class MergeChoices(keras.layers.Layer):
 class SplitChoices(keras.layers.Layer):
     """`(batch · num_choices, 1)` logits → `(batch, num_choices)`: one row per question."""
 
-    def __init__(self, num_choices, **kwargs):
+    def __init__(self, num_choices: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         check_positive_ints(num_choices=num_choices)
         self.num_choices = num_choices
 
-    def call(self, inputs):
+    def call(self, inputs: Tensor) -> Tensor:
         return ops.reshape(inputs, (-1, self.num_choices))
 
-    def compute_output_shape(self, input_shape):
+    def compute_output_shape(self, input_shape: Shape) -> Shape:
         batch = None if input_shape[0] is None else input_shape[0] // self.num_choices
         return (batch, self.num_choices)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "num_choices": self.num_choices}
 
 
@@ -284,7 +313,14 @@ class MultipleChoice(Head):
 
     config_args = ("backbone", "num_choices", "dropout")
 
-    def __init__(self, backbone, num_choices, dropout=0.1, name=None, **kwargs):
+    def __init__(
+        self,
+        backbone: EncoderBackbone,
+        num_choices: int,
+        dropout: float = 0.1,
+        name: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         check_positive_ints(num_choices=num_choices)
         check_rate("dropout", dropout)
         inputs = encoder_inputs(backbone, leading_shape=(num_choices,))

@@ -1,13 +1,16 @@
 """BERT pretraining: a masked-LM head tied to the token embedding, and next-sentence prediction."""
 
+from typing import Any
+
 import keras
 from keras import ops
 
 from keras_attn.layers.feed_forward import get_activation
 from keras_attn.losses import SparseCrossEntropy
-from keras_attn.models.encoder import encoder_inputs
+from keras_attn.models.encoder import EncoderBackbone, encoder_inputs
 from keras_attn.models.heads import Head
 from keras_attn.models.task import float32_logits
+from keras_attn.types import Shape, Tensor
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -28,14 +31,16 @@ class MaskedLMHead(keras.layers.Layer):
         `(batch, num_predictions, hidden_dim)`.
     """
 
-    def __init__(self, activation="gelu", layer_norm_epsilon=1e-12, **kwargs):
+    def __init__(
+        self, activation: str = "gelu", layer_norm_epsilon: float = 1e-12, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         get_activation(activation)  # validates the name
         self.activation = activation
         self.layer_norm_epsilon = layer_norm_epsilon
         self.supports_masking = True  # the padding mask ends here: outputs are per prediction
 
-    def build(self, sequence_shape, mask_positions_shape):
+    def build(self, sequence_shape: Shape, mask_positions_shape: Shape) -> None:
         if len(sequence_shape) != 3 or len(mask_positions_shape) != 2:
             raise ValueError(
                 "`sequence` must be (batch, seq, hidden_dim) and `mask_positions` "
@@ -50,19 +55,21 @@ class MaskedLMHead(keras.layers.Layer):
         )
         self.layer_norm.build(hidden_shape)
 
-    def call(self, sequence, mask_positions):
+    def call(self, sequence: Tensor, mask_positions: Tensor) -> Tensor:
         positions = ops.cast(mask_positions, "int32")[..., None]
         x = ops.take_along_axis(sequence, positions, axis=1)
         x = get_activation(self.activation)(self.dense(x))
         return self.layer_norm(x)
 
-    def compute_mask(self, sequence, mask_positions, mask=None):
+    def compute_mask(
+        self, sequence: Tensor, mask_positions: Tensor, mask: Tensor | None = None
+    ) -> None:
         return None
 
-    def compute_output_shape(self, sequence_shape, mask_positions_shape):
+    def compute_output_shape(self, sequence_shape: Shape, mask_positions_shape: Shape) -> Shape:
         return (sequence_shape[0], mask_positions_shape[1], sequence_shape[-1])
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {
             **super().get_config(),
             "activation": self.activation,
@@ -70,7 +77,9 @@ class MaskedLMHead(keras.layers.Layer):
         }
 
 
-def masked_lm_graph(backbone, activation, output_name):
+def masked_lm_graph(
+    backbone: EncoderBackbone, activation: str, output_name: str
+) -> tuple[dict[str, Tensor], dict[str, Tensor], Tensor]:
     """`(inputs, backbone outputs, logits)`: the backbone's inputs plus `mask_positions`, and
     float32 masked-LM logits at those positions, tied to the token embedding."""
     inputs = encoder_inputs(backbone)
@@ -106,12 +115,18 @@ class MaskedLM(Head):
     config_args = ("backbone", "activation")
     masked_lm = True
 
-    def __init__(self, backbone, activation="gelu", name=None, **kwargs):
+    def __init__(
+        self,
+        backbone: EncoderBackbone,
+        activation: str = "gelu",
+        name: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         inputs, _, logits = masked_lm_graph(backbone, activation, "logits")
         super().__init__(inputs, logits, name=name or "masked_lm", **kwargs)
         self._set_config_args(locals())
 
-    def default_loss(self):
+    def default_loss(self) -> SparseCrossEntropy:
         return SparseCrossEntropy(ignore_class=0)
 
 
@@ -133,7 +148,13 @@ class EncoderPretrainer(Head):
 
     config_args = ("backbone", "activation")
 
-    def __init__(self, backbone, activation="gelu", name=None, **kwargs):
+    def __init__(
+        self,
+        backbone: EncoderBackbone,
+        activation: str = "gelu",
+        name: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         if not backbone.num_segments:
             raise ValueError(
                 "Next-sentence prediction needs segment ids: build the encoder with "
@@ -148,5 +169,5 @@ class EncoderPretrainer(Head):
         )
         self._set_config_args(locals())
 
-    def default_loss(self):
+    def default_loss(self) -> dict[str, SparseCrossEntropy]:
         return {"mlm": SparseCrossEntropy(ignore_class=0), "nsp": SparseCrossEntropy()}

@@ -1,5 +1,8 @@
 """Encoder-decoder Transformer (Vaswani et al.), trained with teacher forcing."""
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
 import keras
 import numpy as np
 from keras import ops
@@ -12,10 +15,15 @@ from keras_attn.layers.token_and_position_embedding import (
 )
 from keras_attn.layers.transformer_decoder import TransformerDecoder
 from keras_attn.layers.transformer_encoder import TransformerEncoder
+from keras_attn.losses import SparseCrossEntropy
 from keras_attn.models.backbone import Backbone, HoldsBackbone
 from keras_attn.models.cached import empty_caches
 from keras_attn.models.causal_lm import backbone_of, lm_loss
 from keras_attn.models.task import Task, float32_logits
+from keras_attn.types import Tensor
+
+if TYPE_CHECKING:
+    from keras_attn.decoding import Runner
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -54,21 +62,21 @@ class Seq2SeqBackbone(Backbone):
 
     def __init__(
         self,
-        vocabulary_size,
-        max_sequence_length=None,
-        target_vocabulary_size=None,
-        hidden_dim=128,
-        num_encoder_layers=2,
-        num_decoder_layers=2,
-        num_heads=4,
-        intermediate_dim=None,
-        dropout=0.1,
-        activation="relu",
-        normalize_first=False,
-        position_encoding="sinusoidal",
-        name="seq2seq_backbone",
-        **kwargs,
-    ):
+        vocabulary_size: int,
+        max_sequence_length: int | None = None,
+        target_vocabulary_size: int | None = None,
+        hidden_dim: int = 128,
+        num_encoder_layers: int = 2,
+        num_decoder_layers: int = 2,
+        num_heads: int = 4,
+        intermediate_dim: int | None = None,
+        dropout: float = 0.1,
+        activation: str = "relu",
+        normalize_first: bool = False,
+        position_encoding: str = "sinusoidal",
+        name: str = "seq2seq_backbone",
+        **kwargs: Any,
+    ) -> None:
         check_renamed(kwargs, ("sequence_length",))
         check_positive_ints(
             vocabulary_size=vocabulary_size,
@@ -82,7 +90,7 @@ class Seq2SeqBackbone(Backbone):
             check_positive_ints(target_vocabulary_size=target_vocabulary_size)
         check_rate("dropout", dropout)
         check_choice("position_encoding", position_encoding, POSITION_ENCODINGS)
-        block_args = {
+        block_args: dict[str, Any] = {
             "num_heads": num_heads,
             "intermediate_dim": intermediate_dim or 4 * hidden_dim,
             "dropout": dropout,
@@ -100,17 +108,21 @@ class Seq2SeqBackbone(Backbone):
                 target_vocabulary_size, hidden_dim, mask_zero=True, name="decoder_token_embedding"
             )
 
-        def positions(side):
+        def positions(side: str) -> keras.layers.Layer:
             return position_encoding_layer(
-                position_encoding, max_sequence_length, f"{side}_positions"
+                position_encoding,
+                max_sequence_length,  # type: ignore[arg-type]  # None: sinusoidal (layers/ annotates it `int`)
+                f"{side}_positions",
             )
 
-        def embed(ids, table, position_layer, side):
+        def embed(
+            ids: Tensor, table: TokenEmbedding, position_layer: keras.layers.Layer, side: str
+        ) -> Tensor:
             x = table(ids)
             x = keras.layers.Add(name=f"{side}_embeddings_add")([x, position_layer(x)])
             return keras.layers.Dropout(dropout, name=f"{side}_embeddings_dropout")(x)
 
-        def final_norm(side):
+        def final_norm(side: str) -> keras.layers.LayerNormalization | None:
             if not normalize_first:
                 return None
             return keras.layers.LayerNormalization(epsilon=1e-5, name=f"{side}_final_norm")
@@ -144,7 +156,7 @@ class Seq2SeqBackbone(Backbone):
         self.encoder_final_norm, self.decoder_final_norm = encoder_norm, decoder_norm
 
     @property
-    def token_embedding(self):
+    def token_embedding(self) -> TokenEmbedding:
         """The target side's `TokenEmbedding` (the output projection ties to it)."""
         return self.decoder_token_embedding
 
@@ -167,7 +179,14 @@ class Seq2SeqLM(HoldsBackbone, Task):
     config_args = ("backbone",)
     nested_models = ("backbone",)
 
-    def __init__(self, backbone=None, *args, preprocessor=None, name="seq2seq", **kwargs):
+    def __init__(
+        self,
+        backbone: "Seq2SeqBackbone | int | None" = None,
+        *args: Any,
+        preprocessor: Any = None,
+        name: str = "seq2seq",
+        **kwargs: Any,
+    ) -> None:
         trainable = {key: kwargs.pop(key) for key in ("trainable",) if key in kwargs}
         backbone = backbone_of(Seq2SeqBackbone, backbone, args, kwargs)
         inputs = {name: keras.Input((None,), dtype="int32", name=name) for name in backbone.input}
@@ -176,15 +195,17 @@ class Seq2SeqLM(HoldsBackbone, Task):
         super().__init__(inputs, logits, name=name, preprocessor=preprocessor, **trainable)
         self.backbone = backbone
 
-    def default_loss(self):
+    def default_loss(self) -> SparseCrossEntropy:
         return lm_loss()
 
     @property
-    def max_length(self):
+    def max_length(self) -> int | None:
         """The longest target the position table allows (None: sinusoidal)."""
         return getattr(self.decoder_position_embedding, "sequence_length", None)
 
-    def encode(self, source_ids, maps=None):
+    def encode(
+        self, source_ids: Tensor, maps: dict[str, dict[str, Tensor]] | None = None
+    ) -> Tensor:
         """The encoder's output `(batch, S, hidden)` for int ids `(batch, S)` (0 = padding);
         with a dict `maps`, each block's attention weights are written into it."""
         source_ids = ops.convert_to_tensor(source_ids, "int32")
@@ -208,7 +229,7 @@ class Seq2SeqLM(HoldsBackbone, Task):
             y = self.decoder_final_norm(y)
         return ops.cast(self.decoder_token_embedding(y, reverse=True), "float32")
 
-    def init_cache(self, encoded, source_ids, max_length: int) -> dict:
+    def init_cache(self, encoded: Tensor, source_ids: Tensor, max_length: int) -> dict[str, Any]:
         """The decoding state of rows whose sources are `source_ids` and encoder outputs
         `encoded`: an empty self-attention cache per block, each block's cross-attention keys
         and values (projected once), the source mask and ids."""
@@ -223,7 +244,9 @@ class Seq2SeqLM(HoldsBackbone, Task):
             "source_ids": source_ids,
         }
 
-    def call_with_cache(self, token_ids, cache: dict, cache_update_index):
+    def call_with_cache(
+        self, token_ids: Tensor, cache: dict[str, Any], cache_update_index: int | Tensor
+    ) -> tuple[Tensor, dict[str, Any]]:
         """Logits of target `token_ids` placed at `cache_update_index`, and the new state."""
         y = self._embed_targets(token_ids, cache_update_index)
         updated = []
@@ -238,7 +261,9 @@ class Seq2SeqLM(HoldsBackbone, Task):
             updated.append(self_cache)
         return self._logits(y), {**cache, "caches": updated}
 
-    def call_with_attention_scores(self, inputs: dict):
+    def call_with_attention_scores(
+        self, inputs: dict[str, Tensor]
+    ) -> tuple[Tensor, dict[str, dict[str, Tensor]]]:
         """`(logits, {block name: {"self": …[, "cross": …]}})`: every block's weights."""
         maps: dict = {}
         source = ops.convert_to_tensor(inputs["encoder_token_ids"], "int32")
@@ -253,7 +278,7 @@ class Seq2SeqLM(HoldsBackbone, Task):
             maps[block.name] = {"self": self_weights, "cross": cross_weights}
         return self._logits(y), maps
 
-    def runner(self, source_ids):
+    def runner(self, source_ids: Any) -> "Runner":
         """The decoding `Runner` of targets for `source_ids` (a list of id lists): the sources
         are encoded once, here."""
         from keras_attn.decoding import Runner, as_prompts
@@ -264,11 +289,11 @@ class Seq2SeqLM(HoldsBackbone, Task):
             padded[row, : len(ids)] = ids
         encoded = self.encode(padded)
 
-        def initial_state(rows, max_length):
+        def initial_state(rows: Sequence[int] | np.ndarray, max_length: int) -> dict[str, Any]:
             rows = np.asarray(rows, dtype="int32")
             return self.init_cache(ops.take(encoded, rows, axis=0), padded[rows], max_length)
 
-        def full(token_ids, state):
+        def full(token_ids: Tensor, state: dict[str, Any]) -> Tensor:
             inputs = {"encoder_token_ids": state["source_ids"],
                       "decoder_token_ids": ops.convert_to_tensor(token_ids)}  # fmt: skip
             return self(inputs, training=False)
@@ -276,7 +301,9 @@ class Seq2SeqLM(HoldsBackbone, Task):
         return Runner(self, self.call_with_cache, full, initial_state,
                       self.decoder_token_embedding.vocabulary_size, self.max_length)  # fmt: skip
 
-    def generate(self, source_ids, max_new_tokens, start_id, **kwargs):
+    def generate(
+        self, source_ids: Any, max_new_tokens: int, start_id: int, **kwargs: Any
+    ) -> list[list[int]]:
         """Decodes a target for each source id list, starting from `start_id`.
 
         Keyword arguments as `CausalLM.generate` (`sampler`, `num_beams`, `stop_token_ids`,

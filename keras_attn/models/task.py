@@ -1,6 +1,8 @@
 """What every keras_attn model shares: a functional graph, a config of constructor arguments,
 and compile defaults (XLA on where it helps)."""
 
+from typing import Any
+
 import keras
 import numpy as np
 
@@ -8,7 +10,7 @@ from keras_attn.hardware import native_low_precision
 
 
 def resolve_jit_compile(
-    jit_compile: bool | str = "auto", dtype_policy=None, flags: list[str] | None = None
+    jit_compile: bool | str = "auto", dtype_policy: Any = None, flags: list[str] | None = None
 ) -> bool:
     """Our `"auto"`, decided by backend, device, dtype policy and what the CPU does natively
     (`bench/training.py` measures it on the machine it runs on):
@@ -63,7 +65,7 @@ class ConfigModel(keras.Model):
     config_args: tuple[str, ...] = ()
     nested_models: tuple[str, ...] = ()
 
-    def __init__(self, inputs, outputs, name=None, **kwargs):
+    def __init__(self, inputs: Any, outputs: Any, name: str | None = None, **kwargs: Any) -> None:
         # keras.Model accepts and drops any keyword: a misspelt or unsupported argument
         # (`CausalLM(..., num_key_value_heads=2)`) would silently build another model.
         unknown = sorted(set(kwargs) - {"trainable"})
@@ -74,7 +76,7 @@ class ConfigModel(keras.Model):
             )
         super().__init__(inputs, outputs, name=name, **kwargs)
 
-    def __call__(self, inputs, *args, **kwargs):
+    def __call__(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
         if isinstance(inputs, dict) and isinstance(self.input, dict):
             inputs = complete_inputs(self, inputs)
         return super().__call__(inputs, *args, **kwargs)
@@ -85,7 +87,7 @@ class ConfigModel(keras.Model):
         for arg in self.config_args:
             setattr(self, arg, values[arg])
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         config = {"name": self.name, "trainable": self.trainable}
         for arg in self.config_args:
             value = getattr(self, arg)
@@ -95,7 +97,7 @@ class ConfigModel(keras.Model):
         return config
 
     @classmethod
-    def from_config(cls, config):
+    def from_config(cls, config: dict[str, Any]) -> Any:
         config = dict(config)
         for arg in cls.nested_models:
             if config.get(arg) is not None:
@@ -108,17 +110,30 @@ class Task(ConfigModel):
     (logits, spans, …), an optional `preprocessor` (raw strings to the model's inputs, saved
     with the task), and compile defaults: the task's loss, XLA where it helps."""
 
-    def __init__(self, inputs, outputs, name=None, preprocessor=None, **kwargs):
+    def __init__(
+        self,
+        inputs: Any,
+        outputs: Any,
+        name: str | None = None,
+        preprocessor: Any = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(inputs, outputs, name=name, **kwargs)
         self.preprocessor = preprocessor
 
     @property
-    def layers(self):
+    def layers(self) -> list[keras.layers.Layer]:
         # The preprocessor is an attribute (saved with the task), not a layer of the graph.
         preprocessor = getattr(self, "preprocessor", None)
         return [layer for layer in super().layers if layer is not preprocessor]
 
-    def compile(self, optimizer="adam", loss=None, jit_compile="auto", **kwargs):
+    def compile(
+        self,
+        optimizer: Any = "adam",
+        loss: Any = None,
+        jit_compile: bool | str = "auto",
+        **kwargs: Any,
+    ) -> None:
         """`keras.Model.compile`, with `loss` defaulting to the model's `default_loss()` and
         `jit_compile="auto"` resolved by `resolve_jit_compile`."""
         super().compile(
@@ -132,21 +147,21 @@ class Task(ConfigModel):
     # inputs are checked before Keras traces a graph: past the first trace the sequence axis
     # is unknown, and ids outside the table or a sequence past the position table would
     # surface as a TensorFlow op error (`GatherV2`, `Slice`) instead of a ValueError.
-    def fit(self, x=None, y=None, *args, **kwargs):
+    def fit(self, x: Any = None, y: Any = None, *args: Any, **kwargs: Any) -> Any:
         x, y, kwargs = training_text(self, x, y, kwargs)
         x = preprocess_text(self, x)
         check_id_arrays(self, x, "x")
         check_label_array(self, y)
         return super().fit(x, y, *args, **kwargs)
 
-    def evaluate(self, x=None, y=None, *args, **kwargs):
+    def evaluate(self, x: Any = None, y: Any = None, *args: Any, **kwargs: Any) -> Any:
         x, y, kwargs = training_text(self, x, y, kwargs)
         x = preprocess_text(self, x)
         check_id_arrays(self, x, "x")
         check_label_array(self, y)
         return super().evaluate(x, y, *args, **kwargs)
 
-    def predict(self, x, *args, **kwargs):
+    def predict(self, x: Any, *args: Any, **kwargs: Any) -> Any:
         x = preprocess_text(self, x)
         check_id_arrays(self, x, "x")
         return super().predict(x, *args, **kwargs)
@@ -174,13 +189,13 @@ class Task(ConfigModel):
         return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
 
     # JAX's steps take `(state, data)` and return `(logs, state)`; TensorFlow's take `data`.
-    def train_step(self, *args, **kwargs):
+    def train_step(self, *args: Any, **kwargs: Any) -> Any:
         return _per_worker_logs(self, super().train_step(*args, **kwargs))
 
-    def test_step(self, *args, **kwargs):
+    def test_step(self, *args: Any, **kwargs: Any) -> Any:
         return _per_worker_logs(self, super().test_step(*args, **kwargs))
 
-    def compile_from_config(self, config):
+    def compile_from_config(self, config: dict[str, Any]) -> None:
         """Compiles a loaded model as it was saved. Keras skips this for a model whose
         `compile` is overridden (ours only fills defaults), which left a reloaded model with no
         optimizer and no loss; `load_model` then restores the optimizer's state."""
@@ -188,23 +203,23 @@ class Task(ConfigModel):
         if self.built:
             self.optimizer.build(self.trainable_variables)
 
-    def default_loss(self):
+    def default_loss(self) -> Any:
         raise NotImplementedError(f"{type(self).__name__} has no default loss; pass `loss`.")
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         config = super().get_config()
         config["preprocessor"] = keras.saving.serialize_keras_object(self.preprocessor)
         return config
 
     @classmethod
-    def from_config(cls, config):
+    def from_config(cls, config: dict[str, Any]) -> Any:
         config = dict(config)
         if config.get("preprocessor") is not None:
             config["preprocessor"] = keras.saving.deserialize_keras_object(config["preprocessor"])
         return super().from_config(config)
 
 
-def float32_logits(x, name):
+def float32_logits(x: Any, name: str) -> Any:
     """Logits leave the model as float32 under mixed precision (stable softmax and loss)."""
     return keras.layers.Activation("linear", dtype="float32", name=name)(x)
 
@@ -214,7 +229,7 @@ HF_INPUT_NAMES = {"input_ids": "token_ids", "token_type_ids": "segment_ids",
                   "attention_mask": "padding_mask"}  # fmt: skip
 
 
-def complete_inputs(model, inputs: dict) -> dict:
+def complete_inputs(model: keras.Model, inputs: dict[str, Any]) -> dict[str, Any]:
     """`inputs` for a model taking a dict: all-zero `segment_ids` filled in when only
     `token_ids` came (one segment, BERT's default); Hugging Face names refused with the
     names to use."""
@@ -235,7 +250,7 @@ def complete_inputs(model, inputs: dict) -> dict:
     return inputs
 
 
-def is_text(x) -> bool:
+def is_text(x: Any) -> bool:
     """Whether `x` is raw text: a string, a list or tuple of strings, a NumPy array of strings,
     or a string tensor."""
     if isinstance(x, str):
@@ -247,7 +262,9 @@ def is_text(x) -> bool:
     return getattr(x, "dtype", None) is not None and str(x.dtype) in ("string", "<dtype: 'string'>")
 
 
-def training_text(model, x, y, kwargs: dict):
+def training_text(
+    model: keras.Model, x: Any, y: Any, kwargs: dict[str, Any]
+) -> tuple[Any, Any, dict[str, Any]]:
     """`(x, y, kwargs)` for `fit`/`evaluate`: raw text without targets, given to a task whose
     preprocessor makes its own (`CausalLMPreprocessor`, `MaskedLMPreprocessor`:
     `training_batch`), becomes the inputs, targets and sample weights it makes (a dataset of
@@ -259,7 +276,7 @@ def training_text(model, x, y, kwargs: dict):
 
     if _text_dataset(x) and not isinstance(x.element_spec, tuple):  # strings, no targets
 
-        def convert(text):
+        def convert(text: Any) -> tuple[Any, Any, Any]:
             inputs, targets, weights = batch(text)
             return model_inputs(inputs, model.input), targets, weights
 
@@ -267,7 +284,7 @@ def training_text(model, x, y, kwargs: dict):
     if not is_text(x):
         return x, y, kwargs
 
-    def arrays(text):
+    def arrays(text: Any) -> tuple[Any, np.ndarray, np.ndarray]:
         inputs, targets, weights = batch([text] if isinstance(text, str) else text)
         inputs = keras.tree.map_structure(np.asarray, model_inputs(inputs, model.input))
         return inputs, np.asarray(targets), np.asarray(weights)
@@ -281,7 +298,7 @@ def training_text(model, x, y, kwargs: dict):
     return inputs, targets, kwargs
 
 
-def preprocess_text(model, x):
+def preprocess_text(model: keras.Model, x: Any) -> Any:
     """`x` itself, unless it is raw text (or a `tf.data.Dataset` whose features are) and
     `model` has a preprocessor: then the model's inputs for that text (NumPy, or a mapped
     dataset). Raw text without a preprocessor is a `ValueError`."""
@@ -299,7 +316,7 @@ def preprocess_text(model, x):
 
     if dataset:
 
-        def convert(features, *rest):
+        def convert(features: Any, *rest: Any) -> tuple[Any, ...]:
             return (model_inputs(preprocessor(features), model.input), *rest)
 
         return x.map(convert)
@@ -322,7 +339,7 @@ def _text_dataset(x) -> bool:
     return getattr(first, "dtype", None) is not None and first.dtype.name == "string"
 
 
-def check_id_arrays(model, x, argument):
+def check_id_arrays(model: keras.Model, x: Any, argument: str) -> None:
     """`ValueError` naming the input when NumPy ids fall outside the largest token table, or a
     sequence is longer than the longest position table, of `model` (nested models included).
     Other inputs (tensors, datasets, floats) are left to Keras."""
@@ -367,7 +384,7 @@ def _int_input(model, name) -> bool:
     return tensor is not None and "int" in str(tensor.dtype)
 
 
-def check_label_array(model, y):
+def check_label_array(model: keras.Model, y: Any) -> None:
     """`ValueError` when NumPy integer labels fall outside the classes of a model with one
     output `(..., classes)` (the head's `ignore_label`, or the loss's ignored id, excepted):
     Keras's sparse cross-entropy trains on them silently (label 5 of 2 classes: loss 0.46)."""

@@ -1,9 +1,12 @@
 """Base of the TensorFlow-op preprocessing layers (tokenizers, packers, masking)."""
 
 import inspect
+from typing import Any
 
 import keras
 import tensorflow as tf
+
+from keras_attn.types import Tensor
 
 
 class PreprocessingLayer(keras.layers.Layer):
@@ -14,12 +17,12 @@ class PreprocessingLayer(keras.layers.Layer):
     `dataset.map(layer)` works under every Keras backend.
     """
 
-    def __init__(self, **kwargs):
+    def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("dtype", "int32")
         super().__init__(**kwargs)
         self.built = True  # no weights: nothing to build, and export can track it as is
 
-    def __call__(self, inputs, *args, **kwargs):
+    def __call__(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
         if any(isinstance(x, keras.KerasTensor) for x in tf.nest.flatten(inputs)):
             return super().__call__(inputs, *args, **kwargs)
         return self.call(inputs, *args, **_accepted(self.call, kwargs))
@@ -36,7 +39,9 @@ def _accepted(call, kwargs):
     return {key: value for key, value in kwargs.items() if key in parameters}
 
 
-def to_ragged(ids, name="inputs"):
+def to_ragged(
+    ids: list[Any] | Tensor | tf.RaggedTensor, name: str = "inputs"
+) -> tuple[tf.RaggedTensor, bool]:
     """Int ids (list, NumPy, dense or ragged; rank 1 or 2) -> `(ragged (batch, None), was_1d)`."""
     if not isinstance(ids, tf.RaggedTensor):
         ids = tf.ragged.constant(ids) if isinstance(ids, list) else tf.convert_to_tensor(ids)

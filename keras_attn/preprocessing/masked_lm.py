@@ -1,11 +1,15 @@
 """BERT's masked-LM corruption: choose 15% of tokens; of those 80% [MASK], 10% random, 10% kept."""
 
+from collections.abc import Iterable
+from typing import Any
+
 import keras
 import tensorflow as tf
 import tensorflow_text as tf_text
 
 from keras_attn.checks import check_positive_int
 from keras_attn.preprocessing.base import PreprocessingLayer, to_ragged
+from keras_attn.types import Tensor
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -37,15 +41,15 @@ class MaskedLMMaskGenerator(PreprocessingLayer):
 
     def __init__(
         self,
-        vocabulary_size,
-        mask_token_id,
-        mask_selection_length,
-        mask_selection_rate=0.15,
-        mask_token_rate=0.8,
-        random_token_rate=0.1,
-        unselectable_token_ids=(0,),
-        **kwargs,
-    ):
+        vocabulary_size: int,
+        mask_token_id: int,
+        mask_selection_length: int,
+        mask_selection_rate: float = 0.15,
+        mask_token_rate: float = 0.8,
+        random_token_rate: float = 0.1,
+        unselectable_token_ids: Iterable[int] = (0,),
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         check_positive_int("vocabulary_size", vocabulary_size)
         check_positive_int("mask_selection_length", mask_selection_length)
@@ -74,7 +78,7 @@ class MaskedLMMaskGenerator(PreprocessingLayer):
         self.random_token_rate = random_token_rate
         self.unselectable_token_ids = [int(i) for i in unselectable_token_ids]
 
-    def call(self, inputs):
+    def call(self, inputs: list[Any] | Tensor | tf.RaggedTensor) -> dict[str, tf.Tensor]:
         dense = not isinstance(inputs, tf.RaggedTensor)
         ids, single = to_ragged(inputs)
         if dense:  # padding (0) is not a token: drop it, restore the dense shape at the end
@@ -107,7 +111,7 @@ class MaskedLMMaskGenerator(PreprocessingLayer):
             out = {k: v[0] for k, v in out.items()}
         return out
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {
             **super().get_config(),
             "vocabulary_size": self.vocabulary_size,

@@ -1,17 +1,28 @@
 """Packing token ids into fixed-length model inputs: start/end tokens, segment pairs, padding."""
 
+from collections.abc import Sequence
+from typing import Any
+
 import keras
 import tensorflow as tf
 import tensorflow_text as tf_text
 
 from keras_attn.checks import check_positive_int
 from keras_attn.preprocessing.base import PreprocessingLayer, to_ragged
+from keras_attn.types import Tensor
 
 
 class Packer(PreprocessingLayer):
     """Base of the packers: the length, special ids and padding id they all take."""
 
-    def __init__(self, sequence_length, start_value, end_value, pad_value, **kwargs):
+    def __init__(
+        self,
+        sequence_length: int,
+        start_value: int | None,
+        end_value: int | None,
+        pad_value: int,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         check_positive_int("sequence_length", sequence_length)
         self.sequence_length = sequence_length
@@ -19,7 +30,7 @@ class Packer(PreprocessingLayer):
         self.end_value = end_value
         self.pad_value = pad_value
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {
             **super().get_config(),
             "sequence_length": self.sequence_length,
@@ -52,13 +63,13 @@ class StartEndPacker(Packer):
 
     def __init__(
         self,
-        sequence_length,
-        start_value=None,
-        end_value=None,
-        pad_value=0,
-        return_padding_mask=False,
-        **kwargs,
-    ):
+        sequence_length: int,
+        start_value: int | None = None,
+        end_value: int | None = None,
+        pad_value: int = 0,
+        return_padding_mask: bool = False,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(sequence_length, start_value, end_value, pad_value, **kwargs)
         extra = (start_value is not None) + (end_value is not None)
         if sequence_length <= extra:
@@ -68,7 +79,9 @@ class StartEndPacker(Packer):
             )
         self.return_padding_mask = return_padding_mask
 
-    def call(self, inputs):
+    def call(
+        self, inputs: list[Any] | Tensor | tf.RaggedTensor
+    ) -> tf.Tensor | tuple[tf.Tensor, tf.Tensor]:
         ids, single = to_ragged(inputs)
         room = self.sequence_length - (self.start_value is not None) - (self.end_value is not None)
         ids = ids[:, :room]
@@ -85,12 +98,14 @@ class StartEndPacker(Packer):
             dense, mask = dense[0], mask[0]
         return (dense, mask) if self.return_padding_mask else dense
 
-    def compute_output_spec(self, inputs):
+    def compute_output_spec(
+        self, inputs: keras.KerasTensor
+    ) -> keras.KerasTensor | tuple[keras.KerasTensor, keras.KerasTensor]:
         shape = (inputs.shape[0], self.sequence_length)
         ids = keras.KerasTensor(shape, dtype="int32")
         return (ids, keras.KerasTensor(shape, dtype="bool")) if self.return_padding_mask else ids
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "return_padding_mask": self.return_padding_mask}
 
 
@@ -120,8 +135,9 @@ class SegmentPacker(Packer):
           "padding_mask": bool (batch, L)}`.
     """
 
-    def __init__(self, sequence_length, start_value, end_value, pad_value=0,
-                 truncate="round_robin", **kwargs):  # fmt: skip
+    def __init__(self, sequence_length: int, start_value: int, end_value: int,
+                 pad_value: int = 0, truncate: str = "round_robin",
+                 **kwargs: Any) -> None:  # fmt: skip
         super().__init__(sequence_length, start_value, end_value, pad_value, **kwargs)
         if truncate not in TRUNCATE:
             raise ValueError(
@@ -129,7 +145,7 @@ class SegmentPacker(Packer):
             )
         self.truncate = truncate
 
-    def call(self, inputs):
+    def call(self, inputs: Sequence[list[Any] | Tensor | tf.RaggedTensor]) -> dict[str, tf.Tensor]:
         if not isinstance(inputs, (tuple, list)) or not inputs:
             raise ValueError(
                 "`inputs` must be a tuple of segments (ragged or dense id tensors). "
@@ -152,7 +168,9 @@ class SegmentPacker(Packer):
             "padding_mask": tf.cast(mask, tf.bool),
         }
 
-    def compute_output_spec(self, inputs):
+    def compute_output_spec(
+        self, inputs: Sequence[keras.KerasTensor]
+    ) -> dict[str, keras.KerasTensor]:
         shape = (inputs[0].shape[0], self.sequence_length)
         return {
             "token_ids": keras.KerasTensor(shape, dtype="int32"),
@@ -160,5 +178,5 @@ class SegmentPacker(Packer):
             "padding_mask": keras.KerasTensor(shape, dtype="bool"),
         }
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "truncate": self.truncate}

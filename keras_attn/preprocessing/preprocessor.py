@@ -6,6 +6,8 @@ It is the one place that says how text becomes ids for a model: `Task.fit`/`pred
 what was trained (keras-hub's task/preprocessor shape).
 """
 
+from typing import Any, Self
+
 import keras
 import tensorflow as tf
 
@@ -13,6 +15,7 @@ from keras_attn.checks import check_positive_int
 from keras_attn.preprocessing.base import PreprocessingLayer
 from keras_attn.preprocessing.masked_lm import MaskedLMMaskGenerator
 from keras_attn.preprocessing.packers import SegmentPacker, StartEndPacker
+from keras_attn.types import Tensor
 
 FEATURES = ("token_ids", "segment_ids", "padding_mask")
 
@@ -44,7 +47,13 @@ class TextPreprocessor(PreprocessingLayer):
         [[2, 7, 8, 3, 0, 0]]
     """
 
-    def __init__(self, tokenizer, packer=None, sequence_length=None, **kwargs):
+    def __init__(
+        self,
+        tokenizer: PreprocessingLayer,
+        packer: SegmentPacker | StartEndPacker | None = None,
+        sequence_length: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         # Duck-typed: keras_attn.tokenizers sits above this package (its base class is here).
         if not isinstance(tokenizer, PreprocessingLayer) or not hasattr(tokenizer, "detokenize"):
@@ -75,11 +84,11 @@ class TextPreprocessor(PreprocessingLayer):
         self.sequence_length = sequence_length
 
     @property
-    def max_length(self):
+    def max_length(self) -> int | None:
         """The longest row this preprocessor produces, or None."""
         return self.packer.sequence_length if self.packer is not None else self.sequence_length
 
-    def call(self, inputs):
+    def call(self, inputs: Any) -> dict[str, tf.Tensor]:
         segments = inputs if isinstance(inputs, tuple) else (inputs,)
         if len(segments) > 1 and not isinstance(self.packer, SegmentPacker):
             raise ValueError(
@@ -111,12 +120,14 @@ class TextPreprocessor(PreprocessingLayer):
             "padding_mask": mask,
         }
 
-    def compute_output_spec(self, inputs):
+    def compute_output_spec(
+        self, inputs: keras.KerasTensor | tuple[keras.KerasTensor, ...]
+    ) -> dict[str, keras.KerasTensor]:
         first = inputs[0] if isinstance(inputs, tuple) else inputs
         shape = (first.shape[0], self.max_length)
         return {name: keras.KerasTensor(shape, dtype="int32") for name in FEATURES}
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {
             **super().get_config(),
             "tokenizer": keras.saving.serialize_keras_object(self.tokenizer),
@@ -125,7 +136,7 @@ class TextPreprocessor(PreprocessingLayer):
         }
 
     @classmethod
-    def from_config(cls, config):
+    def from_config(cls, config: dict[str, Any]) -> Self:
         config = dict(config)
         for key in ("tokenizer", "packer"):
             if config.get(key) is not None:
@@ -133,7 +144,7 @@ class TextPreprocessor(PreprocessingLayer):
         return cls(**config)
 
 
-def model_inputs(features: dict, model_input):
+def model_inputs(features: dict, model_input: Any) -> Tensor | dict[str, Tensor]:
     """The entries of `features` a model takes, in the structure of its `model.input`: a
     dict by input name, or the token ids alone for a model with one input."""
     if not isinstance(model_input, dict):
@@ -166,7 +177,9 @@ class CausalLMPreprocessor(TextPreprocessor):
         ([[2, 7, 8, 3]], [[7, 8, 3, 0]], [[1.0, 1.0, 1.0, 0.0]])
     """
 
-    def __init__(self, tokenizer, packer, **kwargs):
+    def __init__(
+        self, tokenizer: PreprocessingLayer, packer: StartEndPacker, **kwargs: Any
+    ) -> None:
         if not isinstance(packer, StartEndPacker):
             raise ValueError(
                 "`packer` must be a StartEndPacker (the ids a causal LM reads and predicts). "
@@ -174,7 +187,7 @@ class CausalLMPreprocessor(TextPreprocessor):
             )
         super().__init__(tokenizer, packer, **kwargs)
 
-    def training_batch(self, text):
+    def training_batch(self, text: Any) -> tuple[dict[str, tf.Tensor], tf.Tensor, tf.Tensor]:
         """`(x, y, sample_weight)` for next-token training on `text`."""
         features = self(text)
         ids, mask = features["token_ids"], features["padding_mask"]
@@ -199,7 +212,13 @@ class MaskedLMPreprocessor(TextPreprocessor):
             packer's start and end ids (special tokens are never predicted).
     """
 
-    def __init__(self, tokenizer, packer, masker, **kwargs):
+    def __init__(
+        self,
+        tokenizer: PreprocessingLayer,
+        packer: SegmentPacker,
+        masker: MaskedLMMaskGenerator,
+        **kwargs: Any,
+    ) -> None:
         if not isinstance(masker, MaskedLMMaskGenerator):
             raise ValueError(
                 "`masker` must be a MaskedLMMaskGenerator. Received: masker=a "
@@ -210,7 +229,8 @@ class MaskedLMPreprocessor(TextPreprocessor):
                 f"`packer` must be a SegmentPacker. Received: packer={type(packer).__name__}"
             )
         special = {packer.start_value, packer.end_value, packer.pad_value} - {None}
-        missing = sorted(special - set(masker.unselectable_token_ids))
+        # `- {None}` leaves ints only; mypy keeps the attributes' `int | None`.
+        missing = sorted(special - set(masker.unselectable_token_ids))  # type: ignore[type-var]
         if missing:
             raise ValueError(
                 "`masker.unselectable_token_ids` must hold the packer's special ids, or "
@@ -220,7 +240,7 @@ class MaskedLMPreprocessor(TextPreprocessor):
         super().__init__(tokenizer, packer, **kwargs)
         self.masker = masker
 
-    def training_batch(self, text):
+    def training_batch(self, text: Any) -> tuple[dict[str, tf.Tensor], tf.Tensor, tf.Tensor]:
         """`(x, y, sample_weight)` for masked-LM training on `text`."""
         features = self(text)
         masked = self.masker(features["token_ids"])
@@ -228,10 +248,10 @@ class MaskedLMPreprocessor(TextPreprocessor):
              "mask_positions": masked["mask_positions"]}  # fmt: skip
         return x, masked["mask_ids"], masked["mask_weights"]
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "masker": keras.saving.serialize_keras_object(self.masker)}
 
     @classmethod
-    def from_config(cls, config):
+    def from_config(cls, config: dict[str, Any]) -> Self:
         config = {**config, "masker": keras.saving.deserialize_keras_object(config["masker"])}
         return super().from_config(config)

@@ -11,6 +11,9 @@ a tied copy (GPT-2's `lm_head.weight`), or named in a `ValueError`; a tensor who
 disagrees with `config.json` is named with both shapes.
 """
 
+import os
+from typing import Any
+
 import keras
 import numpy as np
 
@@ -43,7 +46,12 @@ def _listed(keys, limit=12):
     return ", ".join(keys[:limit]) + more
 
 
-def load_pretrained(folder, model_class=None, strict=True, **overrides):
+def load_pretrained(
+    folder: str | os.PathLike[str],
+    model_class: type | None = None,
+    strict: bool = True,
+    **overrides: Any,
+) -> Any:
     """Builds our model for a Hugging Face folder and copies its weights in.
 
     Args:
@@ -110,7 +118,9 @@ def _copy_in(model, architecture, weights, strict):
         )
 
 
-def save_pretrained(model, folder, tokenizer=None, model_type=None):
+def save_pretrained(
+    model: Any, folder: str | os.PathLike[str], tokenizer: Any = None, model_type: str | None = None
+) -> None:
     """Writes `model` as a Hugging Face folder: `config.json`, `model.safetensors` and, with a
     `WordPieceTokenizer`, `vocab.txt` and `tokenizer_config.json`.
 
@@ -128,6 +138,8 @@ def save_pretrained(model, folder, tokenizer=None, model_type=None):
     architecture = architecture_for_model(model, model_type)
     config = architecture.hf_config(model)
     tensors = architecture.tensors(model)
+    stored: dict[str, np.ndarray]
+    fused: dict[str, list[Any]]
     stored, fused = {}, {}
     for variable in model.weights:
         entry = tensors[variable.path]

@@ -6,6 +6,7 @@ Only safetensors are read: `pytorch_model.bin` is a pickle, and loading a pickle
 
 import json
 import os
+from typing import Any
 
 import numpy as np
 
@@ -35,7 +36,7 @@ def _read_json(folder, name, argument="folder"):
     return value
 
 
-def read_config(folder):
+def read_config(folder: str | os.PathLike[str]) -> dict[str, Any]:
     """`config.json` of a Hugging Face model folder, as a dict."""
     if not os.path.isdir(os.fspath(folder)):
         raise ValueError(
@@ -45,7 +46,7 @@ def read_config(folder):
     return _read_json(folder, CONFIG_FILE)
 
 
-def read_weights(folder):
+def read_weights(folder: str | os.PathLike[str]) -> dict[str, np.ndarray]:
     """Every tensor of `model.safetensors` (or of the shards its index lists), as NumPy."""
     from safetensors.numpy import load_file
 
@@ -72,7 +73,13 @@ def read_weights(folder):
     raise ValueError(f"`folder` has no {WEIGHTS_FILE}. Received: folder={os.fspath(folder)!r}")
 
 
-def write_folder(folder, config, weights, vocabulary=None, extra_json=None):
+def write_folder(
+    folder: str | os.PathLike[str],
+    config: dict[str, Any],
+    weights: dict[str, np.ndarray],
+    vocabulary: list[str] | None = None,
+    extra_json: dict[str, Any] | None = None,
+) -> None:
     """Writes `config.json`, `model.safetensors` (and `vocab.txt`, and other JSON files given
     as `{relative path: object}`), creating the folder."""
     from safetensors.numpy import save_file
@@ -91,7 +98,7 @@ def write_folder(folder, config, weights, vocabulary=None, extra_json=None):
             json.dump(value, f, indent=2, allow_nan=False)
 
 
-def read_vocabulary(folder):
+def read_vocabulary(folder: str | os.PathLike[str]) -> tuple[list[str], bool]:
     """`(tokens, lowercase)` of a WordPiece folder: `vocab.txt`, or the vocabulary inside
     `tokenizer.json`; `lowercase` from `tokenizer_config.json` (`do_lower_case`, default True).
     """
@@ -108,8 +115,8 @@ def read_vocabulary(folder):
                 "tokenizer.json must describe a WordPiece model for `WordPieceTokenizer`. "
                 f"Received: model type {model.get('type')!r}"
             )
-        vocab = model.get("vocab") or {}
-        tokens = sorted(vocab, key=vocab.get)
+        vocab: dict[str, int] = model.get("vocab") or {}
+        tokens = sorted(vocab, key=vocab.get)  # type: ignore[arg-type]  # every key is in it
         if [vocab[t] for t in tokens] != list(range(len(tokens))):
             raise ValueError("tokenizer.json's vocabulary ids are not 0..n-1.")
         return tokens, lowercase
@@ -119,7 +126,7 @@ def read_vocabulary(folder):
     )
 
 
-def read_pooling(folder):
+def read_pooling(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
     """Sentence-transformers' pooling of a folder, from `modules.json` and the pooling module's
     `config.json`: `{"pooling": "mean" | "cls" | "max", "normalize": bool}`; `None` for a plain
     model folder."""

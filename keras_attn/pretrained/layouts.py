@@ -6,6 +6,8 @@ checkpoint key of every variable (`tensors`, built of `keras_attn.pretrained.ten
 which says how one variable is stored).
 """
 
+from typing import Any
+
 from keras_attn.pretrained.registry import model_class
 from keras_attn.pretrained.tensors import (
     Tensor,
@@ -90,7 +92,7 @@ class Bert:
     prefixes: tuple[str, ...] = ("bert.",)
     model_class = "EncoderBackbone"
 
-    def model_kwargs(self, config, weights):
+    def model_kwargs(self, config: dict[str, Any], weights: dict[str, Any]) -> dict[str, Any]:
         kind = config.get("position_embedding_type", "absolute")
         if kind != "absolute":
             raise ValueError(
@@ -114,7 +116,7 @@ class Bert:
     def _position_offset(self, model):
         return 0
 
-    def hf_config(self, model):
+    def hf_config(self, model: Any) -> dict[str, Any]:
         _check_exportable(
             model,
             normalize_first=False,
@@ -160,7 +162,7 @@ class Bert:
             "embeddings_layer_norm": norm("embeddings.LayerNorm"),
         }
 
-    def tensors(self, model):
+    def tensors(self, model: Any) -> dict[str, Tensor]:
         tree = {"embeddings": self._embeddings(), "pooler": linear("pooler.dense")}
         for i in range(model.num_layers):
             tree[f"encoder_block_{i}"] = attention_block(self._block_names(i))
@@ -173,7 +175,7 @@ class Roberta(Bert):
     model_types = ("roberta", "xlm-roberta", "camembert")
     prefixes = ("roberta.",)
 
-    def model_kwargs(self, config, weights):
+    def model_kwargs(self, config: dict[str, Any], weights: dict[str, Any]) -> dict[str, Any]:
         kwargs = super().model_kwargs(config, weights)
         pad = config.get("pad_token_id", 1)
         kwargs.update(pad_token_id=pad, position_offset=pad + 1)
@@ -192,7 +194,7 @@ class DistilBert:
     prefixes = ("distilbert.",)
     model_class = "EncoderBackbone"
 
-    def model_kwargs(self, config, weights):
+    def model_kwargs(self, config: dict[str, Any], weights: dict[str, Any]) -> dict[str, Any]:
         if config.get("sinusoidal_pos_embds"):
             raise ValueError("DistilBERT with sinusoidal_pos_embds=true is not supported.")
         names = ("vocab_size", "dim", "n_layers", "n_heads", "hidden_dim",
@@ -207,7 +209,7 @@ class DistilBert:
             use_pooler=False,
         )
 
-    def hf_config(self, model):
+    def hf_config(self, model: Any) -> dict[str, Any]:
         _check_exportable(
             model, normalize_first=False, position_encoding="learned", position_offset=0,
             num_segments=None, use_pooler=False, layer_norm_epsilon=1e-12,
@@ -228,7 +230,7 @@ class DistilBert:
             "sinusoidal_pos_embds": False,
         }
 
-    def tensors(self, model):
+    def tensors(self, model: Any) -> dict[str, Tensor]:
         tree = {
             "embeddings": {
                 "token_embedding": {"embeddings": table("embeddings.word_embeddings.weight")},
@@ -264,7 +266,7 @@ class Gpt2:
     model_class = "DecoderBackbone"
     tied = (("lm_head.weight", "wte.weight"),)  # (key, the key it must equal)
 
-    def model_kwargs(self, config, weights):
+    def model_kwargs(self, config: dict[str, Any], weights: dict[str, Any]) -> dict[str, Any]:
         vocab, hidden, layers, heads, positions = _require(
             config, "vocab_size", "n_embd", "n_layer", "n_head", "n_positions"
         )
@@ -288,7 +290,7 @@ class Gpt2:
             "layer_norm_epsilon": config.get("layer_norm_epsilon", 1e-5),
         }
 
-    def hf_config(self, model):
+    def hf_config(self, model: Any) -> dict[str, Any]:
         _check_exportable(model, normalize_first=True, position_encoding="learned")
         return {
             "architectures": ["GPT2LMHeadModel"],
@@ -306,14 +308,16 @@ class Gpt2:
             "layer_norm_epsilon": model.layer_norm_epsilon,
         }
 
-    def tensors(self, model):
-        def conv1d(prefix, in_axes=1, part=0, parts=1):
+    def tensors(self, model: Any) -> dict[str, Tensor]:
+        def conv1d(
+            prefix: str, in_axes: int = 1, part: int = 0, parts: int = 1
+        ) -> dict[str, Tensor]:
             return {
                 "kernel": Tensor(f"{prefix}.weight", in_axes=in_axes, part=part, parts=parts),
                 "bias": Tensor(f"{prefix}.bias", part=part, parts=parts),
             }
 
-        tree = {
+        tree: dict[str, Any] = {
             "token_embedding": {"embeddings": table("wte.weight")},
             "position_embedding": {"embeddings": table("wpe.weight")},
             "final_layer_norm": norm("ln_f"),
@@ -336,10 +340,10 @@ class Gpt2:
         return flatten(tree)
 
 
-ARCHITECTURES = (Bert(), Roberta(), DistilBert(), Gpt2())
+ARCHITECTURES: tuple[Bert | DistilBert | Gpt2, ...] = (Bert(), Roberta(), DistilBert(), Gpt2())
 
 
-def architecture_for_config(config):
+def architecture_for_config(config: dict[str, Any]) -> Bert | DistilBert | Gpt2:
     """The layout of a `config.json`, by its `model_type`."""
     model_type = config.get("model_type")
     for architecture in ARCHITECTURES:
@@ -352,7 +356,7 @@ def architecture_for_config(config):
     )
 
 
-def architecture_for_model(model, model_type=None):
+def architecture_for_model(model: Any, model_type: str | None = None) -> Bert | DistilBert | Gpt2:
     """The layout to write `model` in: `model_type` if given, else inferred from the model
     (a decoder backbone is GPT-2; an encoder with a position offset RoBERTa, without segments and
     pooler DistilBERT, else BERT)."""

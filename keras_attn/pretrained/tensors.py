@@ -6,6 +6,7 @@ kernels `(in, heads, head_dim)` and `(heads, head_dim, out)` are flattened to tw
 
 import dataclasses
 import math
+from typing import Any
 
 import numpy as np
 
@@ -29,16 +30,16 @@ class Tensor:
     part: int = 0
     parts: int = 1
 
-    def stored_shape(self, shape):
+    def stored_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """The checkpoint shape holding a variable of `shape` (the whole fused tensor)."""
         if self.in_axes == 0:
-            flat = (math.prod(shape),)
+            flat: tuple[int, ...] = (math.prod(shape),)
         else:
             flat = (math.prod(shape[: self.in_axes]), math.prod(shape[self.in_axes :]))
         flat = (*flat[:-1], flat[-1] * self.parts)
         return flat[::-1] if self.linear else flat
 
-    def to_ours(self, array, shape):
+    def to_ours(self, array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
         """Our variable's value of `shape` from the stored tensor."""
         expected = self.stored_shape(shape)
         if tuple(array.shape) != expected:
@@ -52,7 +53,7 @@ class Tensor:
             array = np.split(array, self.parts, axis=-1)[self.part]
         return np.reshape(array, shape)
 
-    def to_stored(self, value):
+    def to_stored(self, value: np.ndarray) -> np.ndarray:
         """The stored form of our variable's value (one slice, for a fused tensor)."""
         shape = value.shape
         if self.in_axes == 0:
@@ -61,12 +62,12 @@ class Tensor:
         return value.T if self.linear else value
 
 
-def table(key):
+def table(key: str) -> Tensor:
     """An embedding table `(rows, dim)`, stored as it is."""
     return Tensor(key, in_axes=1)
 
 
-def linear(prefix, in_axes=1, bias_key=None):
+def linear(prefix: str, in_axes: int = 1, bias_key: str | None = None) -> dict[str, Tensor]:
     """Kernel and bias of a PyTorch `nn.Linear` named `prefix`."""
     return {
         "kernel": Tensor(f"{prefix}.weight", linear=True, in_axes=in_axes),
@@ -74,20 +75,20 @@ def linear(prefix, in_axes=1, bias_key=None):
     }
 
 
-def norm(prefix):
+def norm(prefix: str) -> dict[str, Tensor]:
     return {"gamma": Tensor(f"{prefix}.weight"), "beta": Tensor(f"{prefix}.bias")}
 
 
-def flatten(tree, prefix=""):
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Tensor]:
     """`{"a": {"b": x}}` -> `{"a/b": x}`: our variable paths."""
-    out = {}
+    out: dict[str, Tensor] = {}
     for name, value in tree.items():
         path = f"{prefix}/{name}" if prefix else name
         out.update(flatten(value, path) if isinstance(value, dict) else {path: value})
     return out
 
 
-def attention_block(names):
+def attention_block(names: dict[str, str]) -> dict[str, Any]:
     """Our block's variables (attention + feed-forward + two norms) from the checkpoint's
     names of each part."""
     return {

@@ -7,18 +7,21 @@ backend) they are ordinary layers.
 """
 
 import os
+from collections.abc import Sequence
+from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from keras_attn.preprocessing.base import PreprocessingLayer
+from keras_attn.types import Tensor
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[BOS]", "[EOS]")
 MAX_SHARDS = 4
 
 
-def check_special_tokens(special_tokens):
+def check_special_tokens(special_tokens: Sequence[str]) -> tuple[str, ...]:
     if not special_tokens or special_tokens[0] != "[PAD]":
         raise ValueError(
             "`special_tokens` must start with '[PAD]' (id 0 is padding). "
@@ -45,7 +48,12 @@ class Tokenizer(PreprocessingLayer):
         special_tokens: tokens with the lowest ids, in order; the first must be `[PAD]`.
     """
 
-    def __init__(self, sequence_length=None, special_tokens=SPECIAL_TOKENS, **kwargs):
+    def __init__(
+        self,
+        sequence_length: int | None = None,
+        special_tokens: Sequence[str] = SPECIAL_TOKENS,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         if sequence_length is not None and (
             not isinstance(sequence_length, int) or sequence_length <= 0
@@ -58,11 +66,11 @@ class Tokenizer(PreprocessingLayer):
         self.special_tokens = check_special_tokens(special_tokens)
 
     # Calling -----------------------------------------------------------------------------
-    def tokenize(self, inputs):
+    def tokenize(self, inputs: str | Sequence[str] | Tensor) -> tf.Tensor | tf.RaggedTensor:
         """Strings (`str`, list, NumPy or tensor; scalar or `(batch,)`) to int32 ids."""
         return self(inputs)
 
-    def call(self, inputs):
+    def call(self, inputs: Any) -> tf.Tensor | tf.RaggedTensor:
         inputs = tf.convert_to_tensor(inputs) if not tf.is_tensor(inputs) else inputs
         if inputs.dtype != tf.string:
             raise ValueError(f"`inputs` must be strings. Received: dtype={inputs.dtype.name}")
@@ -111,12 +119,12 @@ class Tokenizer(PreprocessingLayer):
         # Kept out of Keras's and TensorFlow's attribute tracking: it is a cache, not state.
         object.__setattr__(self, "_compiled", compiled)
 
-    def compute_output_spec(self, inputs):
+    def compute_output_spec(self, inputs: keras.KerasTensor) -> keras.KerasTensor:
         shape = (inputs.shape[0], self.sequence_length) if len(inputs.shape) else (None,)
         return keras.KerasTensor(shape, dtype="int32", ragged=self.sequence_length is None)
 
     # Detokenizing ------------------------------------------------------------------------
-    def detokenize(self, ids):
+    def detokenize(self, ids: Sequence[Any] | Tensor | tf.RaggedTensor) -> tf.Tensor:
         """Ids `(len,)` or `(batch, len)` (dense padded with 0, or ragged) to text.
 
         Special tokens (padding included) are dropped. Ids outside the vocabulary raise a
@@ -140,7 +148,7 @@ class Tokenizer(PreprocessingLayer):
         return text[0] if scalar else text
 
     # Vocabulary --------------------------------------------------------------------------
-    def special_token_id(self, token):
+    def special_token_id(self, token: str) -> int:
         """Id of a special token, e.g. `special_token_id("[EOS]")`."""
         if token not in self.special_tokens:
             raise ValueError(
@@ -162,7 +170,7 @@ class Tokenizer(PreprocessingLayer):
             )
         return int(token_id)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {
             **super().get_config(),
             "sequence_length": self.sequence_length,

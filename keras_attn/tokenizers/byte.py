@@ -1,5 +1,8 @@
 """Byte-level tokenization: every UTF-8 byte is a token; no vocabulary to learn, nothing unknown."""
 
+from collections.abc import Sequence
+from typing import Any
+
 import keras
 import tensorflow as tf
 
@@ -21,23 +24,27 @@ class ByteTokenizer(Tokenizer):
     """
 
     def __init__(
-        self, lowercase=False, sequence_length=None, special_tokens=SPECIAL_TOKENS, **kwargs
-    ):
+        self,
+        lowercase: bool = False,
+        sequence_length: int | None = None,
+        special_tokens: Sequence[str] = SPECIAL_TOKENS,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(sequence_length=sequence_length, special_tokens=special_tokens, **kwargs)
         self.lowercase = lowercase
         self._offset = len(self.special_tokens)
         self._bytes = tf.constant([bytes([b]) for b in range(256)])
 
-    def vocabulary_size(self):
+    def vocabulary_size(self) -> int:
         return 256 + self._offset
 
-    def id_to_token(self, token_id):
+    def id_to_token(self, token_id: int) -> str | bytes:
         token_id = self._check_id(token_id)
         if token_id < self._offset:
             return self.special_tokens[token_id]
         return bytes([token_id - self._offset])
 
-    def token_to_id(self, token):
+    def token_to_id(self, token: str | bytes) -> int:
         if token in self.special_tokens:
             return self.special_tokens.index(token)
         if isinstance(token, str):
@@ -58,5 +65,5 @@ class ByteTokenizer(Tokenizer):
         pieces = tf.gather(self._bytes, ids - self._offset)
         return tf.strings.reduce_join(pieces, axis=-1)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "lowercase": self.lowercase}

@@ -2,6 +2,8 @@
 
 import io
 import os
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -14,13 +16,13 @@ MODEL_TYPES = ("unigram", "bpe")
 
 
 def train_sentencepiece(
-    data,
-    vocabulary_size,
-    model_type="unigram",
-    special_tokens=SPECIAL_TOKENS,
-    character_coverage=0.9995,
-    lowercase=False,
-):
+    data: Iterable[str],
+    vocabulary_size: int,
+    model_type: str = "unigram",
+    special_tokens: Sequence[str] = SPECIAL_TOKENS,
+    character_coverage: float = 0.9995,
+    lowercase: bool = False,
+) -> bytes:
     """Trains a SentencePiece model whose first ids are our special tokens, in order.
 
     `[PAD]`, `[UNK]`, `[BOS]` and `[EOS]` take SentencePiece's own pad/unk/bos/eos roles at
@@ -51,8 +53,8 @@ def train_sentencepiece(
     if "[UNK]" not in special_tokens:
         raise ValueError(f"`special_tokens` must include '[UNK]'. Received: {special_tokens}")
     roles = {"[PAD]": "pad", "[UNK]": "unk", "[BOS]": "bos", "[EOS]": "eos"}
-    ids = {f"{role}_id": -1 for role in ("bos", "eos")}
-    pieces = {}
+    ids: dict[str, Any] = {f"{role}_id": -1 for role in ("bos", "eos")}
+    pieces: dict[str, Any] = {}
     for index, token in enumerate(special_tokens):
         if token in roles:
             ids[f"{roles[token]}_id"] = index
@@ -96,13 +98,19 @@ class SentencePieceTokenizer(Tokenizer):
         'to be or not to be'
     """
 
-    def __init__(self, proto=None, sequence_length=None, special_tokens=SPECIAL_TOKENS, **kwargs):
+    def __init__(
+        self,
+        proto: bytes | str | None = None,
+        sequence_length: int | None = None,
+        special_tokens: Sequence[str] = SPECIAL_TOKENS,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(sequence_length=sequence_length, special_tokens=special_tokens, **kwargs)
-        self._proto = None
+        self._proto: bytes | None = None
         if proto is not None:
             self.set_proto(proto)
 
-    def set_proto(self, proto):
+    def set_proto(self, proto: bytes | str) -> None:
         """Sets the model from serialized bytes or a `.model` path."""
         if isinstance(proto, str):
             if not os.path.exists(proto):
@@ -123,23 +131,23 @@ class SentencePieceTokenizer(Tokenizer):
         self.__dict__.pop("_piece_ids", None)
 
     @property
-    def proto(self):
+    def proto(self) -> bytes:
         self._check_proto()
-        return self._proto
+        return self._proto  # type: ignore[return-value]  # not None after _check_proto
 
     def _check_proto(self):
         if self._proto is None:
             raise ValueError("The tokenizer has no model. Pass `proto=` or call `set_proto`.")
 
-    def vocabulary_size(self):
+    def vocabulary_size(self) -> int:
         self._check_proto()
         return int(self._tf.vocab_size())
 
-    def id_to_token(self, token_id):
+    def id_to_token(self, token_id: int) -> str:
         self._check_proto()
         return self._tf.id_to_string(self._check_id(token_id)).numpy().decode("utf-8")
 
-    def token_to_id(self, token):
+    def token_to_id(self, token: str) -> int:
         self._check_proto()
         piece_ids = self.__dict__.get("_piece_ids")
         if piece_ids is None:
@@ -157,12 +165,12 @@ class SentencePieceTokenizer(Tokenizer):
     def _detokenize(self, ids):
         return self._tf.detokenize(ids)
 
-    def save_assets(self, dir_path):
+    def save_assets(self, dir_path: str) -> None:
         with open(os.path.join(dir_path, MODEL_FILE), "wb") as f:
             f.write(self.proto)
 
-    def load_assets(self, dir_path):
+    def load_assets(self, dir_path: str) -> None:
         self.set_proto(os.path.join(dir_path, MODEL_FILE))
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "proto": None}  # the model travels as an asset file

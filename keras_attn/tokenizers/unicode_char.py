@@ -1,5 +1,8 @@
 """Character-level tokenization: one token per Unicode code point (the classic baseline)."""
 
+from collections.abc import Sequence
+from typing import Any
+
 import keras
 import tensorflow as tf
 import tensorflow_text as tf_text
@@ -24,13 +27,13 @@ class UnicodeCharTokenizer(Tokenizer):
 
     def __init__(
         self,
-        vocabulary_size=None,
-        lowercase=False,
-        normalization_form=None,
-        sequence_length=None,
-        special_tokens=SPECIAL_TOKENS,
-        **kwargs,
-    ):
+        vocabulary_size: int | None = None,
+        lowercase: bool = False,
+        normalization_form: str | None = None,
+        sequence_length: int | None = None,
+        special_tokens: Sequence[str] = SPECIAL_TOKENS,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(sequence_length=sequence_length, special_tokens=special_tokens, **kwargs)
         self._offset = len(self.special_tokens)
         if vocabulary_size is None:
@@ -51,16 +54,16 @@ class UnicodeCharTokenizer(Tokenizer):
         self.lowercase = lowercase
         self.normalization_form = normalization_form
 
-    def vocabulary_size(self):
+    def vocabulary_size(self) -> int:
         return self._vocabulary_size
 
-    def id_to_token(self, token_id):
+    def id_to_token(self, token_id: int) -> str:
         token_id = self._check_id(token_id)
         if token_id < self._offset:
             return self.special_tokens[token_id]
         return chr(token_id - self._offset)
 
-    def token_to_id(self, token):
+    def token_to_id(self, token: str) -> int:
         if token in self.special_tokens:
             return self.special_tokens.index(token)
         if not isinstance(token, str) or len(token) != 1:
@@ -81,7 +84,7 @@ class UnicodeCharTokenizer(Tokenizer):
         unk = self.special_token_id("[UNK]")
         size = self._vocabulary_size
 
-        def to_ids(values):
+        def to_ids(values: tf.Tensor) -> tf.Tensor:
             values = values + self._offset
             return tf.where(values < size, values, tf.fill(tf.shape(values), unk))
 
@@ -90,7 +93,7 @@ class UnicodeCharTokenizer(Tokenizer):
     def _detokenize(self, ids):
         return tf.strings.unicode_encode(ids - self._offset, "UTF-8", errors="replace")
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {
             **super().get_config(),
             "vocabulary_size": self._vocabulary_size,

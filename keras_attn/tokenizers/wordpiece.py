@@ -5,6 +5,8 @@ their order in the vocabulary: `[PAD]` is always 0, the padding id the models ma
 """
 
 import os
+from collections.abc import Iterable, Sequence
+from typing import Any, Self
 
 import keras
 import tensorflow as tf
@@ -15,7 +17,7 @@ from keras_attn.tokenizers.base import SPECIAL_TOKENS, Tokenizer
 VOCABULARY_FILE = "vocabulary.txt"
 
 
-def bert_normalize(strings, lowercase=True):
+def bert_normalize(strings: tf.Tensor, lowercase: bool = True) -> tf.Tensor:
     """BERT's text normalization, in the reference implementation's order, as graph ops.
 
     1. Clean: whitespace characters become a space; control and format characters, U+0000
@@ -53,8 +55,12 @@ def _as_dataset(data):
 
 
 def train_wordpiece_vocabulary(
-    data, vocabulary_size, lowercase=True, special_tokens=SPECIAL_TOKENS, batch_size=1024
-):
+    data: Iterable[str] | tf.data.Dataset,
+    vocabulary_size: int,
+    lowercase: bool = True,
+    special_tokens: Sequence[str] = SPECIAL_TOKENS,
+    batch_size: int = 1024,
+) -> list[str]:
     """Learns a WordPiece vocabulary with tensorflow-text's BERT vocabulary learner.
 
     Args:
@@ -118,13 +124,13 @@ class WordPieceTokenizer(Tokenizer):
 
     def __init__(
         self,
-        vocabulary=None,
-        lowercase=True,
-        sequence_length=None,
-        special_tokens=None,
-        max_bytes_per_word=100,
-        **kwargs,
-    ):
+        vocabulary: Sequence[str] | str | None = None,
+        lowercase: bool = True,
+        sequence_length: int | None = None,
+        special_tokens: Sequence[str] | None = None,
+        max_bytes_per_word: int = 100,
+        **kwargs: Any,
+    ) -> None:
         # `None`: the tokens of SPECIAL_TOKENS that the vocabulary holds (known at set time).
         self._auto_special = special_tokens is None
         super().__init__(
@@ -134,12 +140,12 @@ class WordPieceTokenizer(Tokenizer):
         )
         self.lowercase = lowercase
         self.max_bytes_per_word = max_bytes_per_word
-        self._vocabulary = None
+        self._vocabulary: list[str] | None = None
         if vocabulary is not None:
             self.set_vocabulary(vocabulary)
 
     @classmethod
-    def from_pretrained(cls, folder, **kwargs):
+    def from_pretrained(cls, folder: str | os.PathLike[str], **kwargs: Any) -> Self:
         """The tokenizer of a Hugging Face folder: `vocab.txt` (or the WordPiece vocabulary in
         `tokenizer.json`), lower-casing from `tokenizer_config.json`'s `do_lower_case`.
         `kwargs` go to the constructor (`sequence_length`, …)."""
@@ -149,7 +155,7 @@ class WordPieceTokenizer(Tokenizer):
         return cls(vocabulary, **{"lowercase": lowercase, **kwargs})
 
     # Vocabulary --------------------------------------------------------------------------
-    def set_vocabulary(self, vocabulary):
+    def set_vocabulary(self, vocabulary: Sequence[str] | str) -> None:
         """Sets the vocabulary from a list of tokens or a `vocab.txt` path."""
         if isinstance(vocabulary, str):
             if not os.path.exists(vocabulary):
@@ -195,18 +201,18 @@ class WordPieceTokenizer(Tokenizer):
                 "The tokenizer has no vocabulary. Pass `vocabulary=` or call `set_vocabulary`."
             )
 
-    def get_vocabulary(self):
+    def get_vocabulary(self) -> list[str]:
         self._check_vocabulary()
-        return list(self._vocabulary)
+        return list(self._vocabulary)  # type: ignore[arg-type]  # checked just above
 
-    def vocabulary_size(self):
+    def vocabulary_size(self) -> int:
         self._check_vocabulary()
-        return len(self._vocabulary)
+        return len(self._vocabulary)  # type: ignore[arg-type]  # checked just above
 
-    def id_to_token(self, token_id):
-        return self._vocabulary[self._check_id(token_id)]
+    def id_to_token(self, token_id: int) -> str:
+        return self._vocabulary[self._check_id(token_id)]  # type: ignore[index]  # _check_id checks
 
-    def token_to_id(self, token):
+    def token_to_id(self, token: str) -> int:
         self._check_vocabulary()
         if token not in self._token_to_id:
             raise ValueError(f"`token` is not in the vocabulary. Received: token={token!r}")
@@ -234,14 +240,14 @@ class WordPieceTokenizer(Tokenizer):
         return words
 
     # Saving ------------------------------------------------------------------------------
-    def save_assets(self, dir_path):
+    def save_assets(self, dir_path: str) -> None:
         with open(os.path.join(dir_path, VOCABULARY_FILE), "w", encoding="utf-8") as f:
             f.write("\n".join(self.get_vocabulary()) + "\n")
 
-    def load_assets(self, dir_path):
+    def load_assets(self, dir_path: str) -> None:
         self.set_vocabulary(os.path.join(dir_path, VOCABULARY_FILE))
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         # The vocabulary travels as an asset file in `.keras` archives, not in the config.
         return {
             **super().get_config(),
