@@ -30,7 +30,11 @@ BACKEND_TESTS := tests/layers tests/models tests/decoding tests/metrics tests/te
 test: lint
 	$(PY) -m pytest -n 2 -q --durations=15
 	$(PY) -m pytest -q -p no:cacheprovider --doctest-modules keras_attn export serving
-	$(VENV)/bin/mypy keras_attn export serving
+	# mypy finds our packages by their import names (export/ and serving/ install renamed).
+	mkdir -p build/typecheck
+	ln -sfn $(CURDIR)/export build/typecheck/keras_attn_export
+	ln -sfn $(CURDIR)/serving build/typecheck/keras_attn_serving
+	MYPYPATH=build/typecheck $(VENV)/bin/mypy -p keras_attn -p keras_attn_export -p keras_attn_serving
 	$(VENV)/bin/mkdocs build --strict -q -d build/site
 	KERAS_BACKEND=torch $(PY) -m pytest -n 2 -q $(BACKEND_TESTS) -m "not tf_only"
 	KERAS_BACKEND=jax $(PY) -m pytest -n 2 -q tests/layers tests/models/test_pretrained.py \

@@ -4,7 +4,7 @@ import datetime
 import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
 import numpy as np
@@ -49,6 +49,9 @@ from keras_attn_export.saved_model import (
 
 from keras_attn.preprocessing import SegmentPacker, StartEndPacker, TextPreprocessor
 from keras_attn.tokenizers import WordPieceTokenizer
+
+if TYPE_CHECKING:
+    from keras_attn_serving.manifest import Manifest
 
 
 def as_float32(model: keras.Model) -> keras.Model:
@@ -112,7 +115,7 @@ def export_model(
     task: str | None = None,
     overwrite: bool = True,
     verbose: bool = True,
-) -> dict:
+) -> "Manifest":
     """Exports `model` to `out_dir` as a SavedModel and ONNX, checked for parity.
 
     The folder holds `saved_model/`, `model.onnx`, `model.opt.onnx` (with `optimize`),
@@ -184,7 +187,7 @@ def export_model(
 
 def _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantize, int8_weights,
             tolerance, batch_sizes, sequence_lengths, input_ranges, strings_in, labels, task,
-            overwrite, verbose) -> dict:  # fmt: skip
+            overwrite, verbose) -> "Manifest":  # fmt: skip
     import onnxruntime as ort
 
     formats = _check_formats(formats, optimize, quantize)
@@ -261,7 +264,7 @@ def _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantiz
         if quantize:
             quantization, int8 = write_int8(tmp, onnx_info, optimize, cases, int8_weights)
         strings_vs_ids = None
-        if tokenizer is not None and saved is not None:
+        if preprocessor is not None and saved is not None:
             strings_vs_ids = text_parity(tmp / "saved_model", preprocessor)
             if strings_vs_ids != 0.0:
                 raise ParityError(

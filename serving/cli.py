@@ -39,7 +39,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     app = create_app(settings.model_repository, settings)
     uvicorn.run(
         app, host=settings.host, port=settings.port, log_config=None, access_log=False,
-        timeout_graceful_shutdown=settings.drain_timeout_s,
+        # uvicorn types it int; it waits float seconds (asyncio.wait_for).
+        timeout_graceful_shutdown=settings.drain_timeout_s,  # type: ignore[arg-type]
     )  # fmt: skip
 
 

@@ -103,7 +103,7 @@ async def generation(
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
         raise ServingError(400, f"`max_tokens` must be an integer >= 1; received "
                                 f"{max_tokens!r}"[:200])  # fmt: skip
-    size = model.tokenizer.vocabulary_size
+    size = model.words.vocabulary_size
     if not isinstance(stop, list) or not all(
         isinstance(t, int) and not isinstance(t, bool) and 0 <= t < size for t in stop
     ):

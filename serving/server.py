@@ -46,7 +46,7 @@ def create_app(
 
     root = repository.root if isinstance(repository, ModelRepository) else repository
     if settings is None:
-        settings = ServerSettings(model_repository=root, **overrides)
+        settings = ServerSettings(model_repository=Path(root), **overrides)
     elif overrides:
         settings = settings.model_copy(update=overrides)
     metrics = Metrics()

@@ -16,6 +16,7 @@ from keras_attn_serving.protocol import ServingError
 
 if TYPE_CHECKING:
     from keras_attn_serving.predictor import Predictor
+    from keras_attn_serving.tokenizer import WordPieceTextTokenizer
     from numpy.typing import ArrayLike
 
 TEXT_TASKS = ("classify", "tag", "embed", "generate")
@@ -54,11 +55,17 @@ class TextModel:
         axes = manifest.inputs[0].shape if manifest.inputs else []
         self.fixed_length = axes[1] if len(axes) == 2 and isinstance(axes[1], int) else None
 
-    def require(self, task: str) -> None:
-        """`ServingError` 400 unless this model answers `task` from text."""
+    @property
+    def words(self) -> "WordPieceTextTokenizer":
+        """The tokenizer; `ServingError` 400 for a model exported without one."""
         if self.tokenizer is None:
             raise ServingError(400, "this model was exported without a tokenizer: text "
                                     "endpoints need one (export_model(tokenizer=...))")  # fmt: skip
+        return self.tokenizer
+
+    def require(self, task: str) -> None:
+        """`ServingError` 400 unless this model answers `task` from text."""
+        self.words  # noqa: B018  (raises without a tokenizer)
         if self.task != task:
             raise ServingError(
                 400, f"this model's task is {self.task!r}; it has no {task!r} endpoint "
@@ -98,7 +105,7 @@ class TextModel:
         if truncate and limits:
             room = min(limits) - (start is not None) - (end is not None)
         packed = []
-        for ids in self.tokenizer.encode(texts):
+        for ids in self.words.encode(texts):
             ids = ids[:room]  # truncated as the packer truncates
             packed.append(([start] if start is not None else []) + ids +
                           ([end] if end is not None else []))  # fmt: skip
@@ -149,7 +156,7 @@ class TextModel:
                     continue
                 best = int(probabilities[row, position].argmax())
                 tokens.append({
-                    "token": self.tokenizer.vocabulary[token], "label": self.label(best),
+                    "token": self.words.vocabulary[token], "label": self.label(best),
                     "label_id": best, "score": float(probabilities[row, position, best]),
                 })  # fmt: skip
             answers.append(tokens)
@@ -200,8 +207,8 @@ class TextModel:
         self, prompt: list[int], new: list[int], prompt_text: str | None = None
     ) -> str:
         """The text the `new` ids add after `prompt`'s text, without a leading space."""
-        shown = self.tokenizer.decode(prompt) if prompt_text is None else prompt_text
-        full = self.tokenizer.decode(prompt + new)
+        shown = self.words.decode(prompt) if prompt_text is None else prompt_text
+        full = self.words.decode(prompt + new)
         return (full[len(shown) :] if full.startswith(shown) else full).lstrip()
 
     def stream(
@@ -209,7 +216,7 @@ class TextModel:
     ) -> Iterator[tuple[int, str]]:
         """Greedy continuation of prompt ids, yielded as `(token id, text delta)` pairs as
         each token is chosen; the deltas join into `continuation(prompt, new ids)`."""
-        prompt_text = self.tokenizer.decode(prompt)
+        prompt_text = self.words.decode(prompt)
         new, shown = [], ""
         for _, token in self.predictor.generate_tokens([prompt], max_tokens, stop_token_ids):
             new.append(token)
