@@ -13,6 +13,7 @@ from keras_attn_export.saved_model import input_specs
 
 import keras_attn
 import keras_attn.models as models
+from keras_attn.models.cached import CachedCausalLM
 from keras_attn.preprocessing import SegmentPacker, StartEndPacker
 from keras_attn.tokenizers import WordPieceTokenizer
 
@@ -99,6 +100,8 @@ def task_of(model: keras.Model) -> str | None:
     for name, task in TASKS.items():
         if isinstance(model, getattr(models, name)):
             return task
+    if isinstance(model, CachedCausalLM):  # a family of the user's, on the protocol
+        return "generate"
     return None
 
 

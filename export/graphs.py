@@ -22,8 +22,8 @@ from keras_attn_serving.generation import (
     session_step,
 )
 
-from keras_attn.models import CausalLM, generate
-from keras_attn.models.cached import cached_causal_lm, model_inputs
+from keras_attn.models import generate
+from keras_attn.models.cached import CachedCausalLM, cached_causal_lm, model_inputs
 
 if TYPE_CHECKING:
     import onnxruntime as ort
@@ -105,8 +105,9 @@ def write_int8(
 
 
 def is_causal_lm(model: keras.Model, task: str | None) -> bool:
-    """A `CausalLM`, or a functional model exported with `task="generate"`."""
-    return isinstance(model, CausalLM) or task == "generate"
+    """A model that owns its cached call (`CausalLM`, any `CachedCausalLM`), or a functional
+    model exported with `task="generate"`."""
+    return isinstance(model, CachedCausalLM) or task == "generate"
 
 
 def export_decoding(
