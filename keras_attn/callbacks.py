@@ -43,7 +43,8 @@ class ResumeTraining(keras.callbacks.Callback):
     At the end of every epoch it writes one checkpoint, `directory/resume.npz`: every model
     variable (weights, and the dropout layers' random-seed states, which
     `keras.callbacks.BackupAndRestore` leaves out), every optimizer variable (its step count
-    and moments) and the epoch. The file is written beside its final name, flushed to disk and
+    and moments), the epoch, and on PyTorch the global generator's state (Keras's PyTorch
+    dropout draws from it). The file is written beside its final name, flushed to disk and
     renamed into place, so a kill leaves the previous checkpoint or the new one, whole. When
     `fit` starts and a checkpoint is there, it restores it and continues from the next epoch.
 
@@ -108,6 +109,12 @@ class ResumeTraining(keras.callbacks.Callback):
         variables = self._variables()
         arrays = {f"v{i}": keras.ops.convert_to_numpy(v.value) for i, v in enumerate(variables)}
         meta = {"epoch": epoch, "shapes": [list(v.shape) for v in variables]}
+        if keras.backend.backend() == "torch":
+            # Keras's PyTorch dropout draws from torch's global generator when the layer was
+            # given no seed (its fast path), not from the layer's seed state.
+            import torch
+
+            arrays["torch_rng"] = torch.get_rng_state().numpy()
         temporary = self.directory / f".{RESUME_FILE}.{os.getpid()}"
         with open(temporary, "wb") as f:
             np.savez(f, meta=np.array(json.dumps(meta)), **arrays)
@@ -135,6 +142,10 @@ class ResumeTraining(keras.callbacks.Callback):
                 )
             for i, variable in enumerate(variables):
                 variable.assign(stored[f"v{i}"])
+            if "torch_rng" in stored.files and keras.backend.backend() == "torch":
+                import torch
+
+                torch.set_rng_state(torch.from_numpy(stored["torch_rng"]))
         self.resumed_from = meta["epoch"]
         self.model._initial_epoch = meta["epoch"]  # what fit() starts from (as BackupAndRestore)
 

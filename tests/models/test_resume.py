@@ -61,11 +61,6 @@ def finish(process):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    keras.backend.backend() == "torch", strict=True,
-    reason="PyTorch backend: the resumed run's dropout masks differ (max |w| diff 0.11); "
-    "open in issue 25's note",
-)  # fmt: skip
 def test_killed_training_resumes_to_identical_weights_with_dropout(tmp_path):
     folders = {name: tmp_path / name for name in ("whole", "step", "save")}
     for folder in folders.values():
