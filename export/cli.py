@@ -69,7 +69,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="MODULE",
-        help="import MODULE before loading (it registers custom layers); repeatable",
+        help="import MODULE before loading (it registers custom layers); repeatable. It is "
+        "looked up in the current folder first; nothing else is imported from that folder",
     )
     return parser.parse_args(argv)
 
@@ -127,15 +128,27 @@ def load_model(path: str) -> "keras.Model":
 
 
 def import_modules(names: Iterable[str]) -> None:
-    """Imports each module (custom layers register themselves on import); the current folder
-    is searched first, as `python -m` would."""
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    for name in names:
-        try:
-            importlib.import_module(name)
-        except ImportError as error:
-            raise ValueError(f"`--import {name}` failed: {error}") from None
+    """Imports each module named by `--import` (custom layers register themselves on import),
+    looking in the current folder first, as `python -m` would. The folder is on the import
+    path only while those modules load: nothing the user did not name (a stray `onnx.py`) is
+    ever imported from it."""
+    names = list(names)
+    if not names:
+        return
+    folder = os.getcwd()
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
+    try:
+        for name in names:
+            try:
+                importlib.import_module(name)
+            except ImportError as error:
+                raise ValueError(f"`--import {name}` failed: {error}") from None
+    finally:
+        if added:
+            sys.path.remove(folder)
+        importlib.invalidate_caches()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import keras
 import numpy as np
-from keras_attn_export.describe import max_token_id
+from keras_attn_export.describe import max_sequence_length, max_token_id
 from keras_attn_export.onnx import run_onnx
 from keras_attn_export.parity import max_abs_diff, sample_inputs
 from keras_attn_export.saved_model import (
@@ -59,8 +59,13 @@ def sweep(
     sequence_lengths: Iterable[int],
     input_ranges: dict[str, tuple[int, int]] | None = None,
 ) -> list[tuple[int, int, dict[str, np.ndarray], dict[str, np.ndarray]]]:
-    """The parity sweep's cases, Keras run once each: `[(batch, seq, feeds, {output: array})]`."""
+    """The parity sweep's cases, Keras run once each: `[(batch, seq, feeds, {output: array})]`.
+    Lengths past the model's position table are cut to it (the defaults, 7 and 16, would fail
+    a model that takes 8)."""
     specs = input_specs(model)
+    limit = max_sequence_length(model)
+    if limit is not None:
+        sequence_lengths = sorted({min(seq, limit) for seq in sequence_lengths})
     cases = []
     for batch in batch_sizes:
         for seq in sequence_lengths:

@@ -9,6 +9,7 @@ followed by raw tensor bytes, in input (or output) order; a tensor sent that way
 
 import json
 import math
+from collections import Counter
 from collections.abc import Collection, Iterable
 from typing import Any
 
@@ -79,12 +80,22 @@ def _encode_bytes(array):
     return b"".join(parts)
 
 
+# What a tensor's shape may say, whatever its data: ONNX models here take rank ≤ 3.
+MAX_RANK, MAX_DIM = 8, 2**31 - 1
+
+
 def _shape(tensor, name):
     shape = tensor.get("shape")
     if not isinstance(shape, list) or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
     ):
         raise _bad(f"input {name!r}: `shape` must be a list of non-negative integers")
+    if len(shape) > MAX_RANK or any(d > MAX_DIM for d in shape):
+        # NumPy cannot even describe an empty array of [2**32, 2**32, 0].
+        raise _bad(
+            f"input {name!r}: `shape` may have at most {MAX_RANK} dimensions of at most "
+            f"{MAX_DIM} each; received {shape}"[:300]
+        )
     return shape
 
 
@@ -158,6 +169,25 @@ def decode_request(
     return request, feeds
 
 
+def client_timeout_s(timeout_us: Any) -> float | None:
+    """A request's `parameters.timeout` (tritonclient's, in microseconds) in seconds: None when
+    absent or 0 (the server's own timeout applies), else a `ServingError` 400 unless it is a
+    finite non-negative number (a negative or infinite one used to surface as a 504)."""
+    if timeout_us is None or (type(timeout_us) in (int, float) and timeout_us == 0):
+        return None
+    if (
+        isinstance(timeout_us, bool)
+        or not isinstance(timeout_us, int | float)
+        or not math.isfinite(timeout_us)
+        or timeout_us < 0
+    ):
+        raise _bad(
+            "`parameters.timeout` must be a non-negative number of microseconds; received "
+            f"{timeout_us!r}"[:200]
+        )
+    return timeout_us / 1e6
+
+
 def requested_outputs(
     request: dict[str, Any], available: Collection[str]
 ) -> list[tuple[str, bool]]:
@@ -173,7 +203,12 @@ def requested_outputs(
         raise _bad("`outputs` must be a list of objects, each with a string name")
     unknown = sorted({o["name"] for o in asked} - set(available))
     if unknown:
-        raise _bad(f"unknown outputs {unknown}; the model has {list(available)}")
+        raise _bad(f"unknown outputs {unknown}; the model has {list(available)}"[:300])
+    counts = Counter(o["name"] for o in asked)
+    repeated = sorted(name for name, count in counts.items() if count > 1)
+    if repeated:
+        # Each repetition would be encoded again: the response-size limit counts outputs once.
+        raise _bad(f"`outputs` names {repeated} more than once; ask for each output once"[:300])
     return [
         (
             o["name"],

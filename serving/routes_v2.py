@@ -9,6 +9,7 @@ from keras_attn_serving.handling import predict, read_body
 from keras_attn_serving.protocol import (
     NUMPY_TO_V2,
     ServingError,
+    client_timeout_s,
     decode_request,
     encode_response,
     requested_outputs,
@@ -75,7 +76,7 @@ async def infer(name: str, request: Request, version: str | None = None):
     header_length = request.headers.get("inference-header-content-length")
     payload, feeds = decode_request(body, header_length)
     timeout_us = (payload.get("parameters") or {}).get("timeout")  # tritonclient's, in µs
-    timeout_s = timeout_us / 1e6 if isinstance(timeout_us, int | float) and timeout_us else None
+    timeout_s = client_timeout_s(timeout_us)
     chosen, outputs = await predict(request, name, version, feeds, timeout_s)
     wanted = requested_outputs(payload, list(outputs))
     header = {"model_name": name, "model_version": str(chosen)}
