@@ -94,7 +94,7 @@ class ResumeTraining(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if self.data is not None:
             self.data.epoch = epoch
-            self.data.requested = []
+            self.data.requested, self.data._requested_epoch = [], epoch
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if self.data is not None and self.data.requested != sorted(self.data.requested):
@@ -175,11 +175,26 @@ class EpochShuffled(keras.utils.PyDataset):
         self.rows = sizes.pop()
         self.epoch = 0
         self.requested: list[int] = []  # batch indices asked for this epoch, in order
+        self._requested_epoch = 0
+        self._in_epoch = False
 
     def __len__(self) -> int:
         return -(-self.rows // self.batch_size)
 
+    def on_epoch_begin(self) -> None:
+        self._in_epoch = True
+
+    def on_epoch_end(self) -> None:
+        """After each epoch Keras ran: the next is shuffled anew. (Keras also calls it when
+        it resets its iterator, outside any epoch: not counted. `ResumeTraining` sets `epoch`
+        itself at each epoch's start.)"""
+        if self._in_epoch:
+            self.epoch += 1
+            self._in_epoch = False
+
     def __getitem__(self, index: int) -> Any:
+        if self._requested_epoch != self.epoch:
+            self.requested, self._requested_epoch = [], self.epoch
         self.requested.append(index)
         order = np.random.default_rng([self.seed, self.epoch]).permutation(self.rows)
         rows = np.sort(order[index * self.batch_size : (index + 1) * self.batch_size])

@@ -122,3 +122,27 @@ def test_epoch_shuffled_order_is_a_function_of_seed_and_epoch():
     assert not np.array_equal(first, second)
     with pytest.raises(ValueError, match="one length"):
         EpochShuffled(x, x[:3])
+
+
+def test_epoch_shuffled_reshuffles_each_epoch_of_fit_without_resume_training():
+    """Its epoch stayed 0 unless `ResumeTraining` set it: every epoch saw one order."""
+    seen = []
+
+    class Rows(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            seen.append([data.requested[:], data.epoch])
+
+    data = EpochShuffled(np.arange(12.0)[:, None], np.zeros((12, 1)), batch_size=3, seed=2)
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    model.fit(data, epochs=3, verbose=0, shuffle=False, callbacks=[Rows()])
+    # A new order each epoch (JAX and PyTorch also run one peek pass before the first epoch,
+    # so the count can be one more than fit's).
+    assert len({epoch for _, epoch in seen}) == 3 and data.epoch in (3, 4)
+    # Each epoch asks for every batch in order (Keras peeks at the first ones before epoch 0).
+    assert all(requested[-4:] == [0, 1, 2, 3] for requested, _ in seen)
+    orders = []
+    for epoch in range(3):
+        data.epoch = epoch
+        orders.append(np.concatenate([data[i][0][:, 0] for i in range(len(data))]).tolist())
+    assert len({tuple(order) for order in orders}) == 3  # three different orders
