@@ -117,7 +117,12 @@ class ModelRepository:
                     predictor = Predictor(folder, self.verify, self.num_threads)
                     config = self._config(name)
                 except ArtifactError as error:
-                    raise ServingError(500, f"model {name!r} version {chosen}: {error}") from None
+                    # Triton's answer for a model that is not ready: a 400. The message names
+                    # the folder by model and version, never by its path on the server.
+                    reason = str(error).replace(str(folder), f"{name}/{chosen}")
+                    raise ServingError(
+                        400, f"model {name!r} version {chosen} is not ready: {reason}"[:300]
+                    ) from None
                 self._loaded[key] = (predictor, self._make_batcher(name, predictor, config))
         return chosen, self._loaded[key]
 

@@ -3,8 +3,10 @@
 import json
 import shutil
 import socket
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -56,6 +58,7 @@ def server(toy_artifact, tmp_path_factory):
     root = repository_folder(toy_artifact, tmp_path_factory.mktemp("repository"))
     shutil.copytree(toy_artifact[0], root / "broken" / "1")
     (root / "broken" / "1" / "model.onnx").write_bytes(b"tampered")
+    (root / "empty" / "1").mkdir(parents=True)  # a version folder with no manifest.json
     url, stop = serve_in_thread(create_app(ModelRepository(root)))
     yield url
     stop()
@@ -126,7 +129,8 @@ ERRORS = [
         ("get", "/v2/models/.hidden/ready", None, 400, "invalid model name"),
         ("get", "/v2/models/a..b/ready", None, 400, "invalid model name"),
         ("get", "/v2/models/..%2F..%2Fetc/ready", None, 404, "Not Found"),
-        ("get", "/v2/models/broken", None, 500, "sha256"),
+        ("get", "/v2/models/broken", None, 400, "sha256"),
+        ("get", "/v2/models/empty", None, 400, "not ready: no manifest.json in empty/1"),
         ("post", "/v2/models/toy/infer", {"inputs": [{"name": "ids", "shape": [1, 1],
                                                       "datatype": "INT32", "data": [1]}]},
          400, "inputs must be"),
@@ -159,6 +163,7 @@ def test_every_error_is_json_with_a_non_200_status(server, method, path, body, s
     response = getattr(httpx, method)(server + path, **({"json": body} if body else {}))
     assert response.status_code == status, response.text
     assert words in response.json()["error"]
+    assert str(Path(tempfile.gettempdir())) not in response.text  # no server paths
 
 
 def test_body_limit_and_non_json(server, toy_artifact):
