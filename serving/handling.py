@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from keras_attn_serving.predictor import InputError
-from keras_attn_serving.protocol import ServingError, parse_json
+from keras_attn_serving.protocol import ServingError, bounded, parse_json
 
 if TYPE_CHECKING:
     import numpy as np
@@ -83,7 +83,7 @@ def install_error_handlers(app: "FastAPI") -> None:
 
     @app.exception_handler(InputError)
     async def input_error(request, error: InputError):
-        return JSONResponse({"error": str(error)}, status_code=400)
+        return JSONResponse({"error": bounded(str(error))}, status_code=400)
 
     @app.exception_handler(Exception)
     async def unexpected_error(request, error: Exception):

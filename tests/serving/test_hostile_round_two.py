@@ -94,3 +94,11 @@ def test_cli_export_runs_no_module_planted_in_the_working_folder(tmp_path):
     assert "PLANTED" not in done.stdout + done.stderr
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "out" / "model.onnx").is_file()
+
+
+def test_error_messages_are_bounded_whatever_they_quote():
+    """A 400 for 10,000 input names echoed them all: 1.1 MB."""
+    names = [f"input_{i}" for i in range(10_000)]
+    error = ServingError(400, f"inputs must be ['token_ids']; received {names}")
+    assert len(error.message) == 500 and error.message.endswith("…")
+    assert ServingError(400, "short").message == "short"

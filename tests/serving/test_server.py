@@ -416,3 +416,12 @@ def test_tritonclient_keeps_going_after_4xx_and_500_on_one_connection(toy_artifa
         client.close()
     finally:
         stop()
+
+
+def test_an_error_quoting_10000_input_names_stays_small(server):
+    """It echoed every name: 1.1 MB for one 400 (issue 26)."""
+    inputs = [{"name": f"input_{i}", "shape": [1, 1], "datatype": "INT32", "data": [1]}
+              for i in range(10_000)]  # fmt: skip
+    response = httpx.post(server + "/v2/models/toy/infer", json={"inputs": inputs}, timeout=60)
+    assert response.status_code == 400 and "inputs must be" in response.json()["error"]
+    assert len(response.content) < 600
