@@ -186,29 +186,11 @@ class CausalLM(HoldsBackbone, CachedCausalLM, Task):
     ) -> None:
         trainable = {key: kwargs.pop(key) for key in ("trainable",) if key in kwargs}
         backbone = backbone_of(DecoderBackbone, backbone, args, kwargs)
-        inputs = _fresh_inputs(backbone)
+        inputs = fresh_inputs(backbone)
         x = backbone(inputs)
         logits = float32_logits(backbone.token_embedding(x, reverse=True), "logits")
         super().__init__(inputs, logits, name=name, preprocessor=preprocessor, **trainable)
         self.backbone = backbone
-
-    # What the cached call (`keras_attn.models.cached.CachedCausalLM`) runs: the backbone's.
-    # Read-only properties over `CachedCausalLM`'s attributes: never assigned on a task.
-    @property
-    def token_embedding(self) -> TokenEmbedding:  # type: ignore[override]
-        return self.backbone.token_embedding
-
-    @property
-    def position_embedding(self) -> keras.layers.Layer | None:  # type: ignore[override]
-        return self.backbone.position_embedding
-
-    @property
-    def decoder_blocks(self) -> list[TransformerDecoder]:  # type: ignore[override]
-        return self.backbone.decoder_blocks
-
-    @property
-    def final_norm(self) -> keras.layers.Layer | None:  # type: ignore[override]
-        return self.backbone.final_norm
 
     def default_loss(self) -> SparseCrossEntropy:
         return lm_loss()
@@ -286,7 +268,7 @@ def backbone_of(
     return backbone_class(*first, *args, **kwargs)
 
 
-def _fresh_inputs(backbone: keras.Model):
+def fresh_inputs(backbone: keras.Model) -> Any:
     """New `keras.Input`s in the structure of `backbone.input` (int32 `(batch, seq)`)."""
     if isinstance(backbone.input, dict):
         return {name: keras.Input((None,), dtype="int32", name=name) for name in backbone.input}
@@ -294,7 +276,10 @@ def _fresh_inputs(backbone: keras.Model):
 
 
 # The backbone's constructor arguments, read through the task (`lm.hidden_dim`).
-CausalLM.backbone_attributes = frozenset(DecoderBackbone.config_args)
+CausalLM.backbone_attributes = frozenset(DecoderBackbone.config_args) | {
+    # What the cached call (`keras_attn.models.cached.CachedCausalLM`) runs: the backbone's.
+    "token_embedding", "position_embedding", "decoder_blocks", "final_norm",
+}  # fmt: skip
 
 
 def build_causal_lm(vocabulary_size: int, max_sequence_length: int, **kwargs: Any) -> CausalLM:

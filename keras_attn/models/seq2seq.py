@@ -18,7 +18,7 @@ from keras_attn.layers.transformer_encoder import TransformerEncoder
 from keras_attn.losses import SparseCrossEntropy
 from keras_attn.models.backbone import Backbone, HoldsBackbone
 from keras_attn.models.cached import empty_caches
-from keras_attn.models.causal_lm import backbone_of, lm_loss
+from keras_attn.models.causal_lm import backbone_of, fresh_inputs, lm_loss
 from keras_attn.models.task import Task, float32_logits
 from keras_attn.types import Tensor
 
@@ -189,7 +189,7 @@ class Seq2SeqLM(HoldsBackbone, Task):
     ) -> None:
         trainable = {key: kwargs.pop(key) for key in ("trainable",) if key in kwargs}
         backbone = backbone_of(Seq2SeqBackbone, backbone, args, kwargs)
-        inputs = {name: keras.Input((None,), dtype="int32", name=name) for name in backbone.input}
+        inputs = fresh_inputs(backbone)
         y = backbone(inputs)
         logits = float32_logits(backbone.token_embedding(y, reverse=True), "logits")
         super().__init__(inputs, logits, name=name, preprocessor=preprocessor, **trainable)
