@@ -21,6 +21,8 @@ FORMAT_VERSION = 2  # 2: int8 weights chosen by measurement (2026-11-24)
 Task = Literal["classify", "tag", "embed", "generate", "span_qa", "multiple_choice",
                "pretraining", "seq2seq"]  # fmt: skip
 TASKS = get_args(Task)
+# What `WordPieceTextTokenizer.from_folder` reads from the manifest's `tokenizer` folder.
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
 
 
 class ArtifactError(ValueError):
@@ -159,8 +161,15 @@ class Manifest(_Strict):
         """Strict JSON (no NaN), keys in field order, two-space indents."""
         return json.dumps(self.model_dump(mode="json"), indent=2, allow_nan=False)
 
+    def tokenizer_files(self) -> list[str]:
+        """The files a reader opens in the `tokenizer` folder (none without a tokenizer)."""
+        if self.tokenizer is None:
+            return []
+        return [f"{self.tokenizer}/{name}" for name in TOKENIZER_FILES]
+
     def referenced_files(self) -> list[str]:
-        """The files this manifest tells a reader to open (ONNX graphs, decode graphs)."""
+        """The files this manifest tells a reader to open (ONNX graphs, decode graphs,
+        tokenizer files)."""
         names: list[str | None] = []
         if self.onnx is not None:
             names += [self.onnx.file, *self.onnx.files]
@@ -168,6 +177,7 @@ class Manifest(_Strict):
             names += [self.decoding.file, self.decoding.gqa.file if self.decoding.gqa else None]
         if self.text_onnx is not None:
             names.append(self.text_onnx.file)
+        names += self.tokenizer_files()
         return list(dict.fromkeys(name for name in names if name))
 
 
@@ -195,6 +205,8 @@ def sha256(path: Path) -> str:
 
 
 def read_manifest(folder: str | Path) -> Manifest:
+    """The folder's manifest, checked against the schema, its `tokenizer` folder inside the
+    artifact folder. `verify_files` then checks the bytes."""
     path = Path(folder) / MANIFEST
     if not path.is_file():
         raise ArtifactError(f"no {MANIFEST} in {folder}: not an exported artifact folder")
@@ -203,7 +215,26 @@ def read_manifest(folder: str | Path) -> Manifest:
             content = json.load(f, parse_constant=_refuse_constant)
     except (ValueError, UnicodeDecodeError) as error:
         raise ArtifactError(f"{MANIFEST} is not strict JSON: {error}") from None
-    return parse_manifest(content)
+    manifest = parse_manifest(content)
+    _check_tokenizer(Path(folder), manifest)
+    return manifest
+
+
+def _check_tokenizer(folder: Path, manifest: Manifest) -> None:
+    """`tokenizer` names a folder inside `folder`, symbolic links followed: the server reads
+    it even when `verify_files` is off. Messages quote the manifest, never a server path."""
+    name = manifest.tokenizer
+    if name is None:
+        return
+    field = f"{MANIFEST} field 'tokenizer' is {name[:80]!r}"
+    if not _plain_name(name):
+        raise ArtifactError(f"{field}: not a plain relative name inside the artifact folder")
+    root = folder.resolve()
+    for path in [folder / name, *(folder / rel for rel in manifest.tokenizer_files())]:
+        if not path.resolve().is_relative_to(root):
+            raise ArtifactError(f"{field}: a symbolic link there leads outside the artifact folder")
+    if not (folder / name).is_dir():
+        raise ArtifactError(f"{field}: no such folder in the artifact folder")
 
 
 def _refuse_constant(name):
@@ -231,14 +262,23 @@ def verify_files(folder: str | Path, manifest: Manifest, prefixes: Iterable[str]
             raise ArtifactError(
                 f"{MANIFEST} names {str(rel)[:80]!r}: not a plain name inside the folder"
             )
-    unlisted = [rel for rel in referenced if rel not in files]
-    if unlisted:
-        raise ArtifactError(f"{MANIFEST} points to {unlisted} but does not list their sha256")
     on_disk = {
         path.relative_to(folder).as_posix()
         for path in folder.rglob("*")
         if path.is_file() or path.is_symlink()
     } - {MANIFEST}
+    tokenizer = f"{manifest.tokenizer}/" if manifest.tokenizer else None
+    if tokenizer is not None:
+        in_tokenizer = {rel for rel in on_disk if rel.startswith(tokenizer)}
+        unhashed = sorted((set(manifest.tokenizer_files()) | in_tokenizer) - set(files))
+        if unhashed:
+            raise ArtifactError(
+                f"{MANIFEST} field 'tokenizer' names {manifest.tokenizer!r}, whose files "
+                f"{unhashed[:5]} are not in {MANIFEST} 'files' with a sha256"
+            )
+    unlisted = [rel for rel in referenced if rel not in files]
+    if unlisted:
+        raise ArtifactError(f"{MANIFEST} points to {unlisted} but does not list their sha256")
     unknown = sorted(rel for rel in on_disk - set(files) if rel.startswith(tuple(prefixes)))
     if unknown:
         raise ArtifactError(f"{unknown[:5]} are in the folder but not in {MANIFEST}")
@@ -246,7 +286,8 @@ def verify_files(folder: str | Path, manifest: Manifest, prefixes: Iterable[str]
         if not rel.startswith(tuple(prefixes)):
             continue
         path = folder / rel
+        owner = " (field 'tokenizer')" if tokenizer and rel.startswith(tokenizer) else ""
         if path.is_symlink() or not path.is_file():
-            raise ArtifactError(f"{rel} is listed in {MANIFEST} but missing from the folder")
+            raise ArtifactError(f"{rel}{owner} is listed in {MANIFEST} but missing from the folder")
         if sha256(path) != expected:
-            raise ArtifactError(f"{rel} does not match its sha256 in {MANIFEST}")
+            raise ArtifactError(f"{rel}{owner} does not match its sha256 in {MANIFEST}")
