@@ -31,6 +31,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> ServerSettings:
 
 def main(argv: Sequence[str] | None = None) -> None:
     import uvicorn
+    from keras_attn_serving.connections import uvicorn_options
     from keras_attn_serving.observability import configure_logging
     from keras_attn_serving.server import create_app
 
@@ -41,6 +42,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         app, host=settings.host, port=settings.port, log_config=None, access_log=False,
         # uvicorn types it int; it waits float seconds (asyncio.wait_for).
         timeout_graceful_shutdown=settings.drain_timeout_s,  # type: ignore[arg-type]
+        **uvicorn_options(settings),
     )  # fmt: skip
 
 

@@ -7,16 +7,19 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from keras_attn_serving.offload import parse_body
 from keras_attn_serving.predictor import InputError
-from keras_attn_serving.protocol import ServingError, bounded, parse_json
+from keras_attn_serving.protocol import ServingError, bounded
 
 if TYPE_CHECKING:
     import numpy as np
     from fastapi import FastAPI, Request
+    from keras_attn_serving.batching import Batcher
     from keras_attn_serving.observability import Metrics
+    from keras_attn_serving.predictor import Predictor
     from keras_attn_serving.settings import ServerSettings
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -41,35 +44,44 @@ class Gate:
             return await self.app(scope, receive, send)
         path, started, status = scope["path"], time.perf_counter(), [500]
         limited = path not in self.UNLIMITED
+        app_scope = scope
+        if scope["method"] == "HEAD":
+            # Routed as the GET it stands for; uvicorn, which still sees HEAD, sends the
+            # headers without the body.
+            app_scope = {**scope, "method": "GET"}
 
         async def record_status(message: "Message") -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
             await send(message)
 
-        if limited and self.in_flight >= self.settings.max_concurrency:
-            from starlette.responses import JSONResponse
+        try:
+            if limited and self.in_flight >= self.settings.max_concurrency:
+                from starlette.responses import JSONResponse
 
-            busy = JSONResponse(
-                {"error": f"server busy: {self.settings.max_concurrency} requests in flight"},
-                status_code=503, headers={"Retry-After": "1"},
-            )  # fmt: skip
-            await busy(scope, receive, record_status)
-        else:
-            self.in_flight += limited
-            self.metrics.in_flight.set(self.in_flight)
-            try:
-                await self.app(scope, receive, record_status)
-            finally:
-                self.in_flight -= limited
+                busy = JSONResponse(
+                    {"error": f"server busy: {self.settings.max_concurrency} requests in flight"},
+                    status_code=503, headers={"Retry-After": "1"},
+                )  # fmt: skip
+                await busy(scope, receive, record_status)
+            else:
+                self.in_flight += limited
                 self.metrics.in_flight.set(self.in_flight)
-        seconds = time.perf_counter() - started
-        route = getattr(scope.get("route"), "path", "unmatched")
-        self.metrics.observe(route, status[0], seconds)
-        if self.log.isEnabledFor(logging.INFO):
-            self.log.info("request", extra={"method": scope["method"], "path": path,
-                                            "status": status[0],
-                                            "ms": round(1000 * seconds, 3)})  # fmt: skip
+                try:
+                    await self.app(app_scope, receive, record_status)
+                finally:
+                    self.in_flight -= limited
+                    self.metrics.in_flight.set(self.in_flight)
+        finally:
+            # Also when the route raised (the 500 is written outside this middleware): an
+            # internal error is counted and logged like any answer.
+            seconds = time.perf_counter() - started
+            route = getattr(scope.get("route"), "path", "unmatched")
+            self.metrics.observe(route, status[0], seconds)
+            if self.log.isEnabledFor(logging.INFO):
+                self.log.info("request", extra={"method": scope["method"], "path": path,
+                                                "status": status[0],
+                                                "ms": round(1000 * seconds, 3)})  # fmt: skip
 
 
 def install_error_handlers(app: "FastAPI") -> None:
@@ -96,7 +108,10 @@ def install_error_handlers(app: "FastAPI") -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(request, error: HTTPException):
-        return JSONResponse({"error": str(error.detail)}, status_code=error.status_code)
+        # 405 keeps its `Allow` header.
+        return JSONResponse(
+            {"error": str(error.detail)}, status_code=error.status_code, headers=error.headers
+        )
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request, error):
@@ -136,21 +151,26 @@ async def read_body(request: "Request") -> bytes:
 
 
 async def json_body(request: "Request") -> Any:
-    return parse_json(await read_body(request))
+    """The body parsed as JSON (a large body in a worker process: see `offload`)."""
+    body = await read_body(request)
+    return await request.app.state.offload.run(len(body), parse_body, body)
 
 
 async def predict(
     request: "Request",
-    name: str,
-    version: str | int | None,
+    model: "tuple[int, Predictor, Batcher]",
     feeds: dict[str, "np.ndarray"],
     timeout_s: float | None = None,
+    outputs: Collection[str] | None = None,
 ) -> tuple[int, dict[str, "np.ndarray"]]:
-    """`(version, outputs)` through the model's batcher, within the request timeout."""
+    """`(version, outputs)` of `model` (`repository.batcher`'s answer) through its batcher,
+    within the request timeout. `outputs`: the names the answer will hold (default: all),
+    which the response-size limit counts."""
     state = request.app.state
-    chosen, predictor, batcher = state.repository.batcher(name, version)
+    chosen, predictor, batcher = model
     arrays = predictor.check(feeds)
-    check_response_size(state.settings, predictor.output_specs, arrays)
+    specs = [s for s in predictor.output_specs if outputs is None or s["name"] in outputs]
+    check_response_size(state.settings, specs, arrays)
     try:
         future = batcher.submit(arrays)
     except RuntimeError:

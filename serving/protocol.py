@@ -10,7 +10,7 @@ followed by raw tensor bytes, in input (or output) order; a tensor sent that way
 import json
 import math
 from collections import Counter
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -41,6 +41,9 @@ class ServingError(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+
+    def __reduce__(self):  # raised in a worker process, re-raised here with its status
+        return (ServingError, (self.status, self.message))
 
 
 def _bad(message):
@@ -111,9 +114,18 @@ def _shape(tensor, name):
 
 
 def decode_request(
-    body: bytes, header_length: str | int | None = None
+    body: bytes,
+    header_length: str | int | None = None,
+    inputs: Mapping[str, Mapping[str, Any]] | None = None,
+    max_rows: int | None = None,
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """`(request, feeds)`: the JSON header as a dict and `{input name: numpy array}`."""
+    """`(request, feeds)`: the JSON header as a dict and `{input name: numpy array}`.
+
+    With the model's `inputs` (`{name: {"dtype": ...}}`, as in the manifest) and `max_rows`,
+    every tensor's name, datatype and first dimension are checked before any data is
+    decoded: a 16 MB BYTES body for a model that takes ids, or for too many rows, is refused
+    without decoding it.
+    """
     if header_length is None:
         header, binary = body, b""
     else:
@@ -131,21 +143,13 @@ def decode_request(
     if not isinstance(request, dict) or not isinstance(request.get("inputs"), list):
         raise _bad("request must be an object with an `inputs` list")
     _object(request, "parameters", "the request's")
+    tensors = [_tensor_header(tensor, inputs, max_rows) for tensor in request["inputs"]]
+    names = Counter(name for name, *_ in tensors)
+    if names and max(names.values()) > 1:
+        repeated = sorted(name for name, count in names.items() if count > 1)
+        raise _bad(f"input names must be distinct; {repeated} appear more than once"[:300])
     feeds, offset = {}, 0
-    for tensor in request["inputs"]:
-        if not isinstance(tensor, dict) or not {"name", "shape", "datatype"} <= set(tensor):
-            raise _bad("each input needs name, shape and datatype")
-        name = tensor["name"]
-        if not isinstance(name, str) or name in feeds:
-            raise _bad(f"input names must be distinct strings; received {name!r}"[:200])
-        datatype = tensor["datatype"]
-        dtype = DATATYPES.get(datatype) if isinstance(datatype, str) else None
-        if dtype is None:
-            raise _bad(
-                f"input {name!r}: unsupported datatype {datatype!r}; "
-                f"use one of {sorted(DATATYPES)}"[:300]
-            )
-        shape = _shape(tensor, name)
+    for tensor, (name, datatype, dtype, shape) in zip(request["inputs"], tensors, strict=True):
         count = math.prod(shape)  # Python integers: [2**32, 2**32] does not wrap to 0
         size = _object(tensor, "parameters", f"input {name!r}").get("binary_data_size")
         if size is not None:
@@ -157,7 +161,7 @@ def decode_request(
             elif size != count * np.dtype(dtype).itemsize:
                 raise _bad(
                     f"input {name!r}: {size} bytes do not hold shape {shape} of "
-                    f"{tensor['datatype']} ({count * np.dtype(dtype).itemsize} bytes)"
+                    f"{datatype} ({count * np.dtype(dtype).itemsize} bytes)"
                 )
             else:
                 array = np.frombuffer(raw, dtype=np.dtype(dtype).newbyteorder("<"))
@@ -178,6 +182,33 @@ def decode_request(
     if offset != len(binary):
         raise _bad(f"{len(binary) - offset} bytes of binary data belong to no input")
     return request, feeds
+
+
+def _tensor_header(tensor, inputs, max_rows):
+    """`(name, datatype, numpy dtype, shape)` of one input, checked before its data."""
+    if not isinstance(tensor, dict) or not {"name", "shape", "datatype"} <= set(tensor):
+        raise _bad("each input needs name, shape and datatype")
+    name = tensor["name"]
+    if not isinstance(name, str):
+        raise _bad(f"input names must be strings; received {name!r}"[:200])
+    if inputs is not None and name not in inputs:
+        raise _bad(f"unknown input {name!r}; the model takes {sorted(inputs)}"[:300])
+    datatype = tensor["datatype"]
+    dtype = DATATYPES.get(datatype) if isinstance(datatype, str) else None
+    if dtype is None:
+        message = f"input {name!r}: unsupported datatype {datatype!r}; use one of "
+        raise _bad(f"{message}{sorted(DATATYPES)}"[:300])
+    wanted = None if inputs is None else inputs[name].get("dtype")
+    if dtype == "object" and wanted not in (None, "object"):
+        wanted = NUMPY_TO_V2.get(wanted, wanted)
+        raise _bad(f"input {name!r} takes datatype {wanted}; received BYTES")
+    shape = _shape(tensor, name)
+    if max_rows is not None and shape and shape[0] > max_rows:
+        raise ServingError(
+            413, f"input {name!r} has {shape[0]} rows; at most {max_rows} per request "
+                 "(--max-rows-per-request)",
+        )  # fmt: skip
+    return name, datatype, dtype, shape
 
 
 def client_timeout_s(timeout_us: Any) -> float | None:

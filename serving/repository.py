@@ -1,11 +1,17 @@
 """The model repository: artifact folders `ROOT/NAME/VERSION/`, loaded on first use, each with
 its batcher (Triton's repository layout; VERSION is a positive integer)."""
 
+import asyncio
+import ctypes
+import gc
+import logging
 import os
 import re
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from keras_attn_serving.batching import Batcher
@@ -14,6 +20,8 @@ from keras_attn_serving.predictor import InputError, Predictor
 from keras_attn_serving.protocol import ServingError
 from keras_attn_serving.settings import ModelConfig
 
+log = logging.getLogger("keras_attn.serve")
+MAX_RETRY_S = 60.0  # the longest wait before a failed version is loaded again
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")  # a folder name, never a path
 
 
@@ -56,7 +64,9 @@ class ModelRepository:
         self.batching = {"max_batch_size": max_batch_size, "max_delay_ms": max_delay_ms,
                          "workers": workers}  # fmt: skip
         self.on_batch = on_batch  # `model name -> callback(rows, queue depth, cap)`
-        self._loaded: dict[tuple[str, int], tuple[Predictor, Batcher]] = {}
+        self._loaded: dict[tuple[str, int], _Entry] = {}
+        self._failed: dict[tuple[str, int], _Failure] = {}
+        self._loading: dict[tuple[str, int], threading.Lock] = {}
         self._lock = threading.Lock()
 
     def names(self) -> list[str]:
@@ -98,33 +108,129 @@ class ModelRepository:
 
     def get(self, name: str, version: str | int | None = None) -> tuple[int, Predictor]:
         """`(version, predictor)`."""
-        chosen, loaded = self._load(name, version)
-        return chosen, loaded[0]
+        chosen, predictor, _ = self.batcher(name, version)
+        return chosen, predictor
 
     def batcher(
         self, name: str, version: str | int | None = None
     ) -> tuple[int, Predictor, Batcher]:
-        """`(version, predictor, batcher)`."""
-        chosen, loaded = self._load(name, version)
-        return chosen, loaded[0], loaded[1]
-
-    def _load(self, name, version):
+        """`(version, predictor, batcher)`, loaded (or reloaded) here when needed."""
         chosen, folder = self.resolve(name, version)
+        return self._loaded_or_load(name, chosen, folder)
+
+    async def load(
+        self, name: str, version: str | int | None = None
+    ) -> tuple[int, Predictor, Batcher]:
+        """`batcher(name, version)` for the event loop: a loaded, unchanged version is
+        answered at once; loading and hashing run in a thread."""
+        chosen, folder = self.resolve(name, version)
+        ready = self._current(name, chosen, _signature(folder))
+        if ready is not None:
+            return chosen, *ready
+        return await asyncio.to_thread(self._loaded_or_load, name, chosen, folder)
+
+    def _current(self, name, chosen, signature):
+        """The loaded `(predictor, batcher)` if it is the folder's current content; raises the
+        recorded error of a failed load until its retry time (or until the folder changes)."""
         key = (name, chosen)
         with self._lock:
-            if key not in self._loaded:
-                try:
-                    predictor = Predictor(folder, self.verify, self.num_threads)
-                    config = self._config(name)
-                except ArtifactError as error:
-                    # Triton's answer for a model that is not ready: a 400. The message names
-                    # the folder by model and version, never by its path on the server.
-                    reason = str(error).replace(str(folder), f"{name}/{chosen}")
-                    raise ServingError(
-                        400, f"model {name!r} version {chosen} is not ready: {reason}"[:300]
-                    ) from None
-                self._loaded[key] = (predictor, self._make_batcher(name, predictor, config))
-        return chosen, self._loaded[key]
+            entry = self._loaded.get(key)
+            if entry is not None and entry.signature == signature:
+                return entry.predictor, entry.batcher
+            failure = self._failed.get(key)
+            if failure is not None and failure.signature == signature:
+                if time.monotonic() < failure.retry_at:
+                    raise ServingError(failure.error.status, failure.error.message)
+        return None
+
+    def _loaded_or_load(self, name, chosen, folder):
+        key = (name, chosen)
+        with self._lock:
+            key_lock = self._loading.setdefault(key, threading.Lock())
+        with key_lock:  # one load per version at a time: the others wait for it
+            signature = _signature(folder)
+            ready = self._current(name, chosen, signature)
+            if ready is not None:
+                return chosen, *ready
+            try:
+                predictor = Predictor(folder, self.verify, self.num_threads)
+                batcher = self._make_batcher(name, predictor, self._config(name))
+            except Exception as error:
+                raise self._failed_load(name, chosen, folder, signature, error) from None
+            with self._lock:
+                old = self._loaded.pop(key, None)
+                self._loaded[key] = _Entry(predictor, batcher, signature)
+                self._failed.pop(key, None)
+        if old is not None:  # replaced on disk: the new one answers; the old one drains
+            log.info("reloaded", extra={"model": name, "version": chosen})
+            _retire([old])
+        return chosen, predictor, batcher
+
+    def _failed_load(self, name, chosen, folder, signature, error):
+        """The `ServingError` for a version that could not load, recorded so that it is not
+        loaded (and hashed) again on every request: retried after 1 s, 2 s, 4 s ... 60 s,
+        or as soon as its folder changes."""
+        if not folder.is_dir():
+            return ServingError(404, f"model {name!r} version {chosen} was removed")
+        if isinstance(error, ArtifactError):
+            reason = str(error)
+        else:  # onnxruntime refused the graph, a file vanished while it was read, ...
+            log.warning("load failed", exc_info=error, extra={"model": name, "version": chosen})
+            reason = f"it could not be loaded ({type(error).__name__})"
+        # Triton's answer for a model that is not ready: a 400. The message names the folder
+        # by model and version, never by its path on the server.
+        reason = reason.replace(str(folder), f"{name}/{chosen}").replace(str(self.root), "")
+        failure = ServingError(400, f"model {name!r} version {chosen} is not ready: {reason}")
+        key = (name, chosen)
+        with self._lock:
+            previous = self._failed.get(key)
+            delay = 1.0 if previous is None else min(2 * previous.delay, MAX_RETRY_S)
+            self._failed[key] = _Failure(signature, failure, time.monotonic() + delay, delay)
+        return failure
+
+    def sweep(self) -> int:
+        """Unloads every loaded version whose folder was removed (its threads and memory
+        return); returns how many. The server runs it every `poll_s` seconds."""
+        gone = []
+        with self._lock:
+            for key in list(self._loaded):
+                name, version = key
+                if not (self.root / name / str(version) / "manifest.json").is_file():
+                    gone.append(self._loaded.pop(key))
+                    self._failed.pop(key, None)
+                    log.info("unloaded", extra={"model": name, "version": version})
+            for key in [k for k in self._failed if not (self.root / k[0] / str(k[1])).is_dir()]:
+                del self._failed[key]
+        count = len(gone)
+        _retire(gone)
+        return count
+
+    def unload(self, name: str) -> int:
+        """Unloads every loaded version of `name` (Triton's `unload`); returns how many."""
+        with self._lock:
+            gone = [self._loaded.pop(k) for k in list(self._loaded) if k[0] == name]
+        count = len(gone)
+        _retire(gone)
+        return count
+
+    def index(self) -> list[dict[str, str]]:
+        """Triton's repository index: every version folder, with its state."""
+        entries = []
+        for name in self.names():
+            try:
+                versions = self.versions(name)
+            except ServingError:
+                continue
+            for version in versions:
+                state, reason = "UNAVAILABLE", "not loaded"
+                with self._lock:
+                    if (name, version) in self._loaded:
+                        state, reason = "READY", ""
+                    elif (name, version) in self._failed:
+                        reason = self._failed[(name, version)].error.message
+                entries.append({"name": name, "version": str(version), "state": state,
+                                "reason": reason})  # fmt: skip
+        return entries
 
     def _config(self, name):
         path = self.root / name / "config.json"
@@ -155,12 +261,59 @@ class ModelRepository:
     def loaded(self) -> list[tuple[str, int, Predictor, Batcher]]:
         """`[(name, version, predictor, batcher)]` of the models loaded so far."""
         with self._lock:
-            return [(n, v, p, b) for (n, v), (p, b) in self._loaded.items()]
+            return [(n, v, e.predictor, e.batcher) for (n, v), e in self._loaded.items()]
 
     def close(self) -> None:
         """Runs what is queued, then stops every model's batcher (the end of a drain)."""
         for *_, batcher in self.loaded():
             batcher.close()
+
+
+class _Entry(NamedTuple):
+    predictor: Predictor
+    batcher: Batcher
+    signature: tuple[object, ...] | None
+
+
+class _Failure(NamedTuple):
+    signature: tuple[object, ...] | None
+    error: ServingError
+    retry_at: float
+    delay: float
+
+
+def _signature(folder):
+    """What changes when a version folder is replaced or its files rewritten: each file's
+    identity, size and times (a few `stat`s per request; `None` once the folder is gone)."""
+    try:
+        with os.scandir(folder) as entries:
+            files = sorted(
+                (e.name, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns)
+                for e in entries
+                for s in [e.stat(follow_symlinks=False)]
+            )
+        return (folder.stat().st_ino, *files)
+    except OSError:
+        return None
+
+
+def _retire(entries):
+    """Stops the batchers of unloaded versions (queued requests are answered first) and gives
+    their memory back to the system."""
+    for entry in entries:
+        entry.batcher.close()
+    if entries:
+        del entries[:]
+        gc.collect()
+        _trim_heap()
+
+
+def _trim_heap():
+    """glibc keeps freed memory for reuse; `malloc_trim` returns it (elsewhere: nothing)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _sequence_axis(spec):

@@ -6,16 +6,15 @@ import itertools
 import json
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import numpy as np
 from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from keras_attn_serving.handling import json_body, predict, request_timeout
+from keras_attn_serving.offload import JSON_BYTES_PER_VALUE, dumps
 from keras_attn_serving.protocol import ServingError
-from keras_attn_serving.text import TEXT_PARAMETERS, TextModel
-
-if TYPE_CHECKING:
-    import numpy as np
+from keras_attn_serving.text import CHARS_PER_TOKEN, TEXT_PARAMETERS, TextModel
 
 router = APIRouter()
 
@@ -24,10 +23,11 @@ async def text_task(
     request: Request, name: str, version: str | None, task: str
 ) -> tuple[int, TextModel, dict[str, Any], dict[str, Any]]:
     """`(version, TextModel, payload, parameters)` of a text request, checked for the task."""
-    payload = await json_body(request)
-    chosen, predictor = request.app.state.repository.get(name, version)
-    model = TextModel(predictor)
+    state = request.app.state
+    chosen, predictor, batcher = await state.repository.load(name, version)
+    model = TextModel(predictor, batcher)
     model.require(task)
+    payload = await json_body(request)
     if not isinstance(payload, dict):
         raise ServingError(
             400, f"the body must be a JSON object; received {type(payload).__name__}"
@@ -53,12 +53,46 @@ async def text_task(
     return chosen, model, payload, parameters or {}
 
 
+def capped_texts(request: Request, payload: Any) -> list[str]:
+    """The request's texts, at most `max_rows_per_request` of them (else 413), each cut to
+    `max_text_chars` characters before it is tokenized."""
+    settings = request.app.state.settings
+    texts = TextModel.texts(payload)
+    if len(texts) > settings.max_rows_per_request:
+        raise ServingError(
+            413, f"request has {len(texts)} texts; at most {settings.max_rows_per_request} per "
+                 "request (--max-rows-per-request)",
+        )  # fmt: skip
+    return [text[: settings.max_text_chars] for text in texts]
+
+
+async def json_answer(
+    request: Request, answer: dict[str, Any], outputs: dict[str, "np.ndarray"]
+) -> Response:
+    """`answer` as JSON, encoded in a worker process when it is large (FastAPI would encode
+    it on the event loop, in Python); sized by the model `outputs` it was made from."""
+    size = sum(np.size(o) for o in outputs.values()) * JSON_BYTES_PER_VALUE
+    content = await request.app.state.offload.run(size, dumps, answer)
+    return Response(content, media_type="application/json")
+
+
+async def off_loop(chars: int, function: Any, *args: Any) -> Any:
+    """`function(*args)` in a thread when it tokenizes more than a few thousand characters
+    (the tokenizer lets go of the GIL), else here."""
+    if chars < 16_384:
+        return function(*args)
+    return await asyncio.to_thread(function, *args)
+
+
 async def text_outputs(
     request: Request, name: str, version: str | None, task: str
 ) -> tuple[dict[str, str], TextModel, dict[str, "np.ndarray"], list[list[int]], dict[str, Any]]:
     chosen, model, payload, parameters = await text_task(request, name, version, task)
-    feeds, packed = model.encode(TextModel.texts(payload))
-    _, outputs = await predict(request, name, version, feeds)
+    texts = capped_texts(request, payload)
+    chars = min(sum(map(len, texts)), len(texts) * CHARS_PER_TOKEN * (model.room() or 1 << 20))
+    feeds, packed = await off_loop(chars, model.encode, texts)
+    assert model.batcher is not None  # text_task built it with the server's batcher
+    _, outputs = await predict(request, (chosen, model.predictor, model.batcher), feeds)
     header = {"model_name": name, "model_version": str(chosen)}
     return header, model, outputs, packed, parameters
 
@@ -67,14 +101,15 @@ async def text_outputs(
 @router.post("/v2/models/{name}/versions/{version}/classify")
 async def classify(name: str, request: Request, version: str | None = None):
     header, model, outputs, _, _ = await text_outputs(request, name, version, "classify")
-    return {**header, "predictions": model.classify(outputs)}
+    return await json_answer(request, {**header, "predictions": model.classify(outputs)}, outputs)
 
 
 @router.post("/v2/models/{name}/tag")
 @router.post("/v2/models/{name}/versions/{version}/tag")
 async def tag(name: str, request: Request, version: str | None = None):
     header, model, outputs, packed, _ = await text_outputs(request, name, version, "tag")
-    return {**header, "predictions": model.tag(outputs, packed)}
+    answer = {**header, "predictions": model.tag(outputs, packed)}
+    return await json_answer(request, answer, outputs)
 
 
 @router.post("/v2/models/{name}/embed")
@@ -86,7 +121,7 @@ async def embed(name: str, request: Request, version: str | None = None):
         raise ServingError(400, f"`normalize` must be true or false; received {normalize!r}"[:200])
     pooling = parameters.get("pooling", model.embedding["pooling"])
     vectors = model.embed(outputs, packed, pooling, normalize)
-    return {**header, "embeddings": vectors}
+    return await json_answer(request, {**header, "embeddings": vectors}, outputs)
 
 
 async def generation(
@@ -97,7 +132,12 @@ async def generation(
     text = payload.get("text_input")
     if not isinstance(text, str):
         raise ServingError(400, f"`text_input` must be one string; received {text!r}"[:200])
-    TextModel.texts(payload)  # valid Unicode
+    (text,) = TextModel.texts(payload)  # valid Unicode
+    limit = request.app.state.settings.max_text_chars
+    if len(text) > limit:
+        raise ServingError(
+            413, f"the prompt has {len(text)} characters; at most {limit} (--max-text-chars)"
+        )
     max_tokens = parameters.get("max_tokens", 20)
     stop = parameters.get("stop_token_ids", [])
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
@@ -110,7 +150,8 @@ async def generation(
         raise ServingError(400, f"`stop_token_ids` must be a list of ids in [0, {size}); "
                                 f"received {stop!r}"[:300])  # fmt: skip
     header = {"model_name": name, "model_version": str(chosen)}
-    return header, model, model.prompt(text), max_tokens, stop
+    prompt = await off_loop(len(text), model.prompt, text)
+    return header, model, prompt, max_tokens, stop
 
 
 def _until(deadline, timeout, tokens):

@@ -1,13 +1,13 @@
 """TF Serving REST: model status, metadata and `:predict` (row and columnar formats)."""
 
-import asyncio
 import json
 
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from keras_attn_serving.handling import json_body, predict
-from keras_attn_serving.protocol import ServingError
+from keras_attn_serving.handling import predict, read_body
+from keras_attn_serving.offload import JSON_BYTES_PER_VALUE
+from keras_attn_serving.protocol import ServingError, parse_json
 
 router = APIRouter()
 
@@ -48,9 +48,19 @@ def tfs_metadata(request: Request, name: str, version: str | None = None):
 @router.post("/v1/models/{name}:predict")
 @router.post("/v1/models/{name}/versions/{version}:predict")
 async def tfs_predict(name: str, request: Request, version: str | None = None):
-    body = await json_body(request)
-    _, predictor = request.app.state.repository.get(name, version)
-    names = list(predictor.inputs)
+    state = request.app.state
+    model = await state.repository.load(name, version)
+    body = await read_body(request)
+    rows, arrays = await state.offload.run(len(body), decode_tfs, body, list(model[1].inputs))
+    _, outputs = await predict(request, model, arrays)
+    size = sum(a.size for a in outputs.values()) * JSON_BYTES_PER_VALUE
+    content = await state.offload.run(size, encode_tfs, outputs, rows)
+    return Response(content, media_type="application/json")
+
+
+def decode_tfs(body: bytes, names: list[str]) -> tuple[bool, dict[str, np.ndarray]]:
+    """`(row format, {input: array})` of a TF Serving `:predict` body."""
+    body = parse_json(body)
     if not isinstance(body, dict) or ("instances" in body) == ("inputs" in body):
         raise ServingError(400, "request must have exactly one of `instances` or `inputs`")
     if "instances" in body:  # row format: a list of instances
@@ -70,16 +80,13 @@ async def tfs_predict(name: str, request: Request, version: str | None = None):
     for key, value in feeds.items():
         try:
             arrays[key] = np.asarray(value)
-        except ValueError as error:
+        except (ValueError, TypeError, OverflowError, RecursionError) as error:
             raise ServingError(400, f"input {key!r} is not rectangular: {error}") from None
-    _, outputs = await predict(request, name, version, arrays)
-    content = await asyncio.to_thread(_tfs_answer, outputs, "instances" in body)
-    return Response(content, media_type="application/json")
+    return "instances" in body, arrays
 
 
-def _tfs_answer(outputs, rows):
-    """TF Serving's JSON answer: `predictions` per row, or `outputs` by column (encoded here,
-    in a worker thread, not on the event loop)."""
+def encode_tfs(outputs: dict[str, np.ndarray], rows: bool) -> bytes:
+    """TF Serving's JSON answer: `predictions` per row, or `outputs` by column."""
     if rows:
         if len(outputs) == 1:
             (values,) = outputs.values()

@@ -1,11 +1,10 @@
 """KServe v2 / Open Inference Protocol: server and model metadata, health, and `infer` (JSON
 and the binary tensor extension)."""
 
-import asyncio
-
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from keras_attn_serving.handling import predict, read_body
+from keras_attn_serving.offload import JSON_BYTES_PER_VALUE
 from keras_attn_serving.protocol import (
     NUMPY_TO_V2,
     ServingError,
@@ -72,19 +71,26 @@ def model_ready(request: Request, name: str, version: str | None = None):
 @router.post("/v2/models/{name}/infer")
 @router.post("/v2/models/{name}/versions/{version}/infer")
 async def infer(name: str, request: Request, version: str | None = None):
+    state = request.app.state
+    # The model first: a body for an unknown model is never decoded.
+    model = await state.repository.load(name, version)
+    chosen, predictor, _ = model
     body = await read_body(request)
     header_length = request.headers.get("inference-header-content-length")
-    payload, feeds = decode_request(body, header_length)
+    payload, feeds = await state.offload.run(
+        len(body), decode_request, body, header_length, predictor.inputs,
+        state.settings.max_rows_per_request,
+    )  # fmt: skip
     timeout_us = (payload.get("parameters") or {}).get("timeout")  # tritonclient's, in µs
     timeout_s = client_timeout_s(timeout_us)
-    chosen, outputs = await predict(request, name, version, feeds, timeout_s)
-    wanted = requested_outputs(payload, list(outputs))
+    wanted = requested_outputs(payload, predictor.output_names)
+    _, outputs = await predict(request, model, feeds, timeout_s, [n for n, _ in wanted])
     header = {"model_name": name, "model_version": str(chosen)}
     if "id" in payload:
         header["id"] = payload["id"]
-    # Encoding a large answer takes a while: off the event loop, so health checks and
-    # other requests are not held up behind it.
-    content, json_length = await asyncio.to_thread(encode_response, header, outputs, wanted)
+    # A large answer is encoded in a worker process: json.dumps holds the GIL throughout.
+    size = sum(outputs[n].size for n, binary in wanted if not binary) * JSON_BYTES_PER_VALUE
+    content, json_length = await state.offload.run(size, encode_response, header, outputs, wanted)
     if json_length is None:
         return Response(content, media_type="application/json")
     return Response(

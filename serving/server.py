@@ -41,8 +41,9 @@ def create_app(
     """
     from fastapi import FastAPI
     from fastapi.responses import Response
-    from keras_attn_serving import routes_text, routes_tfs, routes_v2
+    from keras_attn_serving import routes_repository, routes_text, routes_tfs, routes_v2
     from keras_attn_serving.observability import Metrics
+    from keras_attn_serving.offload import Offload
 
     root = repository.root if isinstance(repository, ModelRepository) else repository
     if settings is None:
@@ -58,14 +59,20 @@ def create_app(
     if repository.on_batch is None:
         repository.on_batch = metrics.on_batch
 
+    offload = Offload(settings.offload_processes)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: "FastAPI") -> AsyncIterator[None]:
         log.info("serving", extra={"repository": str(repository.root),
                                    "models": repository.names()})  # fmt: skip
+        offload.start()
+        sweeping = asyncio.create_task(_sweep(repository, settings.repository_poll_s))
         yield
+        sweeping.cancel()
         # uvicorn has stopped accepting and waited for in-flight requests (SIGTERM drain);
         # queued batches finish before the process exits.
         await asyncio.to_thread(repository.close)
+        await asyncio.to_thread(offload.close)
         log.info("drained")
 
     docs: dict[str, Any] = (
@@ -75,6 +82,7 @@ def create_app(
     app.state.repository = repository
     app.state.settings = settings
     app.state.metrics = metrics
+    app.state.offload = offload
     app.add_middleware(Gate, settings=settings, metrics=metrics, log=log)
     install_error_handlers(app)
 
@@ -84,6 +92,16 @@ def create_app(
             metrics.queue_depth.labels(name).set(batcher.queue_depth)
         return Response(metrics.exposition(), media_type="text/plain; version=0.0.4")
 
-    for module in (routes_v2, routes_text, routes_tfs):
+    for module in (routes_v2, routes_text, routes_tfs, routes_repository):
         app.include_router(module.router)
     return app
+
+
+async def _sweep(repository: ModelRepository, every_s: float) -> None:
+    """Unloads removed versions every `every_s` seconds, for as long as the server runs."""
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            await asyncio.to_thread(repository.sweep)
+        except OSError:  # the repository folder itself went away: nothing loads either
+            log.warning("repository sweep failed", exc_info=True)

@@ -29,7 +29,25 @@ class ServerSettings(BaseSettings):
     max_output_bytes: int = Field(
         64 << 20, gt=0, description="float32 bytes a request's outputs may hold; more: 413"
     )
+    max_text_chars: int = Field(
+        100_000, gt=0, description="characters of one text; longer texts are cut (prompts: 413)"
+    )
     max_concurrency: int = Field(256, gt=0, description="in-flight requests; more get 503")
+    max_connections: int = Field(
+        1000, gt=0, description="open connections; past it the oldest idle one is closed"
+    )
+    max_header_bytes: int = Field(
+        64 << 10, gt=0, description="request line and headers; more: 431, connection closed"
+    )
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="to send the request line and headers; then closed"
+    )
+    offload_processes: int = Field(
+        1, ge=1, description="processes parsing large bodies and encoding large answers"
+    )
+    repository_poll_s: float = Field(
+        2.0, gt=0, description="how often removed version folders are looked for and unloaded"
+    )
     request_timeout_s: float = Field(30.0, gt=0, description="per request; then 504")
     max_batch_size: int = Field(32, ge=1, description="rows per merged call; 1 = no merging")
     max_delay_ms: float = Field(0.0, ge=0, description="wait for rows, only under load")

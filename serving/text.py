@@ -8,6 +8,7 @@ in between (through its batcher), so these functions never call onnxruntime them
 except `TextModel.stream`, which drives the decode graph step by step.
 """
 
+import re
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,7 @@ import numpy as np
 from keras_attn_serving.protocol import ServingError
 
 if TYPE_CHECKING:
+    from keras_attn_serving.batching import Batcher
     from keras_attn_serving.predictor import Predictor
     from keras_attn_serving.tokenizer import WordPieceTextTokenizer
     from numpy.typing import ArrayLike
@@ -29,6 +31,19 @@ TEXT_PARAMETERS = {
 }
 
 
+# A first guess at the characters that hold a number of tokens (WordPiece averages about 4).
+CHARS_PER_TOKEN = 8
+WORD_BOUNDARY = re.compile(r"[ \t\n\r]")  # whitespace to every tokenizer here
+
+
+def _prefix(text: str, chars: int) -> str:
+    """`text` up to the first ASCII whitespace at or after `chars` (all of it if none)."""
+    if len(text) <= chars:
+        return text
+    boundary = WORD_BOUNDARY.search(text, chars)
+    return text if boundary is None else text[: boundary.start()]
+
+
 def softmax(logits: "ArrayLike") -> np.ndarray:
     shifted = np.asarray(logits, np.float64)
     shifted = np.exp(shifted - shifted.max(-1, keepdims=True))
@@ -38,8 +53,9 @@ def softmax(logits: "ArrayLike") -> np.ndarray:
 class TextModel:
     """Raw text in, task answers out, for one exported model (`Predictor`)."""
 
-    def __init__(self, predictor: "Predictor") -> None:
+    def __init__(self, predictor: "Predictor", batcher: "Batcher | None" = None) -> None:
         self.predictor = predictor
+        self.batcher = batcher  # the server's, for `predictor`
         manifest = predictor.manifest
         self.task = manifest.task
         self.labels = manifest.labels
@@ -92,6 +108,35 @@ class TextModel:
                 ) from None  # fmt: skip
         return texts
 
+    def room(self) -> int | None:
+        """Token ids a text may have once packed (the packer's or the model's length, less
+        the start/end ids), or None when nothing limits it."""
+        start, end = self.packer.get("start_value"), self.packer.get("end_value")
+        limits = [x for x in (self.packer.get("sequence_length"), self.fixed_length,
+                              self.predictor.max_sequence_length) if x]  # fmt: skip
+        return min(limits) - (start is not None) - (end is not None) if limits else None
+
+    def first_ids(self, texts: list[str], keep: int | None) -> list[list[int]]:
+        """Each text's token ids, or, when `keep` is given, at least its first `keep` ids
+        (all of them when it has fewer): exactly the ids tokenizing the whole text gives,
+        cut. The work is proportional to `keep`, not to the text: a text is tokenized from a
+        prefix that ends at ASCII whitespace (a word boundary for the tokenizer, so the
+        prefix's ids begin the text's ids), lengthened until it yields `keep` ids."""
+        if keep is None:
+            return self.words.encode(texts)
+        found: list[list[int]] = [[] for _ in texts]
+        pending, chars = list(range(len(texts))), CHARS_PER_TOKEN * (keep + 1)
+        while pending:
+            cuts = [_prefix(texts[i], chars) for i in pending]
+            still = []
+            for i, cut, ids in zip(pending, cuts, self.words.encode(cuts), strict=True):
+                if len(ids) >= keep or len(cut) == len(texts[i]):
+                    found[i] = ids
+                else:  # whitespace runs: a longer prefix
+                    still.append(i)
+            pending, chars = still, 4 * chars
+        return found
+
     def encode(
         self, texts: list[str], truncate: bool = True
     ) -> tuple[dict[str, np.ndarray], list[list[int]]]:
@@ -99,13 +144,9 @@ class TextModel:
         to the longest with 0) and each text's ids as packed, one list per text. Texts longer
         than the model takes are cut as the packer cuts them, unless `truncate=False`."""
         start, end = self.packer.get("start_value"), self.packer.get("end_value")
-        limits = [x for x in (self.packer.get("sequence_length"), self.fixed_length,
-                              self.predictor.max_sequence_length) if x]  # fmt: skip
-        room = None
-        if truncate and limits:
-            room = min(limits) - (start is not None) - (end is not None)
+        room = self.room() if truncate else None
         packed = []
-        for ids in self.words.encode(texts):
+        for ids in self.first_ids(texts, room):
             ids = ids[:room]  # truncated as the packer truncates
             packed.append(([start] if start is not None else []) + ids +
                           ([end] if end is not None else []))  # fmt: skip
@@ -199,9 +240,18 @@ class TextModel:
 
     def prompt(self, text: str) -> list[int]:
         """A generation prompt's ids: packed with the start id but no end id (it continues),
-        and never cut (too long is an error when generating)."""
-        (ids,) = self.encode([text], truncate=False)[1]
-        return ids[:-1] if self.packer.get("end_value") is not None else ids
+        and never cut: a prompt the model cannot take is a `ServingError` 400, found by
+        tokenizing no more of it than the model's length."""
+        start = self.packer.get("start_value")
+        limit = self.predictor.max_sequence_length
+        keep = None if limit is None else limit + 1 - (start is not None)
+        (ids,) = self.first_ids([text], keep)
+        if keep is not None and len(ids) >= keep:
+            raise ServingError(
+                400, f"the prompt has more than {keep - 1} tokens; the model takes at most "
+                     f"{limit} positions, prompt and new tokens together",
+            )  # fmt: skip
+        return ([start] if start is not None else []) + ids
 
     def continuation(
         self, prompt: list[int], new: list[int], prompt_text: str | None = None

@@ -23,12 +23,15 @@ def free_port():
 
 
 def serve_in_thread(app):
-    """Runs `app` with uvicorn on a loopback port; returns `(url, stop)`."""
+    """Runs `app` with uvicorn on a loopback port, with the connection limits of its settings
+    (as `keras-attn-serve` does); returns `(url, stop)`."""
     import uvicorn
+    from keras_attn_serving.connections import uvicorn_options
 
     port = free_port()
+    options = uvicorn_options(app.state.settings)
     instance = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                             log_level="warning"))  # fmt: skip
+                                             log_level="warning", **options))  # fmt: skip
     thread = threading.Thread(target=instance.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
@@ -133,7 +136,7 @@ ERRORS = [
         ("get", "/v2/models/empty", None, 400, "not ready: no manifest.json in empty/1"),
         ("post", "/v2/models/toy/infer", {"inputs": [{"name": "ids", "shape": [1, 1],
                                                       "datatype": "INT32", "data": [1]}]},
-         400, "inputs must be"),
+         400, "unknown input"),
         ("post", "/v2/models/toy/infer", v2_request(datatype="BYTES"), 400, "datatype"),
         ("post", "/v2/models/toy/infer", v2_request(datatype="FP32"), 400, "must be INT32"),
         ("post", "/v2/models/toy/infer", v2_request(ids=[1, 2, 3]), 400, "rank 2"),
@@ -166,13 +169,13 @@ def test_every_error_is_json_with_a_non_200_status(server, method, path, body, s
     assert str(Path(tempfile.gettempdir())) not in response.text  # no server paths
 
 
-def test_body_limit_and_non_json(server, toy_artifact):
+def test_body_limit_and_non_json(server, toy_artifact, tmp_path):
     bad = httpx.post(server + "/v2/models/toy/infer", content=b"{not json")
     assert bad.status_code == 400 and "not JSON" in bad.json()["error"]
-    app = create_app(ModelRepository(toy_artifact[0].parent), max_body_bytes=10)
+    app = create_app(ModelRepository(repository_folder(toy_artifact, tmp_path)), max_body_bytes=10)
     from fastapi.testclient import TestClient
 
-    big = TestClient(app).post("/v2/models/x/infer", json=v2_request())
+    big = TestClient(app).post("/v2/models/toy/infer", json=v2_request())
     assert big.status_code == 413 and "exceeds" in big.json()["error"]
 
 
@@ -206,7 +209,7 @@ def test_tritonclient_sync_binary_and_json(server, toy_artifact):
     np.testing.assert_allclose(zipped.as_numpy("logits"), _expected(toy_artifact), atol=1e-6)
     for model, tensor, words in [
         ("nope", ids, "unknown model"),
-        ("toy", triton.InferInput("ids", [2, 4], "INT32"), "inputs must be"),
+        ("toy", triton.InferInput("ids", [2, 4], "INT32"), "unknown input"),
     ]:
         if tensor is not ids:
             tensor.set_data_from_numpy(np.array(IDS, "int32"))
@@ -254,11 +257,13 @@ def test_binary_tensor_extension_byte_level(server, toy_artifact):
     assert out["parameters"]["binary_data_size"] == logits.nbytes == len(response.content) - length
     np.testing.assert_allclose(logits, _expected(toy_artifact), atol=1e-6)
     # BYTES: each element is a 4-byte little-endian length, then the bytes.
-    from keras_attn_serving.protocol import _decode_bytes, _encode_bytes
+    from keras_attn_serving.protocol import ServingError, _decode_bytes, _encode_bytes
 
     words = np.array([b"a", b"", "Dvořák".encode()], dtype=object)
     assert _encode_bytes(words)[:5] == b"\x01\x00\x00\x00a"
     assert list(_decode_bytes(_encode_bytes(words), 3, "x")) == list(words)
+    with pytest.raises(ServingError, match="BYTES element longer"):
+        _decode_bytes(b"\x09\x00\x00\x00ab", 1, "x")
 
     def post(header, *chunks, length=None):
         body, headers = _binary(header, *chunks)
@@ -278,7 +283,8 @@ def test_binary_tensor_extension_byte_level(server, toy_artifact):
                 {"inputs": [dict(tensor, datatype="BYTES", parameters={"binary_data_size": 6})]},
                 b"\x09\x00\x00\x00ab",
             ),
-            "BYTES element longer",
+            # Refused before its data is decoded: the model takes ids.
+            "takes datatype INT32; received BYTES",
         ),
         (post({"inputs": [dict(tensor, datatype="FP64")]}, raw), "do not hold"),
     ]
@@ -293,7 +299,7 @@ def test_binary_tensor_extension_byte_level(server, toy_artifact):
     assert garbled.status_code == 400 and "gzip" in garbled.json()["error"]
 
 
-def test_chunked_body_is_refused_once_it_passes_the_limit(toy_artifact):
+def test_chunked_body_is_refused_once_it_passes_the_limit(toy_artifact, tmp_path):
     """A chunked upload (no Content-Length) is counted while it streams: the 413 comes once the
     limit is passed, while the client is still sending (issue 19: a 300 MB chunked body was
     read whole first). The client here never finishes its body: a server that waits for the
@@ -301,13 +307,13 @@ def test_chunked_body_is_refused_once_it_passes_the_limit(toy_artifact):
     import socket
 
     url, stop = serve_in_thread(
-        create_app(ModelRepository(toy_artifact[0].parent), max_body_bytes=1000)
+        create_app(ModelRepository(repository_folder(toy_artifact, tmp_path)), max_body_bytes=1000)
     )
     host, port = url.removeprefix("http://").split(":")
     try:
         with socket.create_connection((host, int(port)), timeout=10) as sock:
             sock.sendall(
-                b"POST /v2/models/toy_lm/infer HTTP/1.1\r\nHost: x\r\n"
+                b"POST /v2/models/toy/infer HTTP/1.1\r\nHost: x\r\n"
                 b"Transfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\n"
             )
             for _ in range(5):  # 5 KB of a body that would go on
@@ -392,14 +398,14 @@ def test_tritonclient_keeps_going_after_4xx_and_500_on_one_connection(toy_artifa
     import tritonclient.http as triton
 
     repository = ModelRepository(repository_folder(toy_artifact, tmp_path))
-    batcher = repository.batcher
+    load = repository.load
 
-    def boom(name, version=None):
+    async def boom(name, version=None):
         if name == "boom":
             raise RuntimeError("/secret/path at 0x7f00deadbeef")
-        return batcher(name, version)
+        return await load(name, version)
 
-    repository.batcher = boom
+    repository.load = boom
     (tmp_path / "boom" / "1").mkdir(parents=True)
     url, stop = serve_in_thread(create_app(repository))
     try:
@@ -423,5 +429,5 @@ def test_an_error_quoting_10000_input_names_stays_small(server):
     inputs = [{"name": f"input_{i}", "shape": [1, 1], "datatype": "INT32", "data": [1]}
               for i in range(10_000)]  # fmt: skip
     response = httpx.post(server + "/v2/models/toy/infer", json={"inputs": inputs}, timeout=60)
-    assert response.status_code == 400 and "inputs must be" in response.json()["error"]
+    assert response.status_code == 400 and "unknown input" in response.json()["error"]
     assert len(response.content) < 600

@@ -199,7 +199,7 @@ def test_concurrent_generations_keep_their_own_caches(text_models, toy_lm, toy_t
         ("lm/generate", {"text_input": "to be", "parameters": {"max_tokens": 500}}, 400,
          "maximum sequence length 24"),
         ("lm/generate", {"text_input": " ".join(TOY_TEXT[:3])}, 400,
-         "maximum sequence length 24"),
+         "the model takes at most 24 positions"),
         ("lm/generate", {"text_input": "a", "parameters": {"stop_token_ids": "x"}}, 400,
          "stop_token_ids"),
         ("lm/generate", {"text_input": "a", "parameters": {"stop_token_ids": [10**30]}}, 400,

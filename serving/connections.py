@@ -1,0 +1,143 @@
+"""What uvicorn leaves open to a slow or hostile client (slowloris): no deadline for a
+request's headers, no cap on their size, and no cap on open connections that would not also
+refuse health checks. `guarded_protocol` is uvicorn's httptools protocol with all three:
+
+- the request line and headers must arrive within `header_timeout_s` of their first byte
+  (of the connection, for its first request), else the connection is closed with a 408;
+- they may take at most `max_header_bytes`, else a 431 and the connection is closed;
+- past `max_connections` open connections, the one that has waited longest for a request's
+  headers is closed to make room; only when every connection has a request in flight is
+  the newcomer refused (503). So a thousand half-sent requests cost their sockets, never
+  the next client's answer.
+"""
+
+import json
+import resource
+import time
+from typing import TYPE_CHECKING, Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+if TYPE_CHECKING:
+    import asyncio
+
+REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large",
+           503: b"Service Unavailable"}  # fmt: skip
+
+
+def guarded_protocol(
+    max_connections: int, max_header_bytes: int, header_timeout_s: float
+) -> type[HttpToolsProtocol]:
+    """A uvicorn `http=` protocol class with these limits."""
+
+    class GuardedHttp(HttpToolsProtocol):
+        def connection_made(self, transport: "asyncio.Transport") -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self.header_timer: asyncio.TimerHandle | None = None
+            self._await_headers()
+            self._arm()
+            if len(self.connections) > max_connections:
+                self._make_room()
+
+        def _await_headers(self) -> None:
+            """A new request's headers are awaited (a new connection, or the end of an answer
+            on a kept-alive one)."""
+            self.reading_headers, self.header_bytes, self.tail = True, 0, b""
+            self.waiting_since = time.monotonic()
+
+        def _arm(self) -> None:
+            if self.header_timer is None:
+                self.header_timer = self.loop.call_later(header_timeout_s, self._late)
+
+        def _late(self) -> None:
+            self.header_timer = None
+            if self.reading_headers:
+                self.refuse(408, f"the request headers took longer than {header_timeout_s:g} s")
+
+        def _make_room(self) -> None:
+            waiting = [
+                c for c in self.connections
+                if c is not self and getattr(c, "reading_headers", False)
+                and not c.transport.is_closing()
+            ]  # fmt: skip
+            if waiting:
+                oldest = min(waiting, key=lambda c: getattr(c, "waiting_since", 0.0))
+                oldest.transport.close()
+            else:
+                self.refuse(503, f"{max_connections} connections are open, all busy")
+
+        def data_received(self, data: bytes) -> None:
+            if self.reading_headers and not self.transport.is_closing():
+                if self.header_bytes == 0 and self.header_timer is None:
+                    self._arm()  # a kept-alive connection starts its next request
+                window = self.tail + data
+                end = _header_end(window)
+                used = self.header_bytes - len(self.tail) + (len(window) if end < 0 else end)
+                if used > max_header_bytes:
+                    return self.refuse(
+                        431, f"request line and headers exceed {max_header_bytes} bytes"
+                    )
+                self.header_bytes += len(data)
+                self.tail = window[-3:]
+            super().data_received(data)
+
+        def on_headers_complete(self) -> None:
+            self.reading_headers = False
+            if self.header_timer is not None:
+                self.header_timer.cancel()
+                self.header_timer = None
+            super().on_headers_complete()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._await_headers()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self.header_timer is not None:
+                self.header_timer.cancel()
+                self.header_timer = None
+            super().connection_lost(exc)
+
+        def refuse(self, status: int, message: str) -> None:
+            """Answers `status` with `{"error": message}` and closes the connection."""
+            if self.transport.is_closing():
+                return
+            body = json.dumps({"error": message}).encode()
+            head = (
+                b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+                b"connection: close\r\n\r\n" % (status, REASONS[status], len(body))
+            )
+            self.transport.write(head + body)
+            self.transport.close()
+
+    return GuardedHttp
+
+
+def _header_end(data: bytes) -> int:
+    """The index just past the blank line ending the headers in `data`, or -1."""
+    ends = [i + len(mark) for mark in (b"\r\n\r\n", b"\n\n") if (i := data.find(mark)) >= 0]
+    return min(ends, default=-1)
+
+
+def raise_open_files_limit(wanted: int) -> int:
+    """Raises this process's open-file limit towards `wanted` (within the hard limit): a
+    socket per connection, and the default soft limit is often 1,024. Returns the limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
+def uvicorn_options(settings: Any) -> dict[str, Any]:
+    """The `uvicorn.run` arguments that enforce the connection limits of `settings`."""
+    raise_open_files_limit(settings.max_connections + 256)
+    return {
+        "http": guarded_protocol(
+            settings.max_connections, settings.max_header_bytes, settings.header_timeout_s
+        )
+    }

@@ -1,0 +1,92 @@
+"""Work too heavy for the event loop: parsing a large JSON body and encoding a large JSON
+answer run in worker processes, because `json.loads`/`json.dumps` hold the GIL for the whole
+call (34 MB of numbers: 0.78 s; a 1,024-row float answer: seconds), and a thread would stall
+every other request, health checks included, just as long.
+
+Small bodies and answers stay on the event loop: a process round trip costs more than
+parsing them (under `inline_bytes`, 128 KiB by default, about 3 ms of parsing at most).
+The functions sent to a worker are module-level and return plain data or NumPy arrays, which
+pickle as one buffer copy; `ServingError` pickles with its status.
+"""
+
+import asyncio
+import json
+import multiprocessing
+import threading
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, TypeVar
+
+from keras_attn_serving.protocol import ServingError, parse_json
+
+T = TypeVar("T")
+# A number written as JSON: about 20 characters (a float32 as a Python float), each costing
+# more to write than to read. Answers are sized with it for `Offload.run`.
+JSON_BYTES_PER_VALUE = 20
+
+
+class Offload:
+    """A lazily started pool of `processes` worker processes for calls on large data.
+
+    Args:
+        processes: worker processes (spawned, so they share nothing with the server's
+            onnxruntime threads).
+        inline_bytes: data smaller than this is handled in the calling thread.
+        tasks_per_process: a worker is replaced after this many calls (its memory returns).
+    """
+
+    def __init__(
+        self, processes: int = 1, inline_bytes: int = 128 << 10, tasks_per_process: int = 500
+    ) -> None:
+        if processes < 1:
+            raise ValueError(f"`processes` must be >= 1. Received: processes={processes}")
+        self.processes = processes
+        self.inline_bytes = inline_bytes
+        self.tasks_per_process = tasks_per_process
+        self._pool: ProcessPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def _executor(self) -> ProcessPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ProcessPoolExecutor(
+                    self.processes,
+                    mp_context=multiprocessing.get_context("spawn"),
+                    max_tasks_per_child=self.tasks_per_process,
+                )
+            return self._pool
+
+    def start(self) -> None:
+        """Starts the workers now (a worker's first call otherwise waits for its start)."""
+        for _ in range(self.processes):
+            self._executor().submit(int)
+
+    async def run(self, size: int, function: Callable[..., T], *args: Any) -> T:
+        """`function(*args)`: here when `size` (bytes) is under `inline_bytes`, else in a
+        worker process."""
+        if size < self.inline_bytes:
+            return function(*args)
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor(), function, *args)
+        except BrokenProcessPool:
+            # A worker died (killed for memory): a new pool takes the next call.
+            with self._lock:
+                self._pool = None
+            raise ServingError(503, "a worker process was restarted; retry the request") from None
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def parse_body(body: bytes) -> Any:
+    """`parse_json(body)`, as a module-level function a worker process can run."""
+    return parse_json(body)
+
+
+def dumps(value: Any) -> bytes:
+    return json.dumps(value).encode()

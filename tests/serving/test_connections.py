@@ -1,0 +1,143 @@
+"""Slow and hostile connections (issue 26): a deadline and a size cap for request headers, a
+cap on open connections that makes room instead of refusing health checks, HEAD, and
+internal errors counted. A real uvicorn server on loopback, over an empty repository (no
+model needed)."""
+
+import json
+import socket
+import time
+
+import httpx
+import pytest
+from keras_attn_serving.server import ModelRepository, create_app
+
+from tests.serving.test_server import serve_in_thread
+
+
+@pytest.fixture
+def serve(tmp_path):
+    stops = []
+
+    def start(**settings):
+        app = create_app(ModelRepository(tmp_path), **settings)
+        url, stop = serve_in_thread(app)
+        stops.append(stop)
+        host, port = url.removeprefix("http://").split(":")
+        return url, (host, int(port)), app
+
+    yield start
+    for stop in stops:
+        stop()
+
+
+def answer_of(sock, timeout=5.0):
+    """Everything the server writes until it closes the connection."""
+    sock.settimeout(timeout)
+    chunks = []
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except (ConnectionResetError, TimeoutError):
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_headers_that_never_finish_are_cut_at_the_deadline(serve):
+    """Before: a half-sent request held its connection for as long as the client liked."""
+    _, address, _ = serve(header_timeout_s=0.5)
+    with socket.create_connection(address) as silent, socket.create_connection(address) as slow:
+        slow.sendall(b"GET /v2 HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        started = time.monotonic()
+        answer = answer_of(slow)
+        waited = time.monotonic() - started
+        assert answer.startswith("HTTP/1.1 408"), answer[:200]
+        assert "longer than 0.5 s" in json.loads(answer.split("\r\n\r\n", 1)[1])["error"]
+        assert 0.3 < waited < 4
+        assert answer_of(silent).startswith("HTTP/1.1 408")  # never sent a byte
+
+
+def test_a_kept_alive_connection_gets_the_same_deadline_for_its_next_request(serve):
+    _, address, _ = serve(header_timeout_s=0.5)
+    with socket.create_connection(address) as sock:
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        first = b""
+        while not first.endswith(b"\r\n\r\n{}"):
+            first += sock.recv(4096)
+        assert first.startswith(b"HTTP/1.1 200"), first
+        sock.sendall(b"GET /v2 HTTP/1.1\r\nHo")  # the next request, never finished
+        assert answer_of(sock).startswith("HTTP/1.1 408")
+
+
+def test_headers_past_the_limit_get_431_and_a_body_does_not_count(serve):
+    """Before: a 1 MB header was accepted."""
+    url, address, _ = serve(max_header_bytes=4096)
+    with socket.create_connection(address) as sock:
+        sock.sendall(b"GET /v2 HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000)
+        answer = answer_of(sock)
+    assert answer.startswith("HTTP/1.1 431"), answer[:200]
+    assert "exceed 4096 bytes" in answer
+    # Headers and a 100 KB body sent in one write: only the headers count.
+    body = json.dumps({"inputs": [], "pad": "x" * 100_000}).encode()
+    response = httpx.post(url + "/v2/models/nope/infer", content=body)
+    assert response.status_code == 404, response.text
+    headers = {f"x-h{i}": "v" * 60 for i in range(40)}  # ~2.7 KB: under the limit
+    assert httpx.get(url + "/v2", headers=headers).status_code == 200
+
+
+def test_past_the_connection_cap_the_longest_waiting_connection_makes_room(serve):
+    """Before: 1,100 half-sent requests (under `ulimit -n 1024`) failed every health check
+    for 20 s. Now health is answered and the oldest half-sent connections are closed."""
+    url, address, _ = serve(max_connections=20, header_timeout_s=60)
+    held = []
+    try:
+        for _ in range(50):
+            sock = socket.create_connection(address)
+            sock.sendall(b"GET /v2 HTTP/1.1\r\nHost: x\r\n")  # never finished
+            held.append(sock)
+        for _ in range(10):
+            assert httpx.get(url + "/v2/health/live", timeout=5).status_code == 200
+        closed = 0
+        for sock in held:
+            sock.settimeout(0.01)
+            try:
+                closed += sock.recv(1) == b""
+            except TimeoutError:
+                pass
+            except ConnectionResetError:
+                closed += 1
+        assert closed >= 30  # the oldest ones; at most 20 stay open
+        assert all(s.fileno() >= 0 for s in held[-5:])
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_head_answers_get_routes_and_405_names_the_allowed_methods(serve):
+    """Before: HEAD was 405 on every GET route, without `Allow`."""
+    url, _, _ = serve()
+    head = httpx.head(url + "/v2")
+    assert head.status_code == 200 and head.content == b""
+    assert int(head.headers["content-length"]) == len(httpx.get(url + "/v2").content)
+    wrong = httpx.delete(url + "/v2/health/live")
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "GET"
+    assert wrong.json() == {"error": "Method Not Allowed"}
+
+
+def test_an_internal_error_is_counted_and_logged(serve, caplog):
+    """Before: a 500 was missing from /metrics and from the request log."""
+    url, _, app = serve()
+
+    def broken():
+        raise RuntimeError("boom at /secret/path")
+
+    app.state.repository.index = broken
+    with caplog.at_level("INFO", logger="keras_attn.serve"):
+        response = httpx.post(url + "/v2/repository/index")
+    assert response.status_code == 500 and response.json() == {"error": "internal error"}
+    metrics = httpx.get(url + "/metrics").text
+    assert 'keras_attn_errors_total{route="/v2/repository/index",status="500"} 1.0' in metrics
+    logged = [r for r in caplog.records if r.getMessage() == "request"]
+    assert any(r.status == 500 and r.path == "/v2/repository/index" for r in logged)
