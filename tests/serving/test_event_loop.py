@@ -162,3 +162,25 @@ def test_a_huge_prompt_is_refused_without_tokenizing_it_all(served):
     long = httpx.post(url + "/v2/models/slow/generate",
                       json={"text_input": "to be " * (limit // 7)}, timeout=60)  # fmt: skip
     assert long.status_code == 400 and "the prompt has more than" in long.json()["error"]
+
+
+def test_large_bodies_and_answers_take_the_worker_process(served, monkeypatch):
+    """Which calls the server hands to its worker process: decoding a large body and
+    encoding a large JSON answer; a small request stays on the event loop."""
+    url, _, app = served
+    offload, calls = app.state.offload, []
+    run = offload.run
+
+    async def recording(size, function, *args):
+        calls.append((function.__name__, size >= offload.inline_bytes))
+        return await run(size, function, *args)
+
+    monkeypatch.setattr(offload, "run", recording)
+    ids = {"name": "token_ids", "shape": [64, 24], "datatype": "INT32", "data": [5] * 64 * 24}
+    big = httpx.post(url + "/v2/models/slow/infer", json={"inputs": [ids]}, timeout=60)
+    assert big.status_code == 200
+    assert calls == [("decode_request", False), ("encode_response", True)]
+    calls.clear()
+    many = {"text_input": ["to be or not to be " * 400] * 64}
+    assert httpx.post(url + "/v2/models/cls/classify", json=many, timeout=60).status_code == 200
+    assert calls == [("parse_body", True), ("dumps", False)]

@@ -102,3 +102,23 @@ def test_error_messages_are_bounded_whatever_they_quote():
     error = ServingError(400, f"inputs must be ['token_ids']; received {names}")
     assert len(error.message) == 500 and error.message.endswith("…")
     assert ServingError(400, "short").message == "short"
+
+
+def test_the_offload_runs_large_work_in_another_process_and_keeps_error_statuses():
+    """json.loads/json.dumps hold the GIL for the whole call (34 MB of numbers: 0.78 s): in a
+    thread they stalled every request. Above `inline_bytes` they run in a worker process."""
+    import asyncio
+
+    from keras_attn_serving.offload import Offload, parse_body
+
+    offload = Offload(inline_bytes=1000)
+    try:
+        assert asyncio.run(offload.run(10, os.getpid)) == os.getpid()
+        assert asyncio.run(offload.run(10_000, os.getpid)) != os.getpid()
+        with pytest.raises(ServingError) as refused:
+            asyncio.run(offload.run(10_000, parse_body, b"{not json"))
+        assert refused.value.status == 400 and "not JSON" in refused.value.message
+    finally:
+        offload.close()
+    with pytest.raises(ValueError, match="`processes` must be >= 1"):
+        Offload(processes=0)
