@@ -2,8 +2,9 @@
 request's headers, no cap on their size, and no cap on open connections that would not also
 refuse health checks. `guarded_protocol` is uvicorn's httptools protocol with all three:
 
-- the request line and headers must arrive within `header_timeout_s` of their first byte
-  (of the connection, for its first request), else the connection is closed with a 408;
+- a request's line and headers must arrive within `header_timeout_s` of the connection's
+  start or the previous answer's end, else the connection is closed with a 408 (an idle
+  kept-alive connection is closed silently);
 - they may take at most `max_header_bytes`, else a 431 and the connection is closed;
 - past `max_connections` open connections, the one that has waited longest for a request's
   headers is closed to make room; only when every connection has a request in flight is
@@ -31,33 +32,44 @@ def guarded_protocol(
     """A uvicorn `http=` protocol class with these limits."""
 
     class GuardedHttp(HttpToolsProtocol):
+        # in_request: from a request's complete headers to its answer's end (never evicted).
+        # counting: header bytes are counted (from the end of the previous message).
         def connection_made(self, transport: "asyncio.Transport") -> None:  # type: ignore[override]
             super().connection_made(transport)
             self.header_timer: asyncio.TimerHandle | None = None
-            self._await_headers()
-            self._arm()
+            self.in_request, self.served, self.heard = False, False, False
+            self._count_headers()
+            self._wait()
             if len(self.connections) > max_connections:
                 self._make_room()
 
-        def _await_headers(self) -> None:
-            """A new request's headers are awaited (a new connection, or the end of an answer
-            on a kept-alive one)."""
-            self.reading_headers, self.header_bytes, self.tail = True, 0, b""
-            self.waiting_since = time.monotonic()
+        def _count_headers(self) -> None:
+            self.counting, self.header_bytes, self.tail = True, 0, b""
 
-        def _arm(self) -> None:
-            if self.header_timer is None:
-                self.header_timer = self.loop.call_later(header_timeout_s, self._late)
+        def _wait(self) -> None:
+            """No request in flight: the next one's headers are due within the deadline."""
+            self.waiting_since, self.heard = time.monotonic(), False
+            self._cancel()
+            self.header_timer = self.loop.call_later(header_timeout_s, self._late)
+
+        def _cancel(self) -> None:
+            if self.header_timer is not None:
+                self.header_timer.cancel()
+                self.header_timer = None
 
         def _late(self) -> None:
             self.header_timer = None
-            if self.reading_headers:
+            if self.in_request:
+                return
+            if self.served and not self.heard:  # an idle kept-alive connection
+                self.transport.close()
+            else:
                 self.refuse(408, f"the request headers took longer than {header_timeout_s:g} s")
 
         def _make_room(self) -> None:
             waiting = [
                 c for c in self.connections
-                if c is not self and getattr(c, "reading_headers", False)
+                if c is not self and not getattr(c, "in_request", True)
                 and not c.transport.is_closing()
             ]  # fmt: skip
             if waiting:
@@ -67,9 +79,8 @@ def guarded_protocol(
                 self.refuse(503, f"{max_connections} connections are open, all busy")
 
         def data_received(self, data: bytes) -> None:
-            if self.reading_headers and not self.transport.is_closing():
-                if self.header_bytes == 0 and self.header_timer is None:
-                    self._arm()  # a kept-alive connection starts its next request
+            self.heard = True
+            if self.counting and not self.transport.is_closing():
                 window = self.tail + data
                 end = _header_end(window)
                 used = self.header_bytes - len(self.tail) + (len(window) if end < 0 else end)
@@ -82,20 +93,22 @@ def guarded_protocol(
             super().data_received(data)
 
         def on_headers_complete(self) -> None:
-            self.reading_headers = False
-            if self.header_timer is not None:
-                self.header_timer.cancel()
-                self.header_timer = None
+            self.counting, self.in_request = False, True
+            self._cancel()
             super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            self._count_headers()  # what follows this message is the next one's headers
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            self._await_headers()
+            self.in_request, self.served = False, True
+            if not self.transport.is_closing():
+                self._wait()
 
         def connection_lost(self, exc: Exception | None) -> None:
-            if self.header_timer is not None:
-                self.header_timer.cancel()
-                self.header_timer = None
+            self._cancel()
             super().connection_lost(exc)
 
         def refuse(self, status: int, message: str) -> None:

@@ -7,10 +7,16 @@ Small bodies and answers stay on the event loop: a process round trip costs more
 parsing them (under `inline_bytes`, 128 KiB by default, about 3 ms of parsing at most).
 The functions sent to a worker are module-level and return plain data or NumPy arrays, which
 pickle as one buffer copy; `ServingError` pickles with its status.
+
+Workers are spawned, so, as with any spawned `multiprocessing` process, a script that builds
+and runs the server itself must do so under `if __name__ == "__main__":` (a worker imports
+the script's module). `keras-attn-serve` and `python -m keras_attn_serving` do. A worker pool
+that cannot start is logged once, and the work then runs in threads.
 """
 
 import asyncio
 import json
+import logging
 import multiprocessing
 import threading
 from collections.abc import Callable
@@ -20,6 +26,7 @@ from typing import Any, TypeVar
 
 from keras_attn_serving.protocol import ServingError, parse_json
 
+log = logging.getLogger("keras_attn.serve")
 T = TypeVar("T")
 # A number written as JSON: about 20 characters (a float32 as a Python float), each costing
 # more to write than to read. Answers are sized with it for `Offload.run`.
@@ -46,6 +53,7 @@ class Offload:
         self.tasks_per_process = tasks_per_process
         self._pool: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
+        self.threads_only = False  # set when the workers could not start
 
     def _executor(self) -> ProcessPoolExecutor:
         with self._lock:
@@ -57,16 +65,33 @@ class Offload:
                 )
             return self._pool
 
-    def start(self) -> None:
-        """Starts the workers now (a worker's first call otherwise waits for its start)."""
-        for _ in range(self.processes):
-            self._executor().submit(int)
+    def start(self, timeout_s: float = 120.0) -> bool:
+        """Starts the workers now and waits for them (a first call otherwise waits for its
+        worker's start); returns whether they run. If they cannot start, work runs in
+        threads from then on."""
+        try:
+            futures = [self._executor().submit(int) for _ in range(self.processes)]
+            for future in futures:
+                future.result(timeout_s)
+            return True
+        except (BrokenProcessPool, OSError, RuntimeError, TimeoutError):
+            log.error(
+                "the offload worker processes could not start; large bodies and answers are "
+                "handled in threads instead. A script that runs the server itself must do "
+                "so under `if __name__ == '__main__':` (the workers are spawned)",
+                exc_info=True,
+            )
+            self.close()
+            self.threads_only = True
+            return False
 
     async def run(self, size: int, function: Callable[..., T], *args: Any) -> T:
         """`function(*args)`: here when `size` (bytes) is under `inline_bytes`, else in a
         worker process."""
         if size < self.inline_bytes:
             return function(*args)
+        if self.threads_only:
+            return await asyncio.to_thread(function, *args)
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self._executor(), function, *args)
@@ -80,7 +105,10 @@ class Offload:
         with self._lock:
             pool, self._pool = self._pool, None
         if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+            try:
+                pool.shutdown(wait=True, cancel_futures=True)
+            except BrokenProcessPool:
+                pass
 
 
 def parse_body(body: bytes) -> Any:

@@ -180,13 +180,15 @@ class ModelRepository:
         # Triton's answer for a model that is not ready: a 400. The message names the folder
         # by model and version, never by its path on the server.
         reason = reason.replace(str(folder), f"{name}/{chosen}").replace(str(self.root), "")
-        failure = ServingError(400, f"model {name!r} version {chosen} is not ready: {reason}")
+        message = f"model {name!r} version {chosen} is not ready: {reason}"
         key = (name, chosen)
         with self._lock:
             previous = self._failed.get(key)
             delay = 1.0 if previous is None else min(2 * previous.delay, MAX_RETRY_S)
-            self._failed[key] = _Failure(signature, failure, time.monotonic() + delay, delay)
-        return failure
+            # Kept apart from the error raised now, whose traceback holds the request's frames.
+            kept = ServingError(400, message)
+            self._failed[key] = _Failure(signature, kept, time.monotonic() + delay, delay)
+        return ServingError(400, message)
 
     def sweep(self) -> int:
         """Unloads every loaded version whose folder was removed (its threads and memory

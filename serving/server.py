@@ -65,7 +65,7 @@ def create_app(
     async def lifespan(app: "FastAPI") -> AsyncIterator[None]:
         log.info("serving", extra={"repository": str(repository.root),
                                    "models": repository.names()})  # fmt: skip
-        offload.start()
+        await asyncio.to_thread(offload.start)
         sweeping = asyncio.create_task(_sweep(repository, settings.repository_poll_s))
         yield
         sweeping.cancel()

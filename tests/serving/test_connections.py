@@ -141,3 +141,24 @@ def test_an_internal_error_is_counted_and_logged(serve, caplog):
     assert 'keras_attn_errors_total{route="/v2/repository/index",status="500"} 1.0' in metrics
     logged = [r for r in caplog.records if r.getMessage() == "request"]
     assert any(r.status == 500 and r.path == "/v2/repository/index" for r in logged)
+
+
+def test_a_body_left_unread_by_an_early_answer_is_not_taken_for_headers(serve):
+    """An answer sent before its request's body was read (a 404 for an unknown model) left
+    the rest of the body arriving on the kept-alive connection, counted as the next
+    request's headers: the next request got a 431 (found by the fuzz suite)."""
+    _, address, _ = serve(max_header_bytes=4096)
+    rest = b"x" * 50_000
+    with socket.create_connection(address) as sock:
+        sock.sendall(b"POST /v2/models/nope/infer HTTP/1.1\r\nHost: x\r\nContent-Length: "
+                     + str(10 + len(rest)).encode() + b"\r\n\r\n" + b'{"pad": "x')  # fmt: skip
+        answer = b""
+        while b'"error"' not in answer:
+            answer += sock.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 404"), answer
+        sock.sendall(rest)  # the body's rest, after its answer
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        following = b""
+        while b"\r\n\r\n" not in following:
+            following += sock.recv(4096)
+    assert following.startswith(b"HTTP/1.1 200"), following

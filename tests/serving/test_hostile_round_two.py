@@ -122,3 +122,25 @@ def test_the_offload_runs_large_work_in_another_process_and_keeps_error_statuses
         offload.close()
     with pytest.raises(ValueError, match="`processes` must be >= 1"):
         Offload(processes=0)
+
+
+def test_an_offload_whose_workers_cannot_start_falls_back_to_threads(monkeypatch, caplog):
+    """A script that runs the server without `if __name__ == "__main__":` breaks spawned
+    workers; the server then logs why once and works in threads, never answering 503s."""
+    import asyncio
+    from concurrent.futures.process import BrokenProcessPool
+
+    from keras_attn_serving.offload import Offload
+
+    class Broken:
+        def submit(self, *args):
+            raise BrokenProcessPool("a child process terminated abruptly")
+
+        def shutdown(self, **kwargs):
+            pass
+
+    offload = Offload(inline_bytes=10)
+    monkeypatch.setattr(offload, "_executor", Broken)
+    assert offload.start() is False and offload.threads_only
+    assert "if __name__ == '__main__'" in caplog.text
+    assert asyncio.run(offload.run(1000, os.getpid)) == os.getpid()
