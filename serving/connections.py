@@ -32,12 +32,16 @@ def guarded_protocol(
     """A uvicorn `http=` protocol class with these limits."""
 
     class GuardedHttp(HttpToolsProtocol):
-        # in_request: from a request's complete headers to its answer's end (never evicted).
+        # in_request: from a request's complete headers to its answer's end.
+        # receiving: its headers came, its body has not all come (evictable, like a
+        #   connection waiting for headers: a body sent a byte at a time is a slowloris too).
         # counting: header bytes are counted (from the end of the previous message).
+        # heard: a new request began (its first byte was parsed) since the last answer.
         def connection_made(self, transport: "asyncio.Transport") -> None:  # type: ignore[override]
             super().connection_made(transport)
             self.header_timer: asyncio.TimerHandle | None = None
-            self.in_request, self.served, self.heard = False, False, False
+            self.in_request, self.receiving = False, False
+            self.served, self.heard = False, False
             self._count_headers()
             self._wait()
             if len(self.connections) > max_connections:
@@ -69,8 +73,8 @@ def guarded_protocol(
         def _make_room(self) -> None:
             waiting = [
                 c for c in self.connections
-                if c is not self and not getattr(c, "in_request", True)
-                and not c.transport.is_closing()
+                if c is not self and not c.transport.is_closing()
+                and (not getattr(c, "in_request", True) or getattr(c, "receiving", False))
             ]  # fmt: skip
             if waiting:
                 oldest = min(waiting, key=lambda c: getattr(c, "waiting_since", 0.0))
@@ -78,8 +82,11 @@ def guarded_protocol(
             else:
                 self.refuse(503, f"{max_connections} connections are open, all busy")
 
-        def data_received(self, data: bytes) -> None:
+        def on_message_begin(self) -> None:
             self.heard = True
+            super().on_message_begin()
+
+        def data_received(self, data: bytes) -> None:
             if self.counting and not self.transport.is_closing():
                 window = self.tail + data
                 end = _header_end(window)
@@ -93,18 +100,21 @@ def guarded_protocol(
             super().data_received(data)
 
         def on_headers_complete(self) -> None:
-            self.counting, self.in_request = False, True
+            self.counting, self.in_request, self.receiving = False, True, True
+            self.waiting_since = time.monotonic()
             self._cancel()
             super().on_headers_complete()
 
         def on_message_complete(self) -> None:
+            self.receiving = False
             super().on_message_complete()
             self._count_headers()  # what follows this message is the next one's headers
 
         def on_response_complete(self) -> None:
-            super().on_response_complete()
-            self.in_request, self.served = False, True
-            if not self.transport.is_closing():
+            super().on_response_complete()  # may start a pipelined request's answer
+            self.served = True
+            self.in_request = self.cycle is not None and not self.cycle.response_complete
+            if not self.in_request and not self.transport.is_closing():
                 self._wait()
 
         def connection_lost(self, exc: Exception | None) -> None:
@@ -114,6 +124,9 @@ def guarded_protocol(
         def refuse(self, status: int, message: str) -> None:
             """Answers `status` with `{"error": message}` and closes the connection."""
             if self.transport.is_closing():
+                return
+            if self.in_request:  # an answer may be half written: no second one inside it
+                self.transport.close()
                 return
             body = json.dumps({"error": message}).encode()
             head = (

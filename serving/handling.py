@@ -7,12 +7,12 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from keras_attn_serving.offload import parse_body
 from keras_attn_serving.predictor import InputError
-from keras_attn_serving.protocol import ServingError, bounded
+from keras_attn_serving.protocol import ServingError, bounded, shown
 
 if TYPE_CHECKING:
     import numpy as np
@@ -76,7 +76,7 @@ class Gate:
             # Also when the route raised (the 500 is written outside this middleware): an
             # internal error is counted and logged like any answer.
             seconds = time.perf_counter() - started
-            route = getattr(scope.get("route"), "path", "unmatched")
+            route = getattr(app_scope.get("route"), "path", "unmatched")
             self.metrics.observe(route, status[0], seconds)
             if self.log.isEnabledFor(logging.INFO):
                 self.log.info("request", extra={"method": scope["method"], "path": path,
@@ -125,13 +125,27 @@ async def read_body(request: "Request") -> bytes:
     if declared.isdigit() and int(declared) > max_body_bytes:
         raise ServingError(413, f"request body exceeds {max_body_bytes} bytes")
     # Counted while it arrives: a chunked body (no Content-Length) is refused once it
-    # passes the limit, never read whole first.
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_body_bytes:
-            raise ServingError(413, f"request body exceeds {max_body_bytes} bytes")
-        chunks.append(chunk)
+    # passes the limit, never read whole first; and it must arrive within the request
+    # timeout (a body sent a byte at a time held its connection for as long as it liked).
+    from starlette.requests import ClientDisconnect
+
+    chunks: list[bytes] = []
+    timeout = request.app.state.settings.request_timeout_s
+
+    async def receive() -> None:
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_body_bytes:
+                raise ServingError(413, f"request body exceeds {max_body_bytes} bytes")
+            chunks.append(chunk)
+
+    try:
+        await asyncio.wait_for(receive(), timeout)
+    except TimeoutError:
+        raise ServingError(408, f"the request body took longer than {timeout:g} s") from None
+    except ClientDisconnect:
+        raise ServingError(400, "the client disconnected before sending the body") from None
     body = b"".join(chunks)
     encoding = request.headers.get("content-encoding", "identity").lower()
     if encoding in ("gzip", "deflate"):  # tritonclient's request_compression_algorithm
@@ -144,7 +158,7 @@ async def read_body(request: "Request") -> bytes:
         except zlib.error as error:
             raise ServingError(400, f"body is not valid {encoding}: {error}") from None
     elif encoding != "identity":
-        raise ServingError(415, f"unsupported Content-Encoding {encoding!r}"[:200])
+        raise ServingError(415, f"unsupported Content-Encoding {shown(encoding)}")
     if len(body) > max_body_bytes:
         raise ServingError(413, f"request body exceeds {max_body_bytes} bytes")
     return body
@@ -161,20 +175,20 @@ async def predict(
     model: "tuple[int, Predictor, Batcher]",
     feeds: dict[str, "np.ndarray"],
     timeout_s: float | None = None,
-    outputs: Collection[str] | None = None,
 ) -> tuple[int, dict[str, "np.ndarray"]]:
     """`(version, outputs)` of `model` (`repository.batcher`'s answer) through its batcher,
-    within the request timeout. `outputs`: the names the answer will hold (default: all),
-    which the response-size limit counts."""
+    within the request timeout. The size limit counts every output the model computes,
+    whichever the answer holds (they are all in memory at once)."""
     state = request.app.state
     chosen, predictor, batcher = model
     arrays = predictor.check(feeds)
-    specs = [s for s in predictor.output_specs if outputs is None or s["name"] in outputs]
-    check_response_size(state.settings, specs, arrays)
+    check_response_size(state.settings, predictor.output_specs, arrays)
     try:
         future = batcher.submit(arrays)
-    except RuntimeError:
-        raise ServingError(503, "server is shutting down") from None
+    except RuntimeError:  # its batcher stopped: the version was unloaded, or a drain began
+        raise ServingError(
+            503, "the model version was unloaded or the server is shutting down; retry"
+        ) from None
     timeout = request_timeout(state.settings, timeout_s)
     try:
         return chosen, await asyncio.wait_for(asyncio.wrap_future(future), timeout)

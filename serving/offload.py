@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 import multiprocessing
+import pickle
 import threading
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -38,19 +39,20 @@ class Offload:
 
     Args:
         processes: worker processes (spawned, so they share nothing with the server's
-            onnxruntime threads).
+            onnxruntime threads). They live as long as the pool: Python 3.11's
+            `max_tasks_per_child` can leave calls waiting forever (CPython gh-115634).
         inline_bytes: data smaller than this is handled in the calling thread.
-        tasks_per_process: a worker is replaced after this many calls (its memory returns).
+        timeout_s: the longest a call may take in a worker (then a `ServingError` 503).
     """
 
     def __init__(
-        self, processes: int = 1, inline_bytes: int = 128 << 10, tasks_per_process: int = 500
+        self, processes: int = 1, inline_bytes: int = 128 << 10, timeout_s: float = 60.0
     ) -> None:
         if processes < 1:
             raise ValueError(f"`processes` must be >= 1. Received: processes={processes}")
         self.processes = processes
         self.inline_bytes = inline_bytes
-        self.tasks_per_process = tasks_per_process
+        self.timeout_s = timeout_s
         self._pool: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
         self.threads_only = False  # set when the workers could not start
@@ -59,9 +61,7 @@ class Offload:
         with self._lock:
             if self._pool is None:
                 self._pool = ProcessPoolExecutor(
-                    self.processes,
-                    mp_context=multiprocessing.get_context("spawn"),
-                    max_tasks_per_child=self.tasks_per_process,
+                    self.processes, mp_context=multiprocessing.get_context("spawn")
                 )
             return self._pool
 
@@ -87,18 +87,27 @@ class Offload:
 
     async def run(self, size: int, function: Callable[..., T], *args: Any) -> T:
         """`function(*args)`: here when `size` (bytes) is under `inline_bytes`, else in a
-        worker process."""
+        worker process, within `timeout_s`."""
+        timeout_s = self.timeout_s
         if size < self.inline_bytes:
             return function(*args)
         if self.threads_only:
             return await asyncio.to_thread(function, *args)
         loop = asyncio.get_running_loop()
+        pool = self._executor()
         try:
-            return await loop.run_in_executor(self._executor(), function, *args)
+            return await asyncio.wait_for(loop.run_in_executor(pool, function, *args), timeout_s)
+        except TimeoutError:
+            raise ServingError(503, f"the worker process took over {timeout_s:g} s") from None
+        except (RecursionError, pickle.PicklingError):
+            # Parsed, but too deeply nested to send back (pickle's limit is below JSON's).
+            raise ServingError(400, "the request is nested too deeply") from None
         except BrokenProcessPool:
             # A worker died (killed for memory): a new pool takes the next call.
             with self._lock:
-                self._pool = None
+                if self._pool is pool:
+                    self._pool = None
+            pool.shutdown(wait=False, cancel_futures=True)
             raise ServingError(503, "a worker process was restarted; retry the request") from None
 
     def close(self) -> None:

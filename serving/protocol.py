@@ -9,6 +9,7 @@ followed by raw tensor bytes, in input (or output) order; a tensor sent that way
 
 import json
 import math
+import reprlib
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
@@ -26,6 +27,16 @@ NUMPY_TO_V2 = {v: k for k, v in DATATYPES.items()}
 # The longest error message a client gets back: messages quote what the client sent (names,
 # values), and a 400 echoing 10,000 input names was 1.1 MB.
 MAX_ERROR_CHARS = 500
+
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlevel = 80, 80, 3
+_SHOWN.maxlist = _SHOWN.maxdict = _SHOWN.maxtuple = _SHOWN.maxset = 8
+
+
+def shown(value: Any) -> str:
+    """`repr(value)` cut as it is built: a client's 13 MB list is quoted in microseconds."""
+    return _SHOWN.repr(value)
 
 
 def bounded(message: str) -> str:
@@ -66,7 +77,7 @@ def _object(container, key, whose):
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise _bad(f"{whose} `{key}` must be an object; received {value!r}"[:200])
+        raise _bad(f"{whose} `{key}` must be an object; received {shown(value)}"[:200])
     return value
 
 
@@ -74,15 +85,15 @@ def _decode_bytes(raw, count, name):
     elements, offset = [], 0
     for _ in range(count):
         if offset + 4 > len(raw):
-            raise _bad(f"input {name!r}: BYTES data ends inside an element's length prefix")
+            raise _bad(f"input {shown(name)}: BYTES data ends inside an element's length prefix")
         length = int.from_bytes(raw[offset : offset + 4], "little")
         offset += 4
         if offset + length > len(raw):
-            raise _bad(f"input {name!r}: BYTES element longer than the data sent")
+            raise _bad(f"input {shown(name)}: BYTES element longer than the data sent")
         elements.append(raw[offset : offset + length])
         offset += length
     if offset != len(raw):
-        raise _bad(f"input {name!r}: {len(raw) - offset} bytes left after {count} elements")
+        raise _bad(f"input {shown(name)}: {len(raw) - offset} bytes left after {count} elements")
     return np.array(elements, dtype=object)
 
 
@@ -103,11 +114,11 @@ def _shape(tensor, name):
     if not isinstance(shape, list) or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
     ):
-        raise _bad(f"input {name!r}: `shape` must be a list of non-negative integers")
+        raise _bad(f"input {shown(name)}: `shape` must be a list of non-negative integers")
     if len(shape) > MAX_RANK or any(d > MAX_DIM for d in shape):
         # NumPy cannot even describe an empty array of [2**32, 2**32, 0].
         raise _bad(
-            f"input {name!r}: `shape` may have at most {MAX_RANK} dimensions of at most "
+            f"input {shown(name)}: `shape` may have at most {MAX_RANK} dimensions of at most "
             f"{MAX_DIM} each; received {shape}"[:300]
         )
     return shape
@@ -119,7 +130,8 @@ def decode_request(
     inputs: Mapping[str, Mapping[str, Any]] | None = None,
     max_rows: int | None = None,
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """`(request, feeds)`: the JSON header as a dict and `{input name: numpy array}`.
+    """`(request, feeds)`: the JSON header as a dict (without `inputs`) and
+    `{input name: numpy array}`.
 
     With the model's `inputs` (`{name: {"dtype": ...}}`, as in the manifest) and `max_rows`,
     every tensor's name, datatype and first dimension are checked before any data is
@@ -151,16 +163,20 @@ def decode_request(
     feeds, offset = {}, 0
     for tensor, (name, datatype, dtype, shape) in zip(request["inputs"], tensors, strict=True):
         count = math.prod(shape)  # Python integers: [2**32, 2**32] does not wrap to 0
-        size = _object(tensor, "parameters", f"input {name!r}").get("binary_data_size")
+        size = _object(tensor, "parameters", f"input {shown(name)}").get("binary_data_size")
         if size is not None:
             if not isinstance(size, int) or size < 0 or offset + size > len(binary):
-                raise _bad(f"input {name!r}: binary_data_size {size!r} exceeds the data sent"[:200])
+                raise _bad(
+                    f"input {shown(name)}: binary_data_size {shown(size)} exceeds the data sent"[
+                        :200
+                    ]
+                )
             raw, offset = binary[offset : offset + size], offset + size
             if dtype == "object":
                 array = _decode_bytes(raw, count, name)
             elif size != count * np.dtype(dtype).itemsize:
                 raise _bad(
-                    f"input {name!r}: {size} bytes do not hold shape {shape} of "
+                    f"input {shown(name)}: {size} bytes do not hold shape {shape} of "
                     f"{datatype} ({count * np.dtype(dtype).itemsize} bytes)"
                 )
             else:
@@ -169,19 +185,23 @@ def decode_request(
             try:
                 array = np.asarray(tensor["data"], dtype=dtype)
             except (ValueError, TypeError, OverflowError, RecursionError) as error:
-                raise _bad(f"input {name!r}: data is not {datatype}: {error}"[:300]) from None
+                raise _bad(f"input {shown(name)}: data is not {datatype}: {error}"[:300]) from None
             if dtype == "object":
                 array = np.array([str(x).encode() for x in array.ravel()], dtype=object)
         else:
-            raise _bad(f"input {name!r} has neither `data` nor `binary_data_size`")
+            raise _bad(f"input {shown(name)} has neither `data` nor `binary_data_size`")
         if array.size != count:
             raise _bad(
-                f"input {name!r}: shape {shape} needs {count} values; received {array.size}"[:300]
+                f"input {shown(name)}: shape {shape} needs {count} values; received {array.size}"[
+                    :300
+                ]
             )
         feeds[name] = array.reshape(shape)
     if offset != len(binary):
         raise _bad(f"{len(binary) - offset} bytes of binary data belong to no input")
-    return request, feeds
+    # The request without its inputs: the data travels once, as arrays (from a worker
+    # process, unpickling a million-number list would hold the event loop).
+    return {k: v for k, v in request.items() if k != "inputs"}, feeds
 
 
 def _tensor_header(tensor, inputs, max_rows):
@@ -190,22 +210,22 @@ def _tensor_header(tensor, inputs, max_rows):
         raise _bad("each input needs name, shape and datatype")
     name = tensor["name"]
     if not isinstance(name, str):
-        raise _bad(f"input names must be strings; received {name!r}"[:200])
+        raise _bad(f"input names must be strings; received {shown(name)}"[:200])
     if inputs is not None and name not in inputs:
-        raise _bad(f"unknown input {name!r}; the model takes {sorted(inputs)}"[:300])
+        raise _bad(f"unknown input {shown(name)}; the model takes {sorted(inputs)}"[:300])
     datatype = tensor["datatype"]
     dtype = DATATYPES.get(datatype) if isinstance(datatype, str) else None
     if dtype is None:
-        message = f"input {name!r}: unsupported datatype {datatype!r}; use one of "
+        message = f"input {shown(name)}: unsupported datatype {datatype!r}; use one of "
         raise _bad(f"{message}{sorted(DATATYPES)}"[:300])
     wanted = None if inputs is None else inputs[name].get("dtype")
     if dtype == "object" and wanted not in (None, "object"):
         wanted = NUMPY_TO_V2.get(wanted, wanted)
-        raise _bad(f"input {name!r} takes datatype {wanted}; received BYTES")
+        raise _bad(f"input {shown(name)} takes datatype {wanted}; received BYTES")
     shape = _shape(tensor, name)
     if max_rows is not None and shape and shape[0] > max_rows:
         raise ServingError(
-            413, f"input {name!r} has {shape[0]} rows; at most {max_rows} per request "
+            413, f"input {shown(name)} has {shape[0]} rows; at most {max_rows} per request "
                  "(--max-rows-per-request)",
         )  # fmt: skip
     return name, datatype, dtype, shape
@@ -225,7 +245,7 @@ def client_timeout_s(timeout_us: Any) -> float | None:
     ):
         raise _bad(
             "`parameters.timeout` must be a non-negative number of microseconds; received "
-            f"{timeout_us!r}"[:200]
+            f"{shown(timeout_us)}"[:200]
         )
     return timeout_us / 1e6
 
@@ -270,7 +290,9 @@ def encode_response(
         array = np.asarray(outputs[name])
         datatype = NUMPY_TO_V2.get(str(array.dtype))
         if datatype is None:
-            raise ServingError(500, f"output {name!r} has dtype {array.dtype}, not a v2 datatype")
+            raise ServingError(
+                500, f"output {shown(name)} has dtype {array.dtype}, not a v2 datatype"
+            )
         tensor: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
         if binary:
             raw = (

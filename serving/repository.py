@@ -21,6 +21,7 @@ from keras_attn_serving.protocol import ServingError
 from keras_attn_serving.settings import ModelConfig
 
 log = logging.getLogger("keras_attn.serve")
+MANIFEST = "manifest.json"
 MAX_RETRY_S = 60.0  # the longest wait before a failed version is loaded again
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")  # a folder name, never a path
 
@@ -67,6 +68,8 @@ class ModelRepository:
         self._loaded: dict[tuple[str, int], _Entry] = {}
         self._failed: dict[tuple[str, int], _Failure] = {}
         self._loading: dict[tuple[str, int], threading.Lock] = {}
+        # Loads in progress for `load` (touched only on the event loop).
+        self._pending: dict[tuple[str, int], asyncio.Future] = {}
         self._lock = threading.Lock()
 
     def names(self) -> list[str]:
@@ -127,7 +130,17 @@ class ModelRepository:
         ready = self._current(name, chosen, _signature(folder))
         if ready is not None:
             return chosen, *ready
-        return await asyncio.to_thread(self._loaded_or_load, name, chosen, folder)
+        # One thread per loading version: the other requests for it await that load
+        # instead of each taking a thread of the default pool to wait on its lock.
+        key = (name, chosen)
+        pending = self._pending.get(key)
+        if pending is None:
+            pending = asyncio.ensure_future(
+                asyncio.to_thread(self._loaded_or_load, name, chosen, folder)
+            )
+            self._pending[key] = pending
+            pending.add_done_callback(lambda _: self._pending.pop(key, None))
+        return await asyncio.shield(pending)
 
     def _current(self, name, chosen, signature):
         """The loaded `(predictor, batcher)` if it is the folder's current content; raises the
@@ -193,16 +206,20 @@ class ModelRepository:
     def sweep(self) -> int:
         """Unloads every loaded version whose folder was removed (its threads and memory
         return); returns how many. The server runs it every `poll_s` seconds."""
+        with self._lock:
+            loaded, failed = list(self._loaded), list(self._failed)
+        # The file system is asked outside the lock, which requests take.
+        removed = [k for k in loaded if not (self.root / k[0] / str(k[1]) / MANIFEST).is_file()]
+        forgotten = [k for k in failed if not (self.root / k[0] / str(k[1])).is_dir()]
         gone = []
         with self._lock:
-            for key in list(self._loaded):
-                name, version = key
-                if not (self.root / name / str(version) / "manifest.json").is_file():
+            for key in removed:
+                if key in self._loaded:
                     gone.append(self._loaded.pop(key))
-                    self._failed.pop(key, None)
-                    log.info("unloaded", extra={"model": name, "version": version})
-            for key in [k for k in self._failed if not (self.root / k[0] / str(k[1])).is_dir()]:
-                del self._failed[key]
+                    log.info("unloaded", extra={"model": key[0], "version": key[1]})
+            for key in removed + forgotten:
+                self._failed.pop(key, None)
+                self._loading.pop(key, None)
         count = len(gone)
         _retire(gone)
         return count

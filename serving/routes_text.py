@@ -13,8 +13,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from keras_attn_serving.handling import json_body, predict, request_timeout
 from keras_attn_serving.offload import JSON_BYTES_PER_VALUE, dumps
-from keras_attn_serving.protocol import ServingError
-from keras_attn_serving.text import CHARS_PER_TOKEN, TEXT_PARAMETERS, TextModel
+from keras_attn_serving.protocol import ServingError, shown
+from keras_attn_serving.text import CHARS_PER_TOKEN, TEXT_PARAMETERS, TextModel, word_prefix
 
 router = APIRouter()
 
@@ -42,7 +42,9 @@ async def text_task(
         )  # fmt: skip
     parameters = payload.get("parameters")
     if parameters is not None and not isinstance(parameters, dict):
-        raise ServingError(400, f"`parameters` must be an object; received {parameters!r}"[:300])
+        raise ServingError(
+            400, f"`parameters` must be an object; received {shown(parameters)}"[:300]
+        )
     unknown = sorted(set(parameters or {}) - TEXT_PARAMETERS[task])
     if unknown:  # never silently ignored (temperature on a greedy decoder, a typo)
         supported = ", ".join(sorted(TEXT_PARAMETERS[task])) or "none"
@@ -89,7 +91,11 @@ async def text_outputs(
 ) -> tuple[dict[str, str], TextModel, dict[str, "np.ndarray"], list[list[int]], dict[str, Any]]:
     chosen, model, payload, parameters = await text_task(request, name, version, task)
     texts = capped_texts(request, payload)
-    chars = min(sum(map(len, texts)), len(texts) * CHARS_PER_TOKEN * (model.room() or 1 << 20))
+    room = model.room()
+    # What will be tokenized: each text's prefix that holds `room` ids, or all of it (a text
+    # without ASCII whitespace cannot be cut short, and goes to the thread).
+    chars = sum(len(t) if room is None else len(word_prefix(t, CHARS_PER_TOKEN * (room + 1)))
+                for t in texts)  # fmt: skip
     feeds, packed = await off_loop(chars, model.encode, texts)
     assert model.batcher is not None  # text_task built it with the server's batcher
     _, outputs = await predict(request, (chosen, model.predictor, model.batcher), feeds)
@@ -118,7 +124,9 @@ async def embed(name: str, request: Request, version: str | None = None):
     header, model, outputs, packed, parameters = await text_outputs(request, name, version, "embed")
     normalize = parameters.get("normalize", model.embedding["normalize"])
     if not isinstance(normalize, bool):
-        raise ServingError(400, f"`normalize` must be true or false; received {normalize!r}"[:200])
+        raise ServingError(
+            400, f"`normalize` must be true or false; received {shown(normalize)}"[:200]
+        )
     pooling = parameters.get("pooling", model.embedding["pooling"])
     vectors = model.embed(outputs, packed, pooling, normalize)
     return await json_answer(request, {**header, "embeddings": vectors}, outputs)
@@ -131,7 +139,7 @@ async def generation(
     chosen, model, payload, parameters = await text_task(request, name, version, "generate")
     text = payload.get("text_input")
     if not isinstance(text, str):
-        raise ServingError(400, f"`text_input` must be one string; received {text!r}"[:200])
+        raise ServingError(400, f"`text_input` must be one string; received {shown(text)}"[:200])
     (text,) = TextModel.texts(payload)  # valid Unicode
     limit = request.app.state.settings.max_text_chars
     if len(text) > limit:
@@ -142,13 +150,13 @@ async def generation(
     stop = parameters.get("stop_token_ids", [])
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
         raise ServingError(400, f"`max_tokens` must be an integer >= 1; received "
-                                f"{max_tokens!r}"[:200])  # fmt: skip
+                                f"{shown(max_tokens)}"[:200])  # fmt: skip
     size = model.words.vocabulary_size
     if not isinstance(stop, list) or not all(
         isinstance(t, int) and not isinstance(t, bool) and 0 <= t < size for t in stop
     ):
         raise ServingError(400, f"`stop_token_ids` must be a list of ids in [0, {size}); "
-                                f"received {stop!r}"[:300])  # fmt: skip
+                                f"received {shown(stop)}"[:300])  # fmt: skip
     header = {"model_name": name, "model_version": str(chosen)}
     prompt = await off_loop(len(text), model.prompt, text)
     return header, model, prompt, max_tokens, stop

@@ -84,7 +84,7 @@ async def infer(name: str, request: Request, version: str | None = None):
     timeout_us = (payload.get("parameters") or {}).get("timeout")  # tritonclient's, in µs
     timeout_s = client_timeout_s(timeout_us)
     wanted = requested_outputs(payload, predictor.output_names)
-    _, outputs = await predict(request, model, feeds, timeout_s, [n for n, _ in wanted])
+    _, outputs = await predict(request, model, feeds, timeout_s)
     header = {"model_name": name, "model_version": str(chosen)}
     if "id" in payload:
         header["id"] = payload["id"]

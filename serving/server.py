@@ -59,7 +59,7 @@ def create_app(
     if repository.on_batch is None:
         repository.on_batch = metrics.on_batch
 
-    offload = Offload(settings.offload_processes)
+    offload = Offload(settings.offload_processes, timeout_s=settings.request_timeout_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: "FastAPI") -> AsyncIterator[None]:

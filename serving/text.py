@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from keras_attn_serving.protocol import ServingError
+from keras_attn_serving.protocol import ServingError, shown
 
 if TYPE_CHECKING:
     from keras_attn_serving.batching import Batcher
@@ -36,7 +36,7 @@ CHARS_PER_TOKEN = 8
 WORD_BOUNDARY = re.compile(r"[ \t\n\r]")  # whitespace to every tokenizer here
 
 
-def _prefix(text: str, chars: int) -> str:
+def word_prefix(text: str, chars: int) -> str:
     """`text` up to the first ASCII whitespace at or after `chars` (all of it if none)."""
     if len(text) <= chars:
         return text
@@ -96,7 +96,7 @@ class TextModel:
         if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
             raise ServingError(
                 400, "request body must be {\"text_input\": a string or a non-empty list of "
-                     f"strings}}; received text_input={text!r}"[:300],
+                     f"strings}}; received text_input={shown(text)}"[:300],
             )  # fmt: skip
         for index, one in enumerate(texts):
             try:
@@ -127,7 +127,7 @@ class TextModel:
         found: list[list[int]] = [[] for _ in texts]
         pending, chars = list(range(len(texts))), CHARS_PER_TOKEN * (keep + 1)
         while pending:
-            cuts = [_prefix(texts[i], chars) for i in pending]
+            cuts = [word_prefix(texts[i], chars) for i in pending]
             still = []
             for i, cut, ids in zip(pending, cuts, self.words.encode(cuts), strict=True):
                 if len(ids) >= keep or len(cut) == len(texts[i]):

@@ -101,7 +101,10 @@ def test_health_stays_fast_while_hostile_requests_are_in_flight(served):
                 latencies.append(time.perf_counter() - started)
                 time.sleep(0.01)
 
+    # Bodies encoded before the clock starts: the server runs in this process, and httpx
+    # encoding 13 MB of JSON in a sender thread would hold the GIL the server needs.
     texts = [("to be or not to be " * 700)[:13_000] for _ in range(1000)]  # 13 MB
+    text_body = json.dumps({"text_input": texts}).encode()
     numbers = json.dumps({"inputs": [{"name": "token_ids", "shape": [4, 4], "datatype": "INT32",
                                       "data": list(range(1_800_000))}]})  # fmt: skip
     header = json.dumps({"inputs": [{"name": "token_ids", "shape": [1024, 4096],
@@ -109,7 +112,7 @@ def test_health_stays_fast_while_hostile_requests_are_in_flight(served):
                                      "parameters": {"binary_data_size": 16_000_000}}]})  # fmt: skip
     assert 14 << 20 < len(numbers) < 16 << 20
     hostile = {
-        "text": lambda c: c.post(url + "/v2/models/cls/classify", json={"text_input": texts}),
+        "text": lambda c: c.post(url + "/v2/models/cls/classify", content=text_body),
         "json": lambda c: c.post(url + "/v2/models/cls/infer", content=numbers),
         "bytes": lambda c: c.post(
             url + "/v2/models/cls/infer", content=header.encode() + bytes(16_000_000),
@@ -184,3 +187,36 @@ def test_large_bodies_and_answers_take_the_worker_process(served, monkeypatch):
     many = {"text_input": ["to be or not to be " * 400] * 64}
     assert httpx.post(url + "/v2/models/cls/classify", json=many, timeout=60).status_code == 200
     assert calls == [("parse_body", True), ("dumps", False)]
+
+
+def test_a_body_sent_a_byte_at_a_time_is_cut_and_makes_room(served):
+    """Before: once its headers were in, a request whose body trickled in was never evicted
+    and never timed out: a thousand of them filled every connection and health checks got
+    503."""
+    _, root, _ = served
+    url, stop = serve_in_thread(create_app(ModelRepository(root), request_timeout_s=1.0,
+                                           max_connections=20))  # fmt: skip
+    host, port = url.removeprefix("http://").split(":")
+    head = (b"POST /v2/models/cls/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n"
+            b'{"inputs": [')  # fmt: skip
+    slow = socket.create_connection((host, int(port)))
+    held = [slow]
+    try:
+        slow.sendall(head)
+        answer = b""
+        slow.settimeout(10)
+        while b'"error"' not in answer:
+            answer += slow.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 408"), answer
+        assert b"body took longer than 1 s" in answer
+        for _ in range(40):
+            sock = socket.create_connection((host, int(port)))
+            sock.sendall(head)
+            held.append(sock)
+        time.sleep(0.3)
+        for _ in range(10):
+            assert httpx.get(url + "/v2/health/live", timeout=5).status_code == 200
+    finally:
+        for sock in held:
+            sock.close()
+        stop()

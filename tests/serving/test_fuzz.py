@@ -450,6 +450,9 @@ IDS_1X1 = {"name": "token_ids", "shape": [1, 1], "datatype": "INT32", "data": [1
                                                    "datatype": "INT32", "data": []}]})),
         ("/v2/models/lm/infer", dumps({"inputs": [{"name": "token_ids", "shape": [1024, 4096],
                                                    "datatype": "BYTES", "data": ["a"]}]})),
+        # Parsed in the worker process (over 128 KiB), but nested deeper than pickle goes.
+        ("/v2/models/lm/infer", b'{"inputs": [], "deep": ' + b"[" * 700 + b"]" * 700
+         + b', "pad": "' + b"x" * 200_000 + b'"}'),
         # Negative and non-finite parameters.
         ("/v2/models/lm/infer", dumps({"inputs": [IDS_1X1], "parameters": {"timeout": -5}})),
         ("/v2/models/lm/infer", b'{"inputs": [], "parameters": {"timeout": -Infinity}}'),
