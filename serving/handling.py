@@ -10,9 +10,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from keras_attn_serving.offload import parse_body
 from keras_attn_serving.predictor import InputError
-from keras_attn_serving.protocol import ServingError, bounded, shown
+from keras_attn_serving.protocol import ServingError, bounded, parse_json, shown
 
 if TYPE_CHECKING:
     import numpy as np
@@ -167,7 +166,7 @@ async def read_body(request: "Request") -> bytes:
 async def json_body(request: "Request") -> Any:
     """The body parsed as JSON (a large body in a worker process: see `offload`)."""
     body = await read_body(request)
-    return await request.app.state.offload.run(len(body), parse_body, body)
+    return await request.app.state.offload.run(len(body), parse_json, body)
 
 
 async def predict(

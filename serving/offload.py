@@ -25,7 +25,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
-from keras_attn_serving.protocol import ServingError, parse_json
+from keras_attn_serving.protocol import ServingError
 
 log = logging.getLogger("keras_attn.serve")
 T = TypeVar("T")
@@ -118,11 +118,6 @@ class Offload:
                 pool.shutdown(wait=True, cancel_futures=True)
             except BrokenProcessPool:
                 pass
-
-
-def parse_body(body: bytes) -> Any:
-    """`parse_json(body)`, as a module-level function a worker process can run."""
-    return parse_json(body)
 
 
 def dumps(value: Any) -> bytes:

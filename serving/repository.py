@@ -15,13 +15,12 @@ from typing import NamedTuple
 
 import numpy as np
 from keras_attn_serving.batching import Batcher
-from keras_attn_serving.manifest import ArtifactError
+from keras_attn_serving.manifest import MANIFEST, ArtifactError
 from keras_attn_serving.predictor import InputError, Predictor
 from keras_attn_serving.protocol import ServingError
 from keras_attn_serving.settings import ModelConfig
 
 log = logging.getLogger("keras_attn.serve")
-MANIFEST = "manifest.json"
 MAX_RETRY_S = 60.0  # the longest wait before a failed version is loaded again
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")  # a folder name, never a path
 

@@ -186,7 +186,7 @@ def test_large_bodies_and_answers_take_the_worker_process(served, monkeypatch):
     calls.clear()
     many = {"text_input": ["to be or not to be " * 400] * 64}
     assert httpx.post(url + "/v2/models/cls/classify", json=many, timeout=60).status_code == 200
-    assert calls == [("parse_body", True), ("dumps", False)]
+    assert calls == [("parse_json", True), ("dumps", False)]
 
 
 def test_a_body_sent_a_byte_at_a_time_is_cut_and_makes_room(served):

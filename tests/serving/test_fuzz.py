@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import struct
 import subprocess
 import sys
@@ -29,6 +28,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from keras_attn_serving.protocol import DATATYPES
+
+from tests.serving.test_server import free_port
 
 EXAMPLES = int(os.environ.get("KERAS_ATTN_FUZZ_EXAMPLES", "0"))
 LONG = EXAMPLES > 0
@@ -153,12 +154,6 @@ WARM_UP = [
     ("/v2/models/nope/infer", {}),
     *[(f"/v2/models/{name}/infer", {"inputs": [IDS_2X3]}) for name in BROKEN],
 ]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def server_rss(pid):

@@ -109,14 +109,15 @@ def test_the_offload_runs_large_work_in_another_process_and_keeps_error_statuses
     thread they stalled every request. Above `inline_bytes` they run in a worker process."""
     import asyncio
 
-    from keras_attn_serving.offload import Offload, parse_body
+    from keras_attn_serving.offload import Offload
+    from keras_attn_serving.protocol import parse_json
 
     offload = Offload(inline_bytes=1000)
     try:
         assert asyncio.run(offload.run(10, os.getpid)) == os.getpid()
         assert asyncio.run(offload.run(10_000, os.getpid)) != os.getpid()
         with pytest.raises(ServingError) as refused:
-            asyncio.run(offload.run(10_000, parse_body, b"{not json"))
+            asyncio.run(offload.run(10_000, parse_json, b"{not json"))
         assert refused.value.status == 400 and "not JSON" in refused.value.message
     finally:
         offload.close()
