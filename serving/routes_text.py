@@ -14,7 +14,7 @@ from fastapi.responses import Response, StreamingResponse
 from keras_attn_serving.handling import json_body, predict, request_timeout
 from keras_attn_serving.offload import JSON_BYTES_PER_VALUE, dumps
 from keras_attn_serving.protocol import ServingError, shown
-from keras_attn_serving.text import CHARS_PER_TOKEN, TEXT_PARAMETERS, TextModel, word_prefix
+from keras_attn_serving.text import TEXT_PARAMETERS, TextModel
 
 router = APIRouter()
 
@@ -79,8 +79,8 @@ async def json_answer(
 
 
 async def off_loop(chars: int, function: Any, *args: Any) -> Any:
-    """`function(*args)` in a thread when it tokenizes more than a few thousand characters
-    (the tokenizer lets go of the GIL), else here."""
+    """`function(*args)` in a thread when it is given more than a few thousand characters
+    to tokenize (the tokenizer lets go of the GIL), else here."""
     if chars < 16_384:
         return function(*args)
     return await asyncio.to_thread(function, *args)
@@ -91,12 +91,7 @@ async def text_outputs(
 ) -> tuple[dict[str, str], TextModel, dict[str, "np.ndarray"], list[list[int]], dict[str, Any]]:
     chosen, model, payload, parameters = await text_task(request, name, version, task)
     texts = capped_texts(request, payload)
-    room = model.room()
-    # What will be tokenized: each text's prefix that holds `room` ids, or all of it (a text
-    # without ASCII whitespace cannot be cut short, and goes to the thread).
-    chars = sum(len(t) if room is None else len(word_prefix(t, CHARS_PER_TOKEN * (room + 1)))
-                for t in texts)  # fmt: skip
-    feeds, packed = await off_loop(chars, model.encode, texts)
+    feeds, packed = await off_loop(sum(map(len, texts)), model.encode, texts)
     assert model.batcher is not None  # text_task built it with the server's batcher
     _, outputs = await predict(request, (chosen, model.predictor, model.batcher), feeds)
     header = {"model_name": name, "model_version": str(chosen)}
