@@ -36,10 +36,23 @@ def test_main_job_toy_pipeline(tmp_path):
 
 
 def test_readme_python_blocks_run():
+    """As a user runs them: each block in a new interpreter (faulthandler on, so a crash
+    shows where), printing what the README says it prints."""
+    import subprocess
+    import sys
+
     blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
     assert blocks, "README should show the library in use"
+    printed = []
     for block in blocks:
-        exec(compile(block, "README.md", "exec"), {})
+        done = subprocess.run(
+            [sys.executable, "-X", "faulthandler", "-c", block],
+            capture_output=True, text=True, timeout=600, check=False, cwd=ROOT,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        printed += done.stdout.splitlines()
+    assert "(1, 5, 64)" in printed and "(1, 3)" in printed, printed
+    assert float(printed[-1]) <= 1e-4  # the README ends on the export parity figure
 
 
 # Each example at toy size: it runs end to end and reports its metric in range. The figures
