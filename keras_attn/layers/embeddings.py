@@ -36,9 +36,13 @@ class TokenEmbedding(keras.layers.Layer):
         mask_zero: bool. Id 0 is padding: the layer emits a padding mask (`True` = real token)
             that Keras carries to every later layer. Defaults to `False`.
         embeddings_initializer: initializer of `E`. Defaults to `"glorot_uniform"`.
+        tie_weights: bool. `reverse=True` projects with `E` itself (GPT-2); `False` gives the
+            output projection its own matrix `reverse_embeddings (vocabulary_size,
+            embedding_dim)` (Llama's untied `lm_head`). Defaults to `True`.
     Call arguments:
         inputs: int ids `(batch, seq_len)`, or with `reverse=True` float `(..., embedding_dim)`.
-        reverse: bool. Project to logits with `Eᵀ` instead of looking up.
+        reverse: bool. Project to logits with `Eᵀ` (or the untied matrix) instead of looking
+            up.
     Returns:
         `(batch, seq_len, embedding_dim)`, or logits `(..., vocabulary_size)` with `reverse`.
     Example:
@@ -53,11 +57,13 @@ class TokenEmbedding(keras.layers.Layer):
         embedding_dim: int,
         mask_zero: bool = False,
         embeddings_initializer: Initializer = "glorot_uniform",
+        tie_weights: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         check_positive_int("vocabulary_size", vocabulary_size)
         check_positive_int("embedding_dim", embedding_dim)
+        self.tie_weights = bool(tie_weights)
         self.vocabulary_size = vocabulary_size
         self.embedding_dim = embedding_dim
         self.mask_zero = mask_zero
@@ -70,6 +76,13 @@ class TokenEmbedding(keras.layers.Layer):
             shape=(self.vocabulary_size, self.embedding_dim),
             initializer=self.embeddings_initializer,
         )
+        self.reverse_embeddings = None
+        if not self.tie_weights:
+            self.reverse_embeddings = self.add_weight(
+                name="reverse_embeddings",
+                shape=(self.vocabulary_size, self.embedding_dim),
+                initializer=self.embeddings_initializer,
+            )
 
     def call(self, inputs: Tensor, reverse: bool = False) -> Tensor:
         if reverse:
@@ -78,7 +91,8 @@ class TokenEmbedding(keras.layers.Layer):
                     f"`reverse=True` needs inputs of depth embedding_dim={self.embedding_dim}. "
                     f"Received: inputs.shape={tuple(inputs.shape)}"
                 )
-            kernel = ops.cast(self.embeddings, self.compute_dtype)
+            table = self.embeddings if self.reverse_embeddings is None else self.reverse_embeddings
+            kernel = ops.cast(table, self.compute_dtype)
             return ops.matmul(inputs, ops.transpose(kernel))
         if "int" not in keras.backend.standardize_dtype(inputs.dtype):
             inputs = ops.cast(inputs, "int32")
@@ -98,6 +112,7 @@ class TokenEmbedding(keras.layers.Layer):
             "embedding_dim": self.embedding_dim,
             "mask_zero": self.mask_zero,
             "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
+            "tie_weights": self.tie_weights,
         }
 
 
@@ -124,7 +139,7 @@ class SegmentEmbedding(TokenEmbedding):
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
-        del config["vocabulary_size"], config["mask_zero"]
+        del config["vocabulary_size"], config["mask_zero"], config["tie_weights"]
         return {**config, "num_segments": self.num_segments}
 
 

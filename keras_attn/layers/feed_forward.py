@@ -47,7 +47,8 @@ def get_activation(name: str) -> Callable[[Tensor], Tensor]:
 
 @keras.saving.register_keras_serializable(package="keras_attn")
 class FeedForward(keras.layers.Layer):
-    """`W_2 · act(W_1 · x + b_1) + b_2`, applied to each position independently.
+    """`W_2 · act(W_1 · x + b_1) + b_2`, applied to each position independently; gated
+    (`gated=True`, GLU variants such as Llama's SwiGLU): `W_2 · (act(W_g · x) ⊙ (W_1 · x))`.
 
     Args:
         intermediate_dim: int. Hidden width (4× the model width in Vaswani et al.).
@@ -55,6 +56,8 @@ class FeedForward(keras.layers.Layer):
         dropout: float. Dropout on the output during training. Defaults to `0.0`.
         output_dim: int. Output width. Defaults to the input width.
         use_bias: bool. Defaults to `True`.
+        gated: bool. A third projection `gate` whose activation multiplies the
+            `intermediate` one (SwiGLU with `activation="silu"`). Defaults to `False`.
         kernel_initializer, bias_initializer: initializers of both layers.
     Call arguments:
         inputs: float `(..., dim)`.
@@ -74,6 +77,7 @@ class FeedForward(keras.layers.Layer):
         use_bias: bool = True,
         kernel_initializer: Initializer = "glorot_uniform",
         bias_initializer: Initializer = "zeros",
+        gated: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -90,6 +94,7 @@ class FeedForward(keras.layers.Layer):
         self.dropout = dropout
         self.output_dim = output_dim
         self.use_bias = use_bias
+        self.gated = gated
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.supports_masking = True
@@ -111,12 +116,19 @@ class FeedForward(keras.layers.Layer):
             )
         self.intermediate_dense = self._dense(self.intermediate_dim, "intermediate")
         self.intermediate_dense.build(inputs_shape)
+        self.gate_dense = None
+        if self.gated:
+            self.gate_dense = self._dense(self.intermediate_dim, "gate")
+            self.gate_dense.build(inputs_shape)
         self.output_dense = self._dense(self.output_dim or inputs_shape[-1], "output")
         self.output_dense.build((*inputs_shape[:-1], self.intermediate_dim))
         self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
 
     def call(self, inputs: Tensor, training: bool | None = None) -> Tensor:
-        hidden = self.activation_fn(self.intermediate_dense(inputs))
+        if self.gate_dense is not None:
+            hidden = self.activation_fn(self.gate_dense(inputs)) * self.intermediate_dense(inputs)
+        else:
+            hidden = self.activation_fn(self.intermediate_dense(inputs))
         return self.dropout_layer(self.output_dense(hidden), training=training)
 
     def compute_output_shape(self, inputs_shape: Shape) -> Shape:
@@ -130,6 +142,7 @@ class FeedForward(keras.layers.Layer):
             "dropout": self.dropout,
             "output_dim": self.output_dim,
             "use_bias": self.use_bias,
+            "gated": self.gated,
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
             "bias_initializer": keras.initializers.serialize(self.bias_initializer),
         }

@@ -16,6 +16,7 @@ from keras_attn.layers.attention import (
     resolve_input_masks,
 )
 from keras_attn.layers.initializers import fresh
+from keras_attn.layers.rotary_embedding import check_rope_scaling, inverse_frequencies, rotate
 from keras_attn.layers.scores import Score, get_score, serialize_score
 from keras_attn.layers.tracing import (  # noqa: F401  (onnx_tracing: imported from here too)
     attend_for_onnx,
@@ -57,6 +58,13 @@ class MultiHeadAttention(keras.layers.Layer):
             to `num_heads` (standard multi-head attention).
         dropout: float. Dropout on the attention weights during training. Defaults to `0.0`.
         use_bias: bool. Biases in the projections. Defaults to `True`.
+        output_use_bias: bool. Bias in W_O; defaults to `use_bias` (Qwen2: biased q, k, v,
+            unbiased W_O).
+        rope_max_wavelength: float. Rotary position embedding of queries and keys after
+            their projections (Llama's `rope_theta`), positions counted from 0 or from
+            `cache_update_index`; defaults to `None` (no rotary: positions come from the
+            embeddings).
+        rope_scaling: optional dict: Hugging Face's `rope_scaling` (see `RotaryEmbedding`).
         output_dim: int. Size of the output. Defaults to the query's last dimension.
         score: `"scaled_dot"` (default), `"dot"`, `"bilinear"`, `"additive"`, or a `Score`.
         kernel_initializer, bias_initializer: initializers of the projections.
@@ -74,6 +82,8 @@ class MultiHeadAttention(keras.layers.Layer):
             `cache_update_index`, the projected keys and values of a fixed sequence from
             `key_value_cache` (cross-attention), used as they are.
         cache_update_index: int or scalar tensor: position of the first new token in `cache`.
+        position_ids: optional int `(batch, T)`: the rotary position of each token (left
+            padding); defaults to `0 … T-1`.
     Returns:
         `(batch, T, output_dim)`, and the weights when asked for. Padded queries give zeros.
         With a cache, the updated cache comes last.
@@ -95,10 +105,22 @@ class MultiHeadAttention(keras.layers.Layer):
         score: str | dict[str, Any] | Score = "scaled_dot",
         kernel_initializer: Initializer = "glorot_uniform",
         bias_initializer: Initializer = "zeros",
+        output_use_bias: bool | None = None,
+        rope_max_wavelength: float | None = None,
+        rope_scaling: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         check_positive_int("num_heads", num_heads)
+        if rope_max_wavelength is not None and not rope_max_wavelength > 1:
+            raise ValueError(
+                "`rope_max_wavelength` must be greater than 1 (or None). "
+                f"Received: rope_max_wavelength={rope_max_wavelength}"
+            )
+        if rope_max_wavelength is not None and key_dim % 2:
+            raise ValueError(
+                f"Rotary positions need an even `key_dim`. Received: key_dim={key_dim}"
+            )
         check_positive_int("key_dim", key_dim)
         check_positive_int("value_dim", value_dim, allow_none=True)
         check_positive_int("num_key_value_heads", num_key_value_heads, allow_none=True)
@@ -116,6 +138,9 @@ class MultiHeadAttention(keras.layers.Layer):
         self.num_key_value_heads = num_key_value_heads
         self.dropout = dropout
         self.use_bias = use_bias
+        self.output_use_bias = output_use_bias
+        self.rope_max_wavelength = rope_max_wavelength
+        self.rope_scaling = check_rope_scaling(rope_scaling)
         self.output_dim = output_dim
         self._score_arg = score
         self.score = get_score(score, dtype=self.dtype_policy, name="score")
@@ -127,11 +152,16 @@ class MultiHeadAttention(keras.layers.Layer):
     def _kv_heads(self):
         return self.num_key_value_heads or self.num_heads
 
-    def _einsum_dense(self, equation, output_shape, bias_axes, name):
+    @property
+    def _output_bias(self):
+        return self.use_bias if self.output_use_bias is None else self.output_use_bias
+
+    def _einsum_dense(self, equation, output_shape, bias_axes, name, use_bias=None):
+        use_bias = self.use_bias if use_bias is None else use_bias
         layer = keras.layers.EinsumDense(
             equation,
             output_shape=output_shape,
-            bias_axes=bias_axes if self.use_bias else None,
+            bias_axes=bias_axes if use_bias else None,
             kernel_initializer=fresh(self.kernel_initializer),
             bias_initializer=fresh(self.bias_initializer),
             dtype=self.dtype_policy,
@@ -183,7 +213,11 @@ class MultiHeadAttention(keras.layers.Layer):
         )
         self.value_dense.build(value_shape)
         self.output_dense = self._einsum_dense(
-            "bthv,hvd->btd", (None, self.output_dim or query_shape[-1]), "d", "attention_output"
+            "bthv,hvd->btd",
+            (None, self.output_dim or query_shape[-1]),
+            "d",
+            "attention_output",
+            use_bias=self._output_bias,
         )
         self.output_dense.build((query_shape[0], query_shape[1], h, value_dim))
         head_shape = (query_shape[0], h, None, self.key_dim)
@@ -205,6 +239,7 @@ class MultiHeadAttention(keras.layers.Layer):
         mask: Tensor | None = None,
         cache: Tensor | None = None,
         cache_update_index: int | Tensor | None = None,
+        position_ids: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, ...]:
         if cache is not None:
             return self._call_cached(
@@ -228,6 +263,7 @@ class MultiHeadAttention(keras.layers.Layer):
         )
         if (
             fused
+            and self.rope_max_wavelength is None
             and is_onnx_tracing()
             and self._kv_heads == self.num_heads
             and same_width
@@ -248,12 +284,26 @@ class MultiHeadAttention(keras.layers.Layer):
         q = self._project(self.query_dense, query, layout)
         k = self._project(self.key_dense, key, layout)
         v = self._project(self.value_dense, value, layout)
+        if self.rope_max_wavelength is not None:
+            seq_axis = 1 if layout == "bthk" else 2
+            q_positions, k_positions = position_ids, position_ids
+            if position_ids is None:
+                q_positions, k_positions = (ops.arange(ops.shape(t)[1]) for t in (query, key))
+            q = self._rope(q, q_positions, seq_axis)
+            k = self._rope(k, k_positions, seq_axis)
         k, v = self._share_kv_heads(k, v, head_axis=2 if layout == "bthk" else 1)
 
         return self._attend_projected(
             q, k, v, query_mask, value_mask, key_mask, attention_mask, use_causal_mask,
             fused, use_dropout, return_attention_scores, training, per_head=per_head,
         )  # fmt: skip
+
+    def _rope(self, x, positions, sequence_axis):
+        """Rotary positions on projected heads (no-op without `rope_max_wavelength`)."""
+        if self.rope_max_wavelength is None:
+            return x
+        inv_freq = inverse_frequencies(self.key_dim, self.rope_max_wavelength, self.rope_scaling)
+        return rotate(x, inv_freq, positions, sequence_axis)
 
     @staticmethod
     def _per_head_is_faster(query, key):
@@ -328,7 +378,7 @@ class MultiHeadAttention(keras.layers.Layer):
             output = self.output_dense(out)
         else:
             output = ops.einsum("bhtv,hvd->btd", out, self.output_dense.kernel)
-            if self.use_bias:
+            if self._output_bias:
                 output = output + self.output_dense.bias
         if return_attention_scores:
             return output, weights
@@ -366,16 +416,20 @@ class MultiHeadAttention(keras.layers.Layer):
                 f"Received: cache.shape={tuple(cache.shape)}"
             )
         causal = cache_update_index is not None
+        positions = ops.arange(ops.shape(query)[1]) + ops.cast(
+            cache_update_index if causal else 0, "int32"
+        )
         if causal:
             start = cache_update_index
-            keys = write_cache(cache[:, 0], start, ops.cast(self.key_dense(query), cache.dtype))
+            new_keys = self._rope(self.key_dense(query), positions, 1)
+            keys = write_cache(cache[:, 0], start, ops.cast(new_keys, cache.dtype))
             values = write_cache(cache[:, 1], start, ops.cast(self.value_dense(query), cache.dtype))
             cache = ops.stack([keys, values], axis=1)
         else:  # cross-attention over keys and values projected once by `key_value_cache`
             keys, values = cache[:, 0], cache[:, 1]
         fused = self.score.is_scaled_dot and not return_attention_scores
         q, k, v = (
-            self.query_dense(query),
+            self._rope(self.query_dense(query), positions, 1),
             ops.cast(keys, query.dtype),
             ops.cast(values, query.dtype),
         )
@@ -400,6 +454,9 @@ class MultiHeadAttention(keras.layers.Layer):
             "num_key_value_heads": self.num_key_value_heads,
             "dropout": self.dropout,
             "use_bias": self.use_bias,
+            "output_use_bias": self.output_use_bias,
+            "rope_max_wavelength": self.rope_max_wavelength,
+            "rope_scaling": self.rope_scaling,
             "output_dim": self.output_dim,
             "score": serialize_score(self._score_arg, self.score),
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),

@@ -9,12 +9,29 @@ from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from keras_attn.layers.scores import Score, get_score, serialize_score
 from keras_attn.types import Initializer
 
+NORMALIZATIONS = ("layer_norm", "rms_norm")
+
+
+def normalization_layer(kind: str, epsilon: float, name: str, **kwargs: Any) -> keras.layers.Layer:
+    """`LayerNormalization` (`"layer_norm"`) or `RMSNormalization` (`"rms_norm"`: `x /
+    sqrt(mean(x²) + ε) · scale`, no centring, no bias; Llama's RMSNorm)."""
+    if kind == "rms_norm":
+        layer = keras.layers.RMSNormalization(epsilon=epsilon, name=name, **kwargs)
+        layer.supports_masking = True  # per position: a padding mask passes through
+        return layer
+    return keras.layers.LayerNormalization(epsilon=epsilon, name=name, **kwargs)
+
 
 class TransformerBlock(keras.layers.Layer):
     """Base of `TransformerEncoder` and `TransformerDecoder` (not used on its own).
 
     Every sublayer `f` is wrapped as `LayerNorm(x + Dropout(f(x)))` (post-norm, Vaswani et al.)
     or `x + Dropout(f(LayerNorm(x)))` (pre-norm, `normalize_first=True`, GPT-2).
+
+    The Llama family's block is pre-norm with `normalization="rms_norm"`,
+    `gated_feed_forward=True, activation="silu"` (SwiGLU), `rope_max_wavelength` (rotary
+    queries and keys), `num_key_value_heads` and no biases (`attention_bias=False,
+    feed_forward_bias=False`; Qwen2 keeps q, k, v biases: `attention_output_bias=False`).
     """
 
     def __init__(
@@ -31,9 +48,21 @@ class TransformerBlock(keras.layers.Layer):
         score: str | dict[str, Any] | Score = "scaled_dot",
         kernel_initializer: Initializer = "glorot_uniform",
         bias_initializer: Initializer = "zeros",
+        normalization: str = "layer_norm",
+        gated_feed_forward: bool = False,
+        attention_bias: bool = True,
+        attention_output_bias: bool | None = None,
+        feed_forward_bias: bool = True,
+        rope_max_wavelength: float | None = None,
+        rope_scaling: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if normalization not in NORMALIZATIONS:
+            raise ValueError(
+                f"`normalization` must be one of {list(NORMALIZATIONS)}. "
+                f"Received: normalization={normalization!r}"
+            )
         value: float | None  # both checking loops below bind it
         for name, value in (("num_heads", num_heads), ("intermediate_dim", intermediate_dim)):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -60,6 +89,13 @@ class TransformerBlock(keras.layers.Layer):
         self.score = get_score(score)  # validated here; each attention sublayer gets its own
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.normalization = normalization
+        self.gated_feed_forward = gated_feed_forward
+        self.attention_bias = attention_bias
+        self.attention_output_bias = attention_output_bias
+        self.feed_forward_bias = feed_forward_bias
+        self.rope_max_wavelength = rope_max_wavelength
+        self.rope_scaling = rope_scaling
         self.supports_masking = True
 
     def _head_dim(self, hidden_dim):
@@ -84,6 +120,10 @@ class TransformerBlock(keras.layers.Layer):
             score=score,
             kernel_initializer=self.kernel_initializer,
             bias_initializer=self.bias_initializer,
+            use_bias=self.attention_bias,
+            output_use_bias=self.attention_output_bias,
+            rope_max_wavelength=self.rope_max_wavelength,
+            rope_scaling=self.rope_scaling,
             dtype=self.dtype_policy,
             name=name,
         )
@@ -94,13 +134,15 @@ class TransformerBlock(keras.layers.Layer):
             activation=self.activation,
             kernel_initializer=self.kernel_initializer,
             bias_initializer=self.bias_initializer,
+            use_bias=self.feed_forward_bias,
+            gated=self.gated_feed_forward,
             dtype=self.dtype_policy,
             name="feed_forward",
         )
 
     def _layer_norm(self, name):
-        return keras.layers.LayerNormalization(
-            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
+        return normalization_layer(
+            self.normalization, self.layer_norm_epsilon, name, dtype=self.dtype_policy
         )
 
     def _dropout(self):
@@ -144,4 +186,11 @@ class TransformerBlock(keras.layers.Layer):
             "score": serialize_score(self._score_arg, self.score),
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
             "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+            "normalization": self.normalization,
+            "gated_feed_forward": self.gated_feed_forward,
+            "attention_bias": self.attention_bias,
+            "attention_output_bias": self.attention_output_bias,
+            "feed_forward_bias": self.feed_forward_bias,
+            "rope_max_wavelength": self.rope_max_wavelength,
+            "rope_scaling": self.rope_scaling,
         }

@@ -33,6 +33,8 @@ class TransformerDecoder(TransformerBlock):
         cross_attention_cache: optional `(batch, 2, S, kv_heads, key_dim)` keys and values of
             the encoder sequence from `block.cross_attention.key_value_cache(encoder_sequence)`,
             computed once for a whole decoding; `encoder_sequence` may then be omitted.
+        position_ids: optional int `(batch, T)`: rotary positions of the tokens (left padding),
+            for blocks with `rope_max_wavelength`.
     Returns:
         `(batch, T, hidden_dim)`; with `return_attention_scores`, `(outputs, self_weights)` or
         `(outputs, self_weights, cross_weights)`; with a cache, the updated cache comes last.
@@ -94,6 +96,7 @@ class TransformerDecoder(TransformerBlock):
         self_attention_cache: Tensor | None = None,
         self_attention_cache_update_index: int | Tensor | None = None,
         cross_attention_cache: Tensor | None = None,
+        position_ids: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, ...]:
         # Keras delivers propagated masks as `mask` (one tensor passed) or `<arg>_mask`.
         if decoder_padding_mask is None:
@@ -122,6 +125,7 @@ class TransformerDecoder(TransformerBlock):
                     attention_mask=decoder_attention_mask,
                     use_causal_mask=use_causal_mask,
                     training=training,
+                    **({} if position_ids is None else {"position_ids": position_ids}),
                 )
             # Incremental decoding: the padding mask, if any, covers the whole cache.
             output, scores, cache = self._attend_cached(

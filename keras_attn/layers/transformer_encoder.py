@@ -27,6 +27,13 @@ class TransformerEncoder(TransformerBlock):
         num_key_value_heads: optional int. Grouped-query attention.
         score: attention score (see `MultiHeadAttention`). Defaults to `"scaled_dot"`.
         kernel_initializer, bias_initializer: initializers of every dense projection.
+        normalization: `"layer_norm"` (default) or `"rms_norm"` (Llama's RMSNorm).
+        gated_feed_forward: bool. Gated feed-forward (`activation="silu"`: SwiGLU).
+        attention_bias: bool. Biases in W_q, W_k, W_v (and W_O). Defaults to `True`.
+        attention_output_bias: optional bool. Bias in W_O; defaults to `attention_bias`.
+        feed_forward_bias: bool. Biases in the feed-forward network. Defaults to `True`.
+        rope_max_wavelength: optional float. Rotary positions on queries and keys (Llama's
+            `rope_theta`); `rope_scaling`: Hugging Face's dict (see `RotaryEmbedding`).
     Call arguments:
         inputs: float tensor `(batch, seq_len, hidden_dim)`.
         padding_mask: optional bool tensor `(batch, seq_len)`; `True` = real token. Filled in

@@ -44,7 +44,9 @@ class Backbone(ConfigModel):
         `config.json`. See `keras_attn.pretrained.load_pretrained`."""
         return load_pretrained(folder, cls, strict=strict, **kwargs)
 
-    def save_pretrained(self, folder: str | os.PathLike[str], tokenizer: Any = None) -> None:
+    def save_pretrained(
+        self, folder: str | os.PathLike[str], tokenizer: Any = None, **kwargs: Any
+    ) -> None:
         """Writes `config.json`, `model.safetensors` (and `vocab.txt`) in the Hugging Face
-        layout; see `keras_attn.pretrained.save_pretrained`."""
-        save_pretrained(self, folder, tokenizer=tokenizer)
+        layout (`model_type`, `max_shard_size`: see `keras_attn.pretrained.save_pretrained`)."""
+        save_pretrained(self, folder, tokenizer=tokenizer, **kwargs)

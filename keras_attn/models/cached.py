@@ -55,7 +55,10 @@ class CachedCausalLM:
 
     @property
     def max_length(self) -> int | None:
-        """The longest sequence the position table allows (None: sinusoidal, unbounded)."""
+        """The longest sequence the position table allows (None: sinusoidal, unbounded);
+        with rotary positions, the model's `max_sequence_length`."""
+        if self.position_embedding is None:
+            return getattr(self, "max_sequence_length", None)
         return getattr(self.position_embedding, "sequence_length", None)
 
     @property
@@ -66,8 +69,9 @@ class CachedCausalLM:
     def embed(self, token_ids: Tensor, index: int | Tensor = 0) -> Tensor:
         """Embeddings of `token_ids` placed at positions `index, index + 1, …`."""
         x = self.token_embedding(token_ids)
-        # Set on every model that reaches here (`FunctionalCausalLM` overrides `embed` when None).
-        return x + self.position_embedding(x, start_index=index)  # type: ignore[misc]
+        if self.position_embedding is None:  # rotary: positions are applied in attention
+            return x
+        return x + self.position_embedding(x, start_index=index)
 
     def logits(self, x: Tensor) -> Tensor:
         """float32 logits of the last blocks' output `x`."""

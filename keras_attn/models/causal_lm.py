@@ -13,6 +13,7 @@ from keras_attn.layers.token_and_position_embedding import (
     POSITION_ENCODINGS,
     position_encoding_layer,
 )
+from keras_attn.layers.transformer_block import normalization_layer
 from keras_attn.layers.transformer_decoder import TransformerDecoder
 from keras_attn.losses import SparseCrossEntropy
 from keras_attn.models.backbone import Backbone, HoldsBackbone
@@ -36,6 +37,13 @@ class DecoderBackbone(Backbone):
     block by Keras mask propagation (and, in a `CausalLM`, masks padded positions out of the
     loss). Pre-norm blocks end with a final LayerNorm, included in the output.
 
+    The Llama family (Llama, Mistral, Qwen2, SmolLM, TinyLlama) is a configuration:
+    `position_encoding="rotary"` (no position table; queries and keys rotated by
+    `rope_max_wavelength`, Hugging Face's `rope_theta`), `normalization="rms_norm"`,
+    `gated_feed_forward=True, activation="silu"` (SwiGLU), `num_key_value_heads` (GQA),
+    `attention_bias=False, feed_forward_bias=False`, `tie_word_embeddings=False`, and
+    `mask_zero=False`. `from_pretrained` sets all of them from a folder's `config.json`.
+
     Args:
         vocabulary_size: int. Number of token ids.
         max_sequence_length: int. Longest input (size of the learned position table).
@@ -46,7 +54,9 @@ class DecoderBackbone(Backbone):
         dropout: float. Dropout in embeddings and blocks. Defaults to `0.0`.
         normalize_first: bool. Pre-norm blocks plus a final LayerNorm (GPT-2), or post-norm.
         activation: feed-forward activation. Defaults to `"gelu"`.
-        position_encoding: `"learned"` or `"sinusoidal"`.
+        position_encoding: `"learned"`, `"sinusoidal"` or `"rotary"` (no position table:
+            rotary queries and keys in every block; `max_sequence_length` still bounds
+            generation).
         mask_zero: bool. Id 0 is padding, masked in attention and in the loss. GPT-2's id 0
             is a real token (`"!"`): there pad on the right, where the causal mask already
             keeps padding out of every real position. Defaults to `True`.
@@ -55,6 +65,17 @@ class DecoderBackbone(Backbone):
             (`(batch, seq)`, 1 = real token, Hugging Face's `attention_mask`); positions count
             real tokens only, so left-padded rows give the logits of the unpadded ones.
             Defaults to `False` (ids in, padding from `mask_zero`).
+        num_key_value_heads: optional int. Grouped-query attention (must divide `num_heads`).
+        head_dim: optional int. Width of each head; defaults to `hidden_dim // num_heads`.
+        normalization: `"layer_norm"` (default) or `"rms_norm"`.
+        gated_feed_forward: bool. Gated feed-forward (SwiGLU with `"silu"`).
+        attention_bias, attention_output_bias, feed_forward_bias: biases of W_q/W_k/W_v, of
+            W_O (defaults to `attention_bias`) and of the feed-forward network.
+        rope_max_wavelength: float. Rotary base for `position_encoding="rotary"`. Defaults to
+            `10000`.
+        rope_scaling: optional dict: Hugging Face's `rope_scaling` (`"linear"`, `"llama3"`).
+        tie_word_embeddings: bool. The output projection is the token embedding transposed
+            (GPT-2); `False` gives it its own matrix (Llama). Defaults to `True`.
     Example:
         >>> import numpy as np
         >>> backbone = DecoderBackbone(vocabulary_size=100, max_sequence_length=32, hidden_dim=16)
@@ -65,7 +86,10 @@ class DecoderBackbone(Backbone):
     config_args = (
         "vocabulary_size", "max_sequence_length", "hidden_dim", "num_layers", "num_heads",
         "intermediate_dim", "dropout", "normalize_first", "activation", "position_encoding",
-        "mask_zero", "layer_norm_epsilon", "padding_mask_input",
+        "mask_zero", "layer_norm_epsilon", "padding_mask_input", "num_key_value_heads",
+        "head_dim", "normalization", "gated_feed_forward", "attention_bias",
+        "attention_output_bias", "feed_forward_bias", "rope_max_wavelength", "rope_scaling",
+        "tie_word_embeddings",
     )  # fmt: skip
 
     def __init__(
@@ -83,6 +107,16 @@ class DecoderBackbone(Backbone):
         mask_zero: bool = True,
         layer_norm_epsilon: float = 1e-5,
         padding_mask_input: bool = False,
+        num_key_value_heads: int | None = None,
+        head_dim: int | None = None,
+        normalization: str = "layer_norm",
+        gated_feed_forward: bool = False,
+        attention_bias: bool = True,
+        attention_output_bias: bool | None = None,
+        feed_forward_bias: bool = True,
+        rope_max_wavelength: float = 10000.0,
+        rope_scaling: dict[str, Any] | None = None,
+        tie_word_embeddings: bool = True,
         name: str = "decoder_backbone",
         **kwargs: Any,
     ) -> None:
@@ -95,7 +129,8 @@ class DecoderBackbone(Backbone):
             num_heads=num_heads,
         )
         check_rate("dropout", dropout)
-        check_choice("position_encoding", position_encoding, POSITION_ENCODINGS)
+        check_choice("position_encoding", position_encoding, (*POSITION_ENCODINGS, "rotary"))
+        rotary = position_encoding == "rotary"
         token_ids = keras.Input((None,), dtype="int32", name="token_ids")
         inputs, block_kwargs, position_kwargs = token_ids, {}, {}
         if padding_mask_input:
@@ -109,16 +144,21 @@ class DecoderBackbone(Backbone):
             vocabulary_size,
             hidden_dim,
             mask_zero=mask_zero and not padding_mask_input,
+            tie_weights=tie_word_embeddings,
             name="token_embedding",
         )
         x = token_embedding(token_ids)
-        position_embedding = position_encoding_layer(
-            position_encoding,
-            max_sequence_length,  # type: ignore[arg-type]  # None: sinusoidal (layers/ annotates it `int`)
-            "position_embedding",
-        )
-        positions = position_embedding(x, **position_kwargs)
-        x = keras.layers.Add(name="embeddings_add")([x, positions])
+        position_embedding = None
+        if rotary:  # positions enter each block's attention; per-row ones for left padding
+            block_kwargs.update(position_kwargs)
+        else:
+            position_embedding = position_encoding_layer(
+                position_encoding,
+                max_sequence_length,  # type: ignore[arg-type]  # None: sinusoidal (layers/ annotates it `int`)
+                "position_embedding",
+            )
+            positions = position_embedding(x, **position_kwargs)
+            x = keras.layers.Add(name="embeddings_add")([x, positions])
         x = keras.layers.Dropout(dropout, name="embeddings_dropout")(x)
         blocks = [
             TransformerDecoder(
@@ -128,6 +168,15 @@ class DecoderBackbone(Backbone):
                 activation=activation,
                 normalize_first=normalize_first,
                 layer_norm_epsilon=layer_norm_epsilon,
+                key_dim=head_dim,
+                num_key_value_heads=num_key_value_heads,
+                normalization=normalization,
+                gated_feed_forward=gated_feed_forward,
+                attention_bias=attention_bias,
+                attention_output_bias=attention_output_bias,
+                feed_forward_bias=feed_forward_bias,
+                rope_max_wavelength=rope_max_wavelength if rotary else None,
+                rope_scaling=rope_scaling if rotary else None,
                 name=f"decoder_block_{i}",
             )
             for i in range(num_layers)
@@ -136,9 +185,7 @@ class DecoderBackbone(Backbone):
             x = block(x, **block_kwargs)
         final_norm = None
         if normalize_first:
-            final_norm = keras.layers.LayerNormalization(
-                epsilon=layer_norm_epsilon, name="final_layer_norm"
-            )
+            final_norm = normalization_layer(normalization, layer_norm_epsilon, "final_layer_norm")
             x = final_norm(x)
         super().__init__(inputs, x, name=name, **kwargs)
         self._set_config_args(locals())
@@ -204,15 +251,17 @@ class CausalLM(HoldsBackbone, CachedCausalLM, Task):
         **kwargs: Any,
     ) -> Self:
         """A causal LM on `DecoderBackbone.from_pretrained(folder, **kwargs)` (a Hugging
-        Face GPT-2 folder); the output layer is the tied token embedding, so every weight
-        comes from the checkpoint."""
+        Face GPT-2, Llama, Mistral or Qwen2 folder); the output layer is the token embedding
+        (tied, or its own `lm_head`), so every weight comes from the checkpoint."""
         backbone = DecoderBackbone.from_pretrained(folder, strict=strict, **kwargs)
         return cls(backbone, preprocessor=preprocessor)
 
-    def save_pretrained(self, folder: str | os.PathLike[str], tokenizer: Any = None) -> None:
-        """Writes the backbone in the Hugging Face GPT-2 layout; see
-        `keras_attn.pretrained.save_pretrained`."""
-        save_pretrained(self.backbone, folder, tokenizer=tokenizer)
+    def save_pretrained(
+        self, folder: str | os.PathLike[str], tokenizer: Any = None, **kwargs: Any
+    ) -> None:
+        """Writes the backbone in the Hugging Face GPT-2 or Llama layout (`model_type`,
+        `max_shard_size`: see `keras_attn.pretrained.save_pretrained`)."""
+        save_pretrained(self.backbone, folder, tokenizer=tokenizer, **kwargs)
 
     def runner(self) -> "Runner":
         """The decoding `keras_attn.decoding.Runner` over this model's cached call."""

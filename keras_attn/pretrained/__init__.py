@@ -3,8 +3,8 @@
 `load_pretrained(folder)` (also each backbone's and each task's `from_pretrained`) builds our
 backbone from `config.json` and copies every tensor of `model.safetensors` into it;
 `save_pretrained(model, folder)` writes the same layout back. Layouts: BERT (MiniLM,
-sentence-transformers folders), RoBERTa and DistilBERT into `EncoderBackbone`; GPT-2 into
-`DecoderBackbone` (see `keras_attn.pretrained.layouts`).
+sentence-transformers folders), RoBERTa and DistilBERT into `EncoderBackbone`; GPT-2, Llama,
+Mistral and Qwen2 into `DecoderBackbone` (see `keras_attn.pretrained.layouts`).
 
 Every checkpoint tensor is either copied, a known buffer (position ids, GPT-2's causal mask),
 a tied copy (GPT-2's `lm_head.weight`), or named in a `ValueError`; a tensor whose shape
@@ -20,6 +20,7 @@ import numpy as np
 from keras_attn.pretrained.folder import read_config, read_pooling, read_vocabulary, read_weights
 from keras_attn.pretrained.layouts import (
     IGNORED_SUFFIXES,
+    Llama,
     architecture_for_config,
     architecture_for_model,
 )
@@ -99,7 +100,7 @@ def _copy_in(model, architecture, weights, strict):
         variable.assign(value.astype(variable.dtype))
         consumed.add(entry.key)
     for key, source in getattr(architecture, "tied", ()):
-        if key in weights:
+        if key in weights and key not in consumed:  # an untied model reads it as a weight
             if not np.array_equal(weights[key], weights.get(source)):
                 raise ValueError(
                     f"Checkpoint tensor {key!r} differs from {source!r}; only tied output "
@@ -119,24 +120,39 @@ def _copy_in(model, architecture, weights, strict):
 
 
 def save_pretrained(
-    model: Any, folder: str | os.PathLike[str], tokenizer: Any = None, model_type: str | None = None
+    model: Any,
+    folder: str | os.PathLike[str],
+    tokenizer: Any = None,
+    model_type: str | None = None,
+    max_shard_size: int | None = None,
 ) -> None:
-    """Writes `model` as a Hugging Face folder: `config.json`, `model.safetensors` and, with a
-    `WordPieceTokenizer`, `vocab.txt` and `tokenizer_config.json`.
+    """Writes `model` as a Hugging Face folder: `config.json`, `model.safetensors` (or shards
+    and their index) and, with a `WordPieceTokenizer`, `vocab.txt` and
+    `tokenizer_config.json`.
 
     Args:
         model: an `EncoderBackbone` (written as BERT, RoBERTa or DistilBERT, inferred from
-            its arguments) or a `DecoderBackbone` (GPT-2), or a task holding one (its
-            `backbone` is written; a head's own layers are not).
+            its arguments) or a `DecoderBackbone` (GPT-2; rotary ones Llama or Qwen2), or a
+            task holding one (its `backbone` is written; a head's own layers are not).
         folder: path; created if needed, files in it overwritten.
         tokenizer: optional `WordPieceTokenizer`.
-        model_type: optional `"bert"`, `"roberta"`, `"distilbert"` or `"gpt2"`.
+        model_type: optional `"bert"`, `"roberta"`, `"distilbert"`, `"gpt2"`, `"llama"`,
+            `"mistral"` or `"qwen2"`.
+        max_shard_size: optional int, bytes: past it the weights are split into
+            `model-0000k-of-0000n.safetensors` files listed in `model.safetensors.index.json`,
+            as `transformers` writes them (each shard holds whole tensors).
     Raises:
         ValueError: the model has an argument the layout cannot express (naming it).
     """
+    from keras_attn.pretrained.folder import check_shard_size, write_folder
+
+    check_shard_size(max_shard_size)
     model = getattr(model, "backbone", model)
     architecture = architecture_for_model(model, model_type)
-    config = architecture.hf_config(model)
+    if isinstance(architecture, Llama):  # one layout, several model types
+        config = architecture.hf_config(model, model_type)
+    else:
+        config = architecture.hf_config(model)
     tensors = architecture.tensors(model)
     stored: dict[str, np.ndarray]
     fused: dict[str, list[Any]]
@@ -150,8 +166,8 @@ def save_pretrained(
             stored[entry.key] = value
     for key, pieces in fused.items():
         stored[key] = np.concatenate([v for _, v in pieces], axis=0 if pieces[0][0].linear else -1)
-    from keras_attn.pretrained.folder import write_folder
-
+    if isinstance(architecture, Llama):
+        stored = {architecture.stored_key(key): value for key, value in stored.items()}
     vocabulary, extra = None, {}
     if tokenizer is not None:
         vocabulary = tokenizer.get_vocabulary()
@@ -159,4 +175,7 @@ def save_pretrained(
             "do_lower_case": bool(tokenizer.lowercase),
             "tokenizer_class": "BertTokenizer",
         }
-    write_folder(folder, config, stored, vocabulary=vocabulary, extra_json=extra)
+    write_folder(
+        folder, config, stored, vocabulary=vocabulary, extra_json=extra,
+        max_shard_size=max_shard_size,
+    )  # fmt: skip

@@ -79,16 +79,34 @@ def write_folder(
     weights: dict[str, np.ndarray],
     vocabulary: list[str] | None = None,
     extra_json: dict[str, Any] | None = None,
+    max_shard_size: int | None = None,
 ) -> None:
     """Writes `config.json`, `model.safetensors` (and `vocab.txt`, and other JSON files given
-    as `{relative path: object}`), creating the folder."""
+    as `{relative path: object}`), creating the folder. With `max_shard_size` (bytes) the
+    tensors are split, whole, over `model-00001-of-0000n.safetensors` … and listed in
+    `model.safetensors.index.json`."""
     from safetensors.numpy import save_file
 
+    check_shard_size(max_shard_size)
     os.makedirs(os.fspath(folder), exist_ok=True)
     with open(_path(folder, CONFIG_FILE), "w", encoding="utf-8") as f:
         json.dump(config, f, indent=2, sort_keys=True, allow_nan=False)
     arrays = {key: np.ascontiguousarray(value) for key, value in weights.items()}
-    save_file(arrays, _path(folder, WEIGHTS_FILE), metadata={"format": "pt"})
+    shards = _shards(arrays, max_shard_size)
+    for stale in (WEIGHTS_FILE, WEIGHTS_INDEX_FILE):  # a rewrite must not leave the other form
+        if os.path.exists(_path(folder, stale)):
+            os.remove(_path(folder, stale))
+    if len(shards) == 1:
+        save_file(arrays, _path(folder, WEIGHTS_FILE), metadata={"format": "pt"})
+    else:
+        weight_map = {}
+        for number, keys in enumerate(shards, 1):
+            name = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
+            save_file({k: arrays[k] for k in keys}, _path(folder, name), metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(keys, name))
+        total = sum(a.nbytes for a in arrays.values())
+        with open(_path(folder, WEIGHTS_INDEX_FILE), "w", encoding="utf-8") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
     if vocabulary is not None:
         with open(_path(folder, VOCABULARY_FILE), "w", encoding="utf-8") as f:
             f.write("\n".join(vocabulary) + "\n")
@@ -96,6 +114,31 @@ def write_folder(
         os.makedirs(os.path.dirname(_path(folder, name)), exist_ok=True)
         with open(_path(folder, name), "w", encoding="utf-8") as f:
             json.dump(value, f, indent=2, allow_nan=False)
+
+
+def check_shard_size(max_shard_size: Any) -> None:
+    if max_shard_size is not None and (
+        isinstance(max_shard_size, bool) or not isinstance(max_shard_size, int)
+        or max_shard_size <= 0
+    ):  # fmt: skip
+        raise ValueError(
+            f"`max_shard_size` must be a positive number of bytes. Received: {max_shard_size!r}"
+        )
+
+
+def _shards(arrays: dict[str, np.ndarray], max_bytes: int | None) -> list[list[str]]:
+    """Keys grouped in order into shards of at most `max_bytes` (a larger tensor alone)."""
+    if max_bytes is None:
+        return [list(arrays)]
+    shards: list[list[str]] = [[]]
+    size = 0
+    for key, array in arrays.items():
+        if shards[-1] and size + array.nbytes > max_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(key)
+        size += array.nbytes
+    return shards
 
 
 def read_vocabulary(folder: str | os.PathLike[str]) -> tuple[list[str], bool]:

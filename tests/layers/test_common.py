@@ -29,7 +29,7 @@ def test_every_init_argument_is_in_get_config(case):
     for p in params:
         assert p.name in config, f"{case.name}.get_config() lacks `{p.name}`"
         value = config[p.name]
-        if isinstance(value, dict):  # a serialized initializer or object
+        if isinstance(value, dict) and "class_name" in value:  # a serialized initializer
             value = value.get("class_name", value)
             expected = case.init_kwargs[p.name]
             expected = keras.initializers.get(expected).__class__.__name__

@@ -89,4 +89,4 @@ def test_mixed_bfloat16_lm_trains_with_float32_logits():
 
 def test_bad_position_encoding():
     with pytest.raises(ValueError, match="position_encoding"):
-        build_causal_lm(10, 8, position_encoding="rotary")
+        build_causal_lm(10, 8, position_encoding="alibi")

@@ -249,7 +249,7 @@ def test_best_spans_pinned():
         (lambda: MultipleChoice(encoder(), 0), "num_choices"),
         (lambda: EncoderPretrainer(encoder(num_segments=None)), "num_segments"),
         # keras.Model drops unknown keywords; ours name them.
-        (lambda: CausalLM(10, 8, num_key_value_heads=2), r"unexpected.*num_key_value_heads=2"),
+        (lambda: CausalLM(10, 8, num_kv_heads=2), r"unexpected.*num_kv_heads=2"),
         (lambda: Encoder(10, hidden_dims=8), "hidden_dims"),
         (lambda: SequenceClassifier(encoder(), 2, dropuot=0.1), "dropuot"),
     ],
