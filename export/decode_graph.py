@@ -5,11 +5,13 @@ ScatterND nodes and copies the whole key/value cache in and out every step (~0.6
 token on 2 CPU cores, 0.3x Keras's XLA loop). This graph is the same model laid out as
 onnxruntime's own transformer operators, from the Keras weights:
 
-    Gather(token) + Gather(position)
-    per block: LayerNormalization, one MatMul+Add for q|k|v, `GroupQueryAttention`
-               (com.microsoft) over a BNSH cache, MatMul+Add, FFN (MatMul, activation,
-               MatMul), residuals — pre-norm or post-norm as the block is
-    final LayerNormalization, last position, MatMul by Eᵀ (tied output projection)
+    Gather(token) + Gather(position)            (rotary models: Gather(token) alone)
+    per block: LayerNormalization (or SimplifiedLayerNormalization: RMSNorm), one
+               MatMul+Add for q|k|v, `GroupQueryAttention` (com.microsoft) over a BNSH
+               cache — rotating q and k itself from cos/sin tables for rotary models —,
+               MatMul+Add, FFN (MatMul, activation, MatMul; gated: act(x·W_g) ⊙ x·W_1),
+               residuals — pre-norm or post-norm as the block is
+    final norm, last position, MatMul by Eᵀ (tied) or by the untied output matrix
 
 Inputs: `token_ids (batch, new) int32`, `index () int32` (position of the first new token),
 `past_key_N`/`past_value_N (batch, kv_heads, max_length, key_dim)` per block. Outputs:
@@ -38,10 +40,30 @@ if TYPE_CHECKING:
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swish", "silu")
 
 
+def _rotary(lm: "CachedCausalLM") -> tuple[float, Any] | None:
+    """`(rope_max_wavelength, rope_scaling)` shared by every block, or None (no rotary)."""
+    settings = {
+        (b.self_attention.rope_max_wavelength, repr(b.self_attention.rope_scaling))
+        for b in lm.decoder_blocks
+    }
+    wavelength, _ = next(iter(settings))
+    if wavelength is None:
+        return None
+    return wavelength, lm.decoder_blocks[0].self_attention.rope_scaling
+
+
 def supported(lm: "CachedCausalLM") -> str | None:
     """`None` if `write_decode_graph` can express the model, else the reason."""
-    if lm.position_embedding is None:
+    settings = {b.self_attention.rope_max_wavelength is None for b in lm.decoder_blocks}
+    rope = {repr((b.self_attention.rope_max_wavelength, b.self_attention.rope_scaling))
+            for b in lm.decoder_blocks}  # fmt: skip
+    if len(settings) > 1 or len(rope) > 1:
+        return "the blocks differ in their rotary settings"
+    rotary = settings == {False}
+    if lm.position_embedding is None and not rotary:
         return "the embedding is a TokenAndPositionEmbedding (one position layer is expressed)"
+    if lm.position_embedding is not None and rotary:
+        return "both a position layer and rotary attention"
     for block in lm.decoder_blocks:
         attention = block.self_attention
         if not attention.score.is_scaled_dot:
@@ -55,8 +77,11 @@ def supported(lm: "CachedCausalLM") -> str | None:
         if attention.key_dim % 8:
             # onnxruntime's CPU GroupQueryAttention: "head_size must be a multiple of 8".
             return f"{block.name}: key_dim {attention.key_dim} is not a multiple of 8"
-        if not attention.use_bias:
-            return f"{block.name}: attention without biases"
+        if rotary and attention.key_dim % 16:
+            # onnxruntime's GroupQueryAttention rotates only heads whose size is a multiple of 16.
+            return f"{block.name}: rotary key_dim {attention.key_dim} is not a multiple of 16"
+        if block.normalization not in ("layer_norm", "rms_norm"):
+            return f"{block.name}: normalization {block.normalization!r}"
     return None
 
 
@@ -64,13 +89,21 @@ def _weights(layer):
     return [np.asarray(w, np.float32) for w in layer.get_weights()]
 
 
+def _kernel_bias(dense, width):
+    """A projection's kernel `(in, width)` and its bias, zeros where it has none."""
+    kernel = np.asarray(dense.kernel, np.float32).reshape(-1, width)
+    bias = dense.bias
+    return kernel, np.zeros(width, np.float32) if bias is None else np.asarray(bias).reshape(-1)
+
+
 class _Graph:
     nodes: list["onnx.NodeProto"]
     initializers: list["onnx.TensorProto"]
     count: int
 
-    def __init__(self) -> None:
+    def __init__(self, opset: int = 17) -> None:
         self.nodes, self.initializers, self.count = [], [], 0
+        self.opset = opset
 
     def const(self, name: str, array: "ArrayLike") -> str:
         from onnx import numpy_helper
@@ -101,6 +134,21 @@ class _Graph:
         return self.op("Add", [y, self.const(f"{prefix}.bias", bias)])
 
     def layer_norm(self, x: str, layer: "keras.layers.Layer", prefix: str) -> Any:
+        import keras
+
+        if isinstance(layer, keras.layers.RMSNormalization):  # x / sqrt(mean(x²) + ε) · scale
+            # Plain operators (onnxruntime's SimplifiedLayerNormalization is outside the onnx
+            # checker's schemas; its session optimizer fuses these into it).
+            if self.opset >= 18:
+                if not any(i.name == "last_axis" for i in self.initializers):
+                    self.const("last_axis", np.array([-1], np.int64))
+                mean = self.op("ReduceMean", [self.op("Mul", [x, x]), "last_axis"], keepdims=1)
+            else:
+                mean = self.op("ReduceMean", [self.op("Mul", [x, x])], axes=[-1], keepdims=1)
+            epsilon = self.const(f"{prefix}.epsilon", np.array(layer.epsilon, np.float32))
+            rms = self.op("Sqrt", [self.op("Add", [mean, epsilon])])
+            scale = self.const(f"{prefix}.scale", _weights(layer)[0])
+            return self.op("Mul", [self.op("Div", [x, rms]), scale])
         gamma, beta = _weights(layer)
         return self.op(
             "LayerNormalization",
@@ -118,32 +166,67 @@ class _Graph:
         return self.op("Mul", [x, self.op("Sigmoid", [x])])  # swish / silu
 
 
-def _attend(g, attention, h, n, prefix, hidden, seqlens, total):
+def _attend(g, attention, h, n, prefix, hidden, seqlens, total, rotary):
     """Block `n`'s self-attention of `h` over its cache: one MatMul+Add for q|k|v, then
-    `GroupQueryAttention` (which writes `present_*_n`), then W_O."""
+    `GroupQueryAttention` (which writes `present_*_n`, and rotates q and k by the `rotary`
+    cos/sin tables when given), then W_O."""
     heads = attention.num_heads
     kv_heads = attention.num_key_value_heads or heads
     key_dim = attention.key_dim
-    wq, bq, wk, bk, wv, bv, wo, bo = _weights(attention)
-    kernel = np.concatenate([w.reshape(hidden, -1) for w in (wq, wk, wv)], axis=1)
-    bias = np.concatenate([b.reshape(-1) for b in (bq, bk, bv)])
     sizes = np.array([heads * key_dim, kv_heads * key_dim, kv_heads * key_dim])
+    parts = [
+        _kernel_bias(dense, int(width))
+        for dense, width in zip(
+            (attention.query_dense, attention.key_dense, attention.value_dense), sizes,
+            strict=True,
+        )
+    ]  # fmt: skip
+    kernel = np.concatenate([w for w, _ in parts], axis=1)
+    bias = np.concatenate([b for _, b in parts])
     qkv = g.dense(h, kernel, bias, f"{prefix}.qkv")
     q, k, v = g.op("Split", [qkv, g.const(f"{prefix}.sizes", sizes)], outputs=3, axis=-1)
+    inputs = [q, k, v, f"past_key_{n}", f"past_value_{n}", seqlens, total]
+    extra = {}
+    if rotary is not None:
+        inputs += list(rotary)
+        extra = {"do_rotary": 1, "rotary_interleaved": 0}
     out = g.op(
         "GroupQueryAttention",
-        [q, k, v, f"past_key_{n}", f"past_value_{n}", seqlens, total],
+        inputs,
         outputs=[f"{prefix}.attention", f"present_key_{n}", f"present_value_{n}"],
         domain="com.microsoft", num_heads=heads, kv_num_heads=kv_heads,
-        scale=float(attention.score.scale_for(key_dim)),
+        scale=float(attention.score.scale_for(key_dim)), **extra,
     )[0]  # fmt: skip
-    return g.dense(out, wo.reshape(heads * key_dim, hidden), bo, f"{prefix}.output")
+    wo, bo = _kernel_bias(attention.output_dense, hidden)
+    return g.dense(out, wo, bo, f"{prefix}.output")
 
 
 def _feed_forward(g, block, h, prefix):
-    w1, b1, w2, b2 = _weights(block.feed_forward)
-    h = g.activation(g.dense(h, w1, b1, f"{prefix}.ffn1"), block.activation)
+    ffn = block.feed_forward
+    inner, outer = ffn.intermediate_dense.kernel.shape[-1], ffn.output_dense.kernel.shape[-1]
+    w1, b1 = _kernel_bias(ffn.intermediate_dense, inner)
+    w2, b2 = _kernel_bias(ffn.output_dense, outer)
+    up = g.dense(h, w1, b1, f"{prefix}.ffn1")
+    if ffn.gate_dense is None:
+        h = g.activation(up, block.activation)
+    else:  # gated (SwiGLU): act(x·W_g) ⊙ x·W_1
+        wg, bg = _kernel_bias(ffn.gate_dense, inner)
+        h = g.op("Mul", [g.activation(g.dense(h, wg, bg, f"{prefix}.gate"), block.activation), up])
     return g.dense(h, w2, b2, f"{prefix}.ffn2")
+
+
+def _rotary_tables(g, lm, max_length):
+    """GroupQueryAttention's `cos_cache`, `sin_cache` `(max_length, key_dim / 2)` from the
+    blocks' rotary settings (scaling included), or None."""
+    from keras_attn.layers.rotary_embedding import inverse_frequencies
+
+    rotary = _rotary(lm)
+    if rotary is None:
+        return None
+    key_dim = lm.decoder_blocks[0].self_attention.key_dim
+    inv_freq = inverse_frequencies(key_dim, *rotary).astype(np.float32)
+    angles = np.arange(max_length, dtype=np.float32)[:, None] * inv_freq[None]  # as Keras
+    return (g.const("rotary_cos", np.cos(angles)), g.const("rotary_sin", np.sin(angles)))
 
 
 def write_decode_graph(
@@ -161,20 +244,22 @@ def write_decode_graph(
     # LayerNormalization needs opset 17; the graph needs onnxruntime (its contrib operators)
     # anyway, so an older export opset for model.onnx does not lower this one.
     opset = max(int(opset), 17)
-    g = _Graph()
+    g = _Graph(opset)
     embeddings = _weights(lm.token_embedding)[0]  # (vocab, d)
     vocab, hidden = embeddings.shape
-    # `position_embedding` is not None: `supported(lm)` refused that above.
-    table = np.asarray(
-        lm.position_embedding(np.zeros((1, max_length, hidden), np.float32), start_index=0)  # type: ignore[misc]
-    ).reshape(max_length, hidden)
     tokens = g.op("Gather", [g.const("token_embedding", embeddings), "token_ids"])
     shape = g.op("Shape", ["token_ids"])  # (batch, new)
     new = g.op("Gather", [shape, g.const("one", np.array(1))])
     one = g.const("one_i32", np.array(1, np.int32))
     end = g.op("Add", ["index", g.op("Cast", [new], to=TensorProto.INT32)])
-    steps = g.op("Range", ["index", end, one])
-    x = g.op("Add", [tokens, g.op("Gather", [g.const("position_table", table), steps])])
+    rotary = _rotary_tables(g, lm, max_length)
+    x = tokens
+    if lm.position_embedding is not None:  # else rotary: GroupQueryAttention places tokens
+        table = np.asarray(
+            lm.position_embedding(np.zeros((1, max_length, hidden), np.float32), start_index=0)
+        ).reshape(max_length, hidden)
+        steps = g.op("Range", ["index", end, one])
+        x = g.op("Add", [tokens, g.op("Gather", [g.const("position_table", table), steps])])
     # GroupQueryAttention: seqlens_k = total length - 1 for every row; total length.
     batch = g.op(
         "Slice", [shape, g.const("zero_1d", np.array([0])), g.const("one_1d", np.array([1]))]
@@ -203,7 +288,7 @@ def write_decode_graph(
             )
         p = f"block_{n}"
         sublayers: tuple[Callable[..., Any], Callable[..., Any]] = (
-            (lambda h, n=n, p=p, a=attention: _attend(g, a, h, n, p, hidden, seqlens, end)),
+            (lambda h, n=n, p=p, a=attention: _attend(g, a, h, n, p, hidden, seqlens, end, rotary)),
             (lambda h, p=p, b=block: _feed_forward(g, b, h, p)),
         )
         norms = (block.self_attention_layer_norm, block.feed_forward_layer_norm)
@@ -217,8 +302,10 @@ def write_decode_graph(
     x = g.op("Gather", [x, position], axis=1)  # (batch, d)
     if lm.final_norm is not None:
         x = g.layer_norm(x, lm.final_norm, "final_layer_norm")
-    if lm.head is None:  # tied: the token embedding, transposed
-        g.op("MatMul", [x, g.const("output_projection", embeddings.T.copy())], outputs=["logits"])
+    if lm.head is None:  # the token embedding, transposed, or its untied output matrix
+        untied = lm.token_embedding.reverse_embeddings
+        output = embeddings if untied is None else np.asarray(untied, np.float32)
+        g.op("MatMul", [x, g.const("output_projection", output.T.copy())], outputs=["logits"])
     else:
         kernel, *bias = _weights(lm.head)
         projected = g.op("MatMul", [x, g.const("output_projection", kernel)])

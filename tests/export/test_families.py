@@ -42,7 +42,9 @@ def test_every_family_exports_with_parity_in_both_formats(name, tmp_path):
         assert all(row[c] <= 1e-4 for c in columns), row
     assert {o["name"] for o in manifest["outputs"]} == {r["output"] for r in rows}
     assert manifest["onnx"]["files"] == ["model.onnx", "model.opt.onnx"]
-    if name != "lstm_attention":
+    # onnxruntime's optimizer fuses neither rotary attention nor our RMSNorm: the Llama-family
+    # graph is checked for parity only (its decode graph is hand-written: decode_gqa.onnx).
+    if name not in ("lstm_attention", "causal_lm_llama"):
         # Every block's LayerNorms are fused, and every attention layer is one node: a
         # self-attention's q, k, v packed into `Attention`, a cross-attention (keys and
         # values from another input) a `MultiHeadAttention`; the unoptimized file has none.
@@ -353,3 +355,40 @@ def test_a_new_family_decodes_maps_and_exports_with_no_change_outside_it(tmp_pat
     assert gqa["file"] == "decode_gqa.onnx" and gqa["kv_heads"] == 2
     assert gqa["step_logits_max_abs_diff"] <= 1e-4
     assert Predictor(tmp_path / "toy").generate_ids(prompts, 8) == cached
+
+
+@pytest.mark.parametrize("model_type, overrides", [
+    ("llama", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                "high_freq_factor": 4.0, "original_max_position_embeddings": 8}}),
+    ("qwen2", {}),  # biased q, k, v; tied output
+])  # fmt: skip
+def test_llama_family_exports_both_decode_graphs_equal_to_keras(model_type, overrides, tmp_path):
+    from keras_attn_serving import Predictor
+
+    from tests.models import llama_reference as ref
+
+    config, weights = ref.random_checkpoint(model_type, head_dim=16, **overrides)
+    ref.write_folder(tmp_path / "hf", config, weights)
+    lm = CausalLM.from_pretrained(tmp_path / "hf")
+    manifest = export_model(lm, tmp_path / "lm", formats=["onnx"], verbose=False)
+    assert all(row["onnx_vs_keras"] <= 1e-4 for row in manifest["parity"]["rows"])
+    decoding = manifest["decoding"]
+    assert decoding["file"] == "decode.onnx" and decoding["greedy_equals_keras"]
+    gqa = decoding["gqa"]  # rotary inside GroupQueryAttention, RMSNorm, SwiGLU
+    assert gqa["file"] == "decode_gqa.onnx" and gqa["greedy_equals_keras"], gqa
+    assert gqa["step_logits_max_abs_diff"] <= 1e-4 and (gqa["kv_heads"], gqa["key_dim"]) == (2, 16)
+    predictor = Predictor(tmp_path / "lm")
+    prompts = [[5, 6, 7], [9, 3, 12, 4, 8, 11, 2], [2]]
+    expected = lm.generate(prompts, 12)
+    assert predictor.generate_ids(prompts, 12) == expected
+    assert predictor.generate_ids(prompts, 12, use_cache="decode.onnx") == expected
+
+
+def test_rotary_heads_gqa_cannot_rotate_keep_decode_onnx(tmp_path):
+    from keras_attn_export.decode_graph import supported
+
+    lm = CausalLM(
+        40, 16, hidden_dim=16, num_heads=2, position_encoding="rotary",
+        normalization="rms_norm", gated_feed_forward=True, activation="swish",
+    )  # fmt: skip
+    assert "rotary key_dim 8 is not a multiple of 16" in supported(lm)

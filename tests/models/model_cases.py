@@ -54,6 +54,26 @@ MODELS = {
         {"token_ids": TOKENS, "padding_mask": (TOKENS != 0).astype("int32")},
         np.roll(TOKENS, -1, axis=1),
     ),
+    "causal_lm_llama": (  # rotary GQA, RMSNorm, SwiGLU, no biases, untied output
+        lambda: CausalLM(
+            VOCAB,
+            16,
+            hidden_dim=32,
+            num_layers=1,
+            num_heads=2,
+            num_key_value_heads=1,
+            position_encoding="rotary",
+            normalization="rms_norm",
+            gated_feed_forward=True,
+            activation="swish",
+            attention_bias=False,
+            feed_forward_bias=False,
+            tie_word_embeddings=False,
+            mask_zero=False,
+        ),
+        TOKENS,
+        np.roll(TOKENS, -1, axis=1),
+    ),
     "seq2seq_shared": (seq2seq, SEQ2SEQ_INPUTS, np.array([[12, 13, 2, 0, 0], [14, 15, 16, 17, 2]])),
     "seq2seq_separate": (
         lambda: seq2seq(
