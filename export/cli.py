@@ -44,7 +44,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         help="int8 weight type (default: measure both, keep the faster one within the drift bound)",
     )
-    parser.add_argument("--tolerance", type=float, default=1e-4)
+    parser.add_argument(
+        "--tolerance", type=float, default=None,
+        help="largest Keras-vs-artifact max-abs difference (default 1e-4; 5e-2 for a model "
+        "quantized in Keras)",
+    )  # fmt: skip
     parser.add_argument(
         "--task",
         choices=["classify", "tag", "embed", "generate"],

@@ -60,6 +60,12 @@ def supported(lm: "CachedCausalLM") -> str | None:
     if len(settings) > 1 or len(rope) > 1:
         return "the blocks differ in their rotary settings"
     rotary = settings == {False}
+    quantized = [
+        layer.path for block in lm.decoder_blocks for layer in block._flatten_layers()
+        if getattr(layer, "quantization_mode", None)
+    ]  # fmt: skip
+    if quantized:
+        return f"layers quantized in Keras ({quantized[0]}, …): their int8 math is decode.onnx's"
     if lm.position_embedding is None and not rotary:
         return "the embedding is a TokenAndPositionEmbedding (one position layer is expressed)"
     if lm.position_embedding is not None and rotary:

@@ -124,6 +124,9 @@ class CacheGraph(_Strict):
 
 class Decoding(CacheGraph):
     gqa: CacheGraph | None = None
+    # The id that pads the decoding buffer and is never generated: 0, or where id 0 is a real
+    # token (GPT-2, Llama) the last id, as Keras `generate()` pads.
+    pad_id: int = 0
 
 
 class TextOnnx(_Strict):

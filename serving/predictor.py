@@ -74,6 +74,8 @@ class Predictor:
         # `decode_gqa.onnx` (onnxruntime's GroupQueryAttention, cache updated in place) when
         # the export could write it: the graph generation uses.
         self.gqa = (self.decoding or {}).get("gqa") or {}
+        # The id Keras `generate()` pads with and never generates (manifest `decoding.pad_id`).
+        self.pad_id = int((self.decoding or {}).get("pad_id", 0))
         self.gqa_session: ort.InferenceSession | None = None
         if self.gqa.get("file"):
             self.gqa_session = ort.InferenceSession(
@@ -178,7 +180,7 @@ class Predictor:
         `False` reruns the full model over the prefix every step."""
         step, state, max_length = self._decoder(len(prompts), use_cache)
         return greedy_decode(step, state, [list(p) for p in prompts], max_new_tokens,
-                             stop_token_ids, max_length=max_length)  # fmt: skip
+                             stop_token_ids, self.pad_id, max_length=max_length)  # fmt: skip
 
     def generate_tokens(
         self,
@@ -190,7 +192,7 @@ class Predictor:
         """`generate_ids` as a generator of `(row, new id)`, each as soon as it is chosen."""
         step, state, max_length = self._decoder(len(prompts), use_cache)
         return greedy_tokens(step, state, [list(p) for p in prompts], max_new_tokens,
-                             stop_token_ids, max_length=max_length)  # fmt: skip
+                             stop_token_ids, self.pad_id, max_length=max_length)  # fmt: skip
 
     def _decoder(self, batch, use_cache):
         """`(step, initial state, max length)` of greedy decoding: a decode graph over a

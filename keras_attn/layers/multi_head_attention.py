@@ -178,11 +178,20 @@ class MultiHeadAttention(keras.layers.Layer):
         groups = self.num_heads // self._kv_heads
         return ops.repeat(k, groups, axis=head_axis), ops.repeat(v, groups, axis=head_axis)
 
+    @property
+    def _quantized(self):
+        """Whether Keras quantized a projection (`model.quantize`): its `kernel` is then
+        int8 or float8 plus scales, so only its own call computes it."""
+        denses = (self.query_dense, self.key_dense, self.value_dense, self.output_dense)
+        return any(dense.quantization_mode for dense in denses)
+
     @staticmethod
     def _project(dense, x, layout):
         """`dense(x)` laid out as `(B, T, H, d)` ("bthk") or `(B, H, T, d)` ("bhtk")."""
         if layout == "bthk":
             return dense(x)
+        if dense.quantization_mode:
+            return ops.transpose(dense(x), (0, 2, 1, 3))
         out = ops.einsum("btd,dhk->bhtk", x, dense.kernel)
         if dense.bias is not None:
             out = out + ops.expand_dims(dense.bias, 1)
@@ -264,6 +273,7 @@ class MultiHeadAttention(keras.layers.Layer):
         if (
             fused
             and self.rope_max_wavelength is None
+            and not self._quantized
             and is_onnx_tracing()
             and self._kv_heads == self.num_heads
             and same_width
@@ -374,7 +384,9 @@ class MultiHeadAttention(keras.layers.Layer):
                 dropout=self.dropout_layer if use_dropout else None,
                 training=training,
             )  # (B, H, T, dv)
-        if not heads_first:
+        if not heads_first or self.output_dense.quantization_mode:
+            if heads_first:
+                out = ops.transpose(out, (0, 2, 1, 3))
             output = self.output_dense(out)
         else:
             output = ops.einsum("bhtv,hvd->btd", out, self.output_dense.kernel)

@@ -86,7 +86,9 @@ class TransformerBlock(keras.layers.Layer):
         self.key_dim = key_dim
         self.num_key_value_heads = num_key_value_heads
         self._score_arg = score
-        self.score = get_score(score)  # validated here; each attention sublayer gets its own
+        # Validated here; each attention sublayer builds its own. Kept out of Keras's layer
+        # tracking: an unbuilt sublayer would stop `model.quantize()` and weigh in saving.
+        object.__setattr__(self, "_validated_score", get_score(score))
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.normalization = normalization
@@ -111,7 +113,7 @@ class TransformerBlock(keras.layers.Layer):
     def _attention(self, hidden_dim, name):
         score = self._score_arg
         if not isinstance(score, str):  # a fresh copy per sublayer, so weights are not shared
-            score = serialize_score(score, self.score)
+            score = serialize_score(score, self._validated_score)
         return MultiHeadAttention(
             num_heads=self.num_heads,
             key_dim=self._head_dim(hidden_dim),
@@ -183,7 +185,7 @@ class TransformerBlock(keras.layers.Layer):
             "layer_norm_epsilon": self.layer_norm_epsilon,
             "key_dim": self.key_dim,
             "num_key_value_heads": self.num_key_value_heads,
-            "score": serialize_score(self._score_arg, self.score),
+            "score": serialize_score(self._score_arg, self._validated_score),
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
             "bias_initializer": keras.initializers.serialize(self.bias_initializer),
             "normalization": self.normalization,

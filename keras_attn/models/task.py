@@ -93,6 +93,16 @@ class ConfigModel(keras.Model):
         for arg in self.config_args:
             setattr(self, arg, values[arg])
 
+    def quantize(self, mode: Any = None, config: Any = None, filters: Any = None,
+                 **kwargs: Any) -> None:  # fmt: skip
+        """Keras's `Model.quantize` (`"int8"`, `"float8"`, `"int4"`), atomic and saved: every
+        layer is checked before any is changed (an unknown mode, an unbuilt layer or nothing
+        to quantize raise a `ValueError` and leave the model as it was), and the quantized
+        layers are recorded in the config, so a `.keras` file reloads quantized."""
+        from keras_attn.models import quantization
+
+        quantization.quantize(self, super().quantize, mode, config, filters, **kwargs)
+
     def get_config(self) -> dict[str, Any]:
         config = {"name": self.name, "trainable": self.trainable}
         for arg in self.config_args:
@@ -100,15 +110,24 @@ class ConfigModel(keras.Model):
             if arg in self.nested_models:
                 value = keras.saving.serialize_keras_object(value)
             config[arg] = value
+        quantized = getattr(self, "_keras_attn_quantized", None)
+        if quantized:
+            config["quantized_layers"] = dict(quantized)
         return config
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Any:
         config = dict(config)
+        quantized = config.pop("quantized_layers", None)
         for arg in cls.nested_models:
             if config.get(arg) is not None:
                 config[arg] = keras.saving.deserialize_keras_object(config[arg])
-        return cls(**config)
+        model = cls(**config)
+        if quantized:
+            from keras_attn.models.quantization import requantize
+
+            requantize(model, quantized)
+        return model
 
 
 class Task(ConfigModel):
