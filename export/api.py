@@ -47,6 +47,7 @@ from keras_attn_export.saved_model import (
     write_saved_model,
 )
 
+from keras_attn.models.lora import lora_layers, merged_copy
 from keras_attn.preprocessing import SegmentPacker, StartEndPacker, TextPreprocessor
 from keras_attn.tokenizers import WordPieceTokenizer
 
@@ -124,7 +125,8 @@ def export_model(
     `manifest.json` (inputs and outputs with named dynamic axes, opset, tool versions, sha256
     of every file, fused-operator counts per ONNX file, the parity table and the int8 drift).
     It is written to a temporary folder and renamed into place only when parity holds, so a
-    failed export leaves nothing behind. Mixed-precision models export as float32.
+    failed export leaves nothing behind. Mixed-precision models export as float32; LoRA
+    adapters are merged into their kernels, parity checked against the adapted model.
 
     Args:
         model: a functional Keras model (any `keras_attn.models` family or head, or the
@@ -239,6 +241,11 @@ def _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantiz
         )
     check_labels(model, labels, task)
     model = as_float32(model)
+    # LoRA adapters are folded into their kernels for export; the parity sweep's reference
+    # stays the adapted model itself.
+    reference = model
+    if lora_layers(model):
+        model = merged_copy(model)
     if tokenizer is not None and preprocessor is None:
         preprocessor = TextPreprocessor(
             tokenizer, packer, None if packer is not None else max_sequence_length(model)
@@ -260,7 +267,7 @@ def _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantiz
                 file: ort.InferenceSession(str(tmp / file), providers=["CPUExecutionProvider"])
                 for file in onnx_info["files"]
             }
-        cases = sweep(model, batch_sizes, sequence_lengths, input_ranges)
+        cases = sweep(reference, batch_sizes, sequence_lengths, input_ranges)
         rows = parity_rows(cases, saved, sessions)
         worst = check(rows, tolerance)
         text_onnx = None

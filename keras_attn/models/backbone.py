@@ -44,6 +44,48 @@ class Backbone(ConfigModel):
         `config.json`. See `keras_attn.pretrained.load_pretrained`."""
         return load_pretrained(folder, cls, strict=strict, **kwargs)
 
+    def enable_lora(
+        self, rank: int, target: str | tuple[str, ...] | list[str] = ("query", "value"),
+        alpha: float | None = None,
+    ) -> None:  # fmt: skip
+        """Low-rank adapters (Keras's `enable_lora`) of `rank` on the projections named in
+        `target` (`"query"`, `"key"`, `"value"`, `"attention_output"`, `"intermediate"`,
+        `"gate"`, `"output"`; default query and value, as keras-hub); every other backbone
+        weight is frozen, a task's head still trains. `alpha` scales the adapters by
+        `alpha / rank` (default `rank`). Saved in the config: a `.keras` file reloads with
+        them. See `keras_attn.models.lora`."""
+        from keras_attn.models.lora import enable_lora
+
+        enable_lora(self, rank, target, alpha)
+
+    def save_lora_weights(self, path: str | os.PathLike[str]) -> None:
+        """The adapters alone (a safetensors file, with their rank, target and alpha)."""
+        from keras_attn.models.lora import save_lora_weights
+
+        save_lora_weights(self, path)
+
+    def load_lora_weights(self, path: str | os.PathLike[str]) -> None:
+        """Adapters from `save_lora_weights` (LoRA is enabled as saved if it is not yet)."""
+        from keras_attn.models.lora import load_lora_weights
+
+        load_lora_weights(self, path)
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        lora = getattr(self, "_keras_attn_lora", None)
+        if lora:
+            config["lora"] = dict(lora)
+        return config
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Any:
+        config = dict(config)
+        lora = config.pop("lora", None)
+        model = super().from_config(config)
+        if lora:
+            model.enable_lora(**lora)
+        return model
+
     def save_pretrained(
         self, folder: str | os.PathLike[str], tokenizer: Any = None, **kwargs: Any
     ) -> None:
