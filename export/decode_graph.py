@@ -60,8 +60,9 @@ def supported(lm: "CachedCausalLM") -> str | None:
     if len(settings) > 1 or len(rope) > 1:
         return "the blocks differ in their rotary settings"
     rotary = settings == {False}
+    parts = [*lm.decoder_blocks, lm.token_embedding, *([lm.head] if lm.head is not None else [])]
     quantized = [
-        layer.path for block in lm.decoder_blocks for layer in block._flatten_layers()
+        layer.path for part in parts for layer in part._flatten_layers()
         if getattr(layer, "quantization_mode", None)
     ]  # fmt: skip
     if quantized:

@@ -19,11 +19,14 @@ def check_rope_scaling(rope_scaling: dict[str, Any] | None) -> dict[str, Any] | 
     if rope_scaling is None:
         return None
     if not isinstance(rope_scaling, dict):
-        raise ValueError(f"`rope_scaling` must be a dict or None. Received: {rope_scaling!r}")
+        raise ValueError(
+            f"`rope_scaling` must be a dict or None. Received: rope_scaling={rope_scaling!r}"
+        )
     kind = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
     if kind not in ROPE_TYPES:
         raise ValueError(
-            f"`rope_scaling` type must be one of {list(ROPE_TYPES)}. Received: rope_type={kind!r}"
+            f"`rope_scaling` type must be one of {list(ROPE_TYPES)}. Received: rope_type={kind!r} "
+            f"in rope_scaling={rope_scaling!r}"
         )
     needed = {
         "default": (),
@@ -39,11 +42,13 @@ def check_rope_scaling(rope_scaling: dict[str, Any] | None) -> dict[str, Any] | 
         value = rope_scaling.get(name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
             raise ValueError(
-                f"`rope_scaling` ({kind}) needs a positive `{name}`. Received: {rope_scaling!r}"
+                f"`rope_scaling` ({kind}) needs a positive `{name}`. "
+                f"Received: rope_scaling={rope_scaling!r}"
             )
     if kind == "llama3" and not rope_scaling["high_freq_factor"] > rope_scaling["low_freq_factor"]:
         raise ValueError(
-            f"`rope_scaling` needs high_freq_factor > low_freq_factor. Received: {rope_scaling!r}"
+            "`rope_scaling` needs high_freq_factor > low_freq_factor. "
+            f"Received: rope_scaling={rope_scaling!r}"
         )
     return {**{k: v for k, v in rope_scaling.items() if k != "type"}, "rope_type": kind}
 

@@ -124,8 +124,9 @@ class TransformerBlock(keras.layers.Layer):
             bias_initializer=self.bias_initializer,
             use_bias=self.attention_bias,
             output_use_bias=self.attention_output_bias,
-            rope_max_wavelength=self.rope_max_wavelength,
-            rope_scaling=self.rope_scaling,
+            # Rotary positions are the self-attention's: cross-attention keys are the encoder's.
+            rope_max_wavelength=self.rope_max_wavelength if name == "self_attention" else None,
+            rope_scaling=self.rope_scaling if name == "self_attention" else None,
             dtype=self.dtype_policy,
             name=name,
         )

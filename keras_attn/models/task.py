@@ -95,10 +95,11 @@ class ConfigModel(keras.Model):
 
     def quantize(self, mode: Any = None, config: Any = None, filters: Any = None,
                  **kwargs: Any) -> None:  # fmt: skip
-        """Keras's `Model.quantize` (`"int8"`, `"float8"`, `"int4"`), atomic and saved: every
-        layer is checked before any is changed (an unknown mode, an unbuilt layer or nothing
-        to quantize raise a `ValueError` and leave the model as it was), and the quantized
-        layers are recorded in the config, so a `.keras` file reloads quantized."""
+        """Keras's `Model.quantize` (`"int8"`, `"float8"`, `"int4"`, with their configs),
+        atomic and saved: every layer is checked before any is changed (an unknown mode, GPTQ
+        or AWQ, an unbuilt layer or nothing left to quantize raise a `ValueError` and leave
+        the model as it was; already quantized layers are skipped), and the config lists the
+        quantized layers, so a `.keras` file reloads quantized."""
         from keras_attn.models import quantization
 
         quantization.quantize(self, super().quantize, mode, config, filters, **kwargs)
@@ -110,9 +111,12 @@ class ConfigModel(keras.Model):
             if arg in self.nested_models:
                 value = keras.saving.serialize_keras_object(value)
             config[arg] = value
-        quantized = getattr(self, "_keras_attn_quantized", None)
+        from keras_attn.models.quantization import quantized_layers
+
+        nested = [getattr(self, arg) for arg in self.nested_models]
+        quantized = quantized_layers(self, [m for m in nested if isinstance(m, ConfigModel)])
         if quantized:
-            config["quantized_layers"] = dict(quantized)
+            config["quantized_layers"] = quantized
         return config
 
     @classmethod

@@ -122,7 +122,8 @@ def check_shard_size(max_shard_size: Any) -> None:
         or max_shard_size <= 0
     ):  # fmt: skip
         raise ValueError(
-            f"`max_shard_size` must be a positive number of bytes. Received: {max_shard_size!r}"
+            "`max_shard_size` must be a positive number of bytes. "
+            f"Received: max_shard_size={max_shard_size!r}"
         )
 
 

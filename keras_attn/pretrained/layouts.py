@@ -297,7 +297,12 @@ class Gpt2:
         }
 
     def hf_config(self, model: Any) -> dict[str, Any]:
-        _check_exportable(model, normalize_first=True, position_encoding="learned")
+        _check_exportable(
+            model, normalize_first=True, position_encoding="learned", normalization="layer_norm",
+            gated_feed_forward=False, num_key_value_heads=None, head_dim=None,
+            attention_bias=True, attention_output_bias=None, feed_forward_bias=True,
+            tie_word_embeddings=True,
+        )  # fmt: skip
         return {
             "architectures": ["GPT2LMHeadModel"],
             "model_type": "gpt2",

@@ -196,3 +196,15 @@ def test_mixed_precision_llama_trains_with_float32_logits():
         assert to_numpy(lm(x)).dtype == np.float32
     finally:
         keras.mixed_precision.set_dtype_policy("float32")
+
+
+def test_cross_attention_keeps_no_rotary_and_gpt2_refuses_llama_arguments(tmp_path):
+    import keras_attn as ka
+
+    block = ka.TransformerDecoder(num_heads=2, intermediate_dim=16, rope_max_wavelength=1e4)
+    block(np.zeros((1, 3, 8), "float32"), np.zeros((1, 5, 8), "float32"))
+    assert block.self_attention.rope_max_wavelength == 1e4
+    assert block.cross_attention.rope_max_wavelength is None  # keys are the encoder's
+    lm = CausalLM(40, 16, hidden_dim=16, num_heads=2, num_key_value_heads=1)
+    with pytest.raises(ValueError, match="num_key_value_heads"):
+        lm.save_pretrained(tmp_path)  # GPT-2's fused c_attn holds equal q, k, v widths

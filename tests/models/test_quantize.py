@@ -118,3 +118,46 @@ def test_int8_keras_model_exports_with_parity_to_itself(name, tmp_path):
         assert Predictor(tmp_path / "q").generate_ids([[5, 6, 7]], 6) == model.generate(
             [[5, 6, 7]], max_new_tokens=6
         )
+
+
+def test_each_model_records_its_own_quantized_layers(tmp_path):
+    """A backbone keeps its record wherever it is saved: alone, in a task, inside a plain
+    Keras model quantized by Keras itself; quantizing again only adds layers."""
+    model, inputs, _ = build("causal_lm")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.quantize("int8", filters="value")
+        model.quantize("int8")  # the rest; the value projections are skipped, not refused
+    model.backbone.save(tmp_path / "backbone.keras")
+    backbone = keras.saving.load_model(tmp_path / "backbone.keras")
+    assert quantized(backbone) == quantized(model.backbone)
+    ids = inputs[:, :4]
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(backbone(ids)), keras.ops.convert_to_numpy(model.backbone(ids))
+    )
+    plain_in = keras.Input((None,), dtype="int32")
+    hidden = build("causal_lm")[0].backbone(plain_in)
+    plain = keras.Model(plain_in, keras.layers.Dense(2, name="head")(hidden))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plain.quantize("int8")  # Keras's own quantize: our backbone's config still records
+    plain.save(tmp_path / "plain.keras")
+    again = keras.saving.load_model(tmp_path / "plain.keras")
+    for a, b in zip(outputs(again, ids), outputs(plain, ids), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_custom_int8_config_is_saved_and_calibrated_modes_are_refused(tmp_path):
+    model, inputs, _ = build("classifier_cls")
+    weight_only = keras.quantizers.Int8QuantizationConfig(activation_quantizer=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.quantize(config=weight_only)
+    model.save(tmp_path / "w.keras")
+    again = keras.saving.load_model(tmp_path / "w.keras")
+    for a, b in zip(outputs(again, inputs), outputs(model, inputs), strict=True):
+        np.testing.assert_array_equal(a, b)
+    fresh, _, _ = build("classifier_cls")
+    with pytest.raises(ValueError, match="calibration"):
+        fresh.quantize("gptq", config=keras.quantizers.GPTQConfig(dataset=[], tokenizer=None))
+    assert quantized(fresh) == []
