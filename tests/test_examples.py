@@ -72,6 +72,19 @@ SHORT_RUNS = {
 
 @pytest.mark.slow
 @pytest.mark.tf_only
+def test_sentiment_lora_trains_a_small_share_of_minilm():
+    from examples import sentiment
+
+    args = ["--pretrained", "--lora", "4", "--max-train", "64", "--max-test", "32",
+            "--epochs", "1", "--sequence-length", "16"]  # fmt: skip
+    lora = sentiment.main(args)
+    # MiniLM: 22.7M frozen; 12 adapters A (384, 12, 4), B (4, 32) (Keras EinsumDense LoRA) + head
+    assert 0.9 < lora["trainable_percent"] < 1.0  # 223,875 of 22,937,091
+    assert 0.0 <= lora["accuracy"] <= 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.tf_only
 @pytest.mark.parametrize("name", sorted(SHORT_RUNS))
 def test_example_runs_a_few_steps(name):
     import importlib
