@@ -202,10 +202,8 @@ def _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantiz
     if int8_weights is not None and not quantize:
         raise ValueError(f"`int8_weights` needs `quantize='int8'`. Received: {int8_weights!r}")
     check_opset(opset)
-    if tolerance is None:
-        quantized = any(getattr(la, "quantization_mode", None) for la in model._flatten_layers())
-        tolerance = KERAS_QUANTIZED_TOLERANCE if quantized else 1e-4
-    check_tolerance(tolerance)
+    if tolerance is not None:
+        check_tolerance(tolerance)
     if optimize and opset < 17:
         raise ValueError(
             "`optimize` fuses LayerNormalization, an ONNX operator since opset 17. "
@@ -213,6 +211,9 @@ def _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantiz
         )
     if not isinstance(model, keras.Model) or not hasattr(model, "inputs") or not model.inputs:
         raise ValueError(f"`model` must be a built functional keras.Model. Received: {model!r}")
+    if tolerance is None:
+        quantized = any(getattr(la, "quantization_mode", None) for la in model._flatten_layers())
+        tolerance = KERAS_QUANTIZED_TOLERANCE if quantized else 1e-4
     task = check_task(model, task, task_of(model))
     preprocessor = getattr(model, "preprocessor", None)
     text_model = split_text_model(model)

@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from keras_attn.layers.rotary_embedding import inverse_frequencies
+
 if TYPE_CHECKING:
     import keras
     import onnx
@@ -225,8 +227,6 @@ def _feed_forward(g, block, h, prefix):
 def _rotary_tables(g, lm, max_length):
     """GroupQueryAttention's `cos_cache`, `sin_cache` `(max_length, key_dim / 2)` from the
     blocks' rotary settings (scaling included), or None."""
-    from keras_attn.layers.rotary_embedding import inverse_frequencies
-
     rotary = _rotary(lm)
     if rotary is None:
         return None
