@@ -62,8 +62,10 @@ def train_classifier(encoder, x, y, x_test, y_test, epochs, learning_rate=1e-3,
         encoder.enable_lora(lora)
     trainable = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
     parameters = sum(int(np.prod(w.shape)) for w in model.weights)
-    print(f"trainable parameters: {trainable:,} of {parameters:,} "
-          f"({100 * trainable / parameters:.2f}%)")
+    print(
+        f"trainable parameters: {trainable:,} of {parameters:,} "
+        f"({100 * trainable / parameters:.2f}%)"
+    )
     steps = epochs * -(-len(y) // batch_size)
     # Under a time budget the step count is unknown: warm up briefly, then hold the rate.
     warmup, total = (30, 10**7) if budget_seconds else (steps // 10, steps)
