@@ -89,11 +89,11 @@ def main(argv=None):
     y = np.array([label for _, label in labeled])
     x_test = encode(tokenizer, [t for t, _ in test], args.sequence_length)
     y_test = np.array([label for _, label in test])
-    results["finetuned_accuracy"] = train_classifier(encoder, x, y, x_test, y_test,
+    results["finetuned_accuracy"], _ = train_classifier(encoder, x, y, x_test, y_test,
                                                      args.finetune_epochs)  # fmt: skip
     keras.utils.set_random_seed(0)
     scratch = make_encoder(tokenizer.vocabulary_size(), args.sequence_length)
-    results["scratch_accuracy"] = train_classifier(scratch, x, y, x_test, y_test,
+    results["scratch_accuracy"], _ = train_classifier(scratch, x, y, x_test, y_test,
                                                    args.finetune_epochs)  # fmt: skip
     print(
         f"pretraining: masked-token accuracy {results['masked_token_accuracy']:.3f}, "
