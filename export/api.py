@@ -50,6 +50,7 @@ from keras_attn_export.saved_model import (
 from keras_attn.models.lora import lora_layers, merged_copy
 from keras_attn.preprocessing import SegmentPacker, StartEndPacker, TextPreprocessor
 from keras_attn.tokenizers import WordPieceTokenizer
+from keras_attn.tokenizers.pipeline import JsonTokenizer
 
 if TYPE_CHECKING:
     from keras_attn_serving.manifest import Manifest
@@ -98,10 +99,13 @@ def _check_formats(formats, optimize, quantize):
     return formats
 
 
+TEXT_PARITY_TOLERANCE = 1e-5
+
+
 def export_model(
     model: keras.Model,
     out_dir: str | Path,
-    tokenizer: WordPieceTokenizer | None = None,
+    tokenizer: WordPieceTokenizer | JsonTokenizer | None = None,
     packer: StartEndPacker | SegmentPacker | None = None,
     formats: Iterable[str] = FORMATS,
     opset: int = 17,
@@ -135,7 +139,8 @@ def export_model(
             through our `WordPieceTokenizer` (and packer): it is exported as its ids part
             (`keras_attn_export.functional.split_text_model`). Neither takes `tokenizer=`.
         out_dir: destination folder.
-        tokenizer: optional `WordPieceTokenizer`, for a model with no preprocessor; its
+        tokenizer: optional `WordPieceTokenizer`, `BytePairTokenizer` or `UnigramTokenizer`,
+            for a model with no preprocessor; its
             vocabulary is exported with the model, and the SavedModel gets a `serve_text`
             signature taking raw strings. A model with more than one input needs `packer`.
         packer: optional packer (e.g. `StartEndPacker`) between tokenizer and model in
@@ -235,10 +240,11 @@ def _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantiz
             "task its preprocessor (`model.preprocessor = TextPreprocessor(tokenizer, "
             "SegmentPacker(...))`, as `from_pretrained` does) or pass `packer`."
         )
-    if tokenizer is not None and not isinstance(tokenizer, WordPieceTokenizer):
+    if tokenizer is not None and not isinstance(tokenizer, WordPieceTokenizer | JsonTokenizer):
         raise ValueError(
-            "`tokenizer` must be a WordPieceTokenizer: the server-side tokenizer files "
-            f"exist for WordPiece only so far. Received: {type(tokenizer).__name__}"
+            "`tokenizer` must be a WordPieceTokenizer, BytePairTokenizer or UnigramTokenizer "
+            "(those the server runs without TensorFlow). Received: "
+            f"{type(tokenizer).__name__}"
         )
     check_labels(model, labels, task)
     model = as_float32(model)
@@ -282,10 +288,14 @@ def _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantiz
         strings_vs_ids = None
         if preprocessor is not None and saved is not None:
             strings_vs_ids = text_parity(tmp / "saved_model", preprocessor)
-            if strings_vs_ids != 0.0:
+            # Same ids, same weights: equal, but for the last bits where the tokenizer's
+            # graph (a BPE merge loop) changes how TensorFlow optimizes the function
+            # (4.8e-7 measured); a wrong id moves outputs by orders of magnitude more.
+            if strings_vs_ids > TEXT_PARITY_TOLERANCE:
                 raise ParityError(
                     f"`serve_text` differs from `serving_default` on the same text by "
-                    f"{strings_vs_ids:.3e}; they must agree exactly"
+                    f"{strings_vs_ids:.3e} (> {TEXT_PARITY_TOLERANCE}): the strings graph does "
+                    "not make the ids the preprocessor makes"
                 )
         manifest = write_manifest(
             tmp,

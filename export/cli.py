@@ -13,7 +13,12 @@ from typing import TYPE_CHECKING
 from keras_attn_export.parity import ParityError
 
 import keras_attn  # noqa: F401  registers the layers and models for loading
-from keras_attn.tokenizers import WordPieceTokenizer
+from keras_attn.tokenizers import (
+    BytePairTokenizer,
+    Tokenizer,
+    WordPieceTokenizer,
+    from_tokenizer_json,
+)
 
 if TYPE_CHECKING:
     import keras
@@ -95,11 +100,17 @@ def parse_labels(text: str | None) -> list[str] | None:
     return labels
 
 
-def load_tokenizer(path: str | None) -> WordPieceTokenizer | None:
-    """A `WordPieceTokenizer` from a vocab.txt or a Hugging Face folder (None stays None)."""
+def load_tokenizer(path: str | None) -> "Tokenizer | None":
+    """The tokenizer of `path` (None stays None): a Hugging Face folder (`tokenizer.json` of
+    any model type we run, `vocab.json` + `merges.txt`, or `vocab.txt`), a `tokenizer.json`
+    file, or a WordPiece `vocab.txt` file."""
     if path is None:
         return None
-
+    hub_json = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+    if hub_json.endswith(".json") and os.path.isfile(hub_json):
+        return from_tokenizer_json(hub_json)
+    if os.path.isdir(path) and os.path.isfile(os.path.join(path, "merges.txt")):
+        return BytePairTokenizer.from_pretrained(path)
     if os.path.isdir(path):
         return WordPieceTokenizer.from_pretrained(path)
     return WordPieceTokenizer(path)

@@ -16,6 +16,7 @@ import keras_attn.models as models
 from keras_attn.models.cached import CachedCausalLM
 from keras_attn.preprocessing import SegmentPacker, StartEndPacker
 from keras_attn.tokenizers import WordPieceTokenizer
+from keras_attn.tokenizers.pipeline import JsonTokenizer
 
 
 def versions() -> dict:
@@ -146,8 +147,18 @@ def packer_spec(packer: StartEndPacker | SegmentPacker | None) -> dict[str, Any]
     }
 
 
-def write_tokenizer(tokenizer: WordPieceTokenizer, folder: Path) -> list[Path]:
+def write_tokenizer(tokenizer: "WordPieceTokenizer | JsonTokenizer", folder: Path) -> list[Path]:
+    """The server's `tokenizer/` folder: `tokenizer.json` (a Hugging Face one for
+    `BytePairTokenizer`/`UnigramTokenizer`, our WordPiece settings otherwise) and `vocab.txt`.
+    Returns the files the SavedModel needs as assets (the WordPiece vocabulary)."""
     folder.mkdir()
+    if isinstance(tokenizer, JsonTokenizer):
+        text = json.dumps(tokenizer.get_tokenizer_json(), ensure_ascii=False)
+        (folder / "tokenizer.json").write_text(text, encoding="utf-8")
+        # One token per line, for people reading the folder (the server reads the JSON).
+        lines = [t.replace("\n", "\\n") for t in tokenizer.get_vocabulary()]
+        (folder / "vocab.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        return []
     vocab = folder / "vocab.txt"
     vocab.write_text("\n".join(tokenizer.get_vocabulary()) + "\n", encoding="utf-8")
     config = {

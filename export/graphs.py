@@ -196,6 +196,13 @@ def export_text_onnx(
     tokenizer's ids (non-ASCII text may differ; see `keras_attn_export.text_onnx`)."""
     from keras_attn_export.text_onnx import text_session, write_text_onnx
 
+    from keras_attn.tokenizers import WordPieceTokenizer
+
+    if tokenizer is not None and not isinstance(tokenizer, WordPieceTokenizer):
+        raise ValueError(
+            "`strings_in` writes the tokenizer as onnxruntime-extensions operators for "
+            f"WordPiece only so far. Received: {type(tokenizer).__name__}"
+        )
     if tokenizer is None or packer is not None or len(model.inputs) != 1 or not sessions:
         raise ValueError(
             "`strings_in` needs a `tokenizer`, no `packer`, a model with one ids input and "

@@ -10,7 +10,9 @@ _NAMES = {
     "Manifest": "keras_attn_serving.manifest",
     "read_manifest": "keras_attn_serving.manifest",
     "Predictor": "keras_attn_serving.predictor",
+    "JsonTextTokenizer": "keras_attn_serving.tokenizer",
     "WordPieceTextTokenizer": "keras_attn_serving.tokenizer",
+    "load_text_tokenizer": "keras_attn_serving.tokenizer",
 }
 
 __all__ = sorted(_NAMES)

@@ -20,7 +20,7 @@ from keras_attn_serving.generation import (
     session_step,
 )
 from keras_attn_serving.manifest import ArtifactError, read_manifest, verify_files
-from keras_attn_serving.tokenizer import WordPieceTextTokenizer
+from keras_attn_serving.tokenizer import load_text_tokenizer
 
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike
@@ -84,7 +84,7 @@ class Predictor:
             self._gqa_step = gqa_step(self.gqa_session)
         self.tokenizer = None
         if manifest.tokenizer:
-            self.tokenizer = WordPieceTextTokenizer.from_folder(self.folder / manifest.tokenizer)
+            self.tokenizer = load_text_tokenizer(self.folder / manifest.tokenizer)
 
     def _onnx_file(self):
         if self.manifest.onnx is None:

@@ -18,7 +18,7 @@ from keras_attn_serving.protocol import ServingError, shown
 if TYPE_CHECKING:
     from keras_attn_serving.batching import Batcher
     from keras_attn_serving.predictor import Predictor
-    from keras_attn_serving.tokenizer import WordPieceTextTokenizer
+    from keras_attn_serving.tokenizer import JsonTextTokenizer, WordPieceTextTokenizer
     from numpy.typing import ArrayLike
 
 TEXT_TASKS = ("classify", "tag", "embed", "generate")
@@ -72,7 +72,7 @@ class TextModel:
         self.fixed_length = axes[1] if len(axes) == 2 and isinstance(axes[1], int) else None
 
     @property
-    def words(self) -> "WordPieceTextTokenizer":
+    def words(self) -> "WordPieceTextTokenizer | JsonTextTokenizer":
         """The tokenizer; `ServingError` 400 for a model exported without one."""
         if self.tokenizer is None:
             raise ServingError(400, "this model was exported without a tokenizer: text "

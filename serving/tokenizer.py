@@ -1,4 +1,10 @@
-"""WordPiece tokenization without TensorFlow: the `tokenizers` library with our exported vocabulary.
+"""Tokenization without TensorFlow: the `tokenizers` library with the exported `tokenizer/` folder.
+
+`load_text_tokenizer` picks the reader: a Hugging Face `tokenizer.json` (a `model` in it: BPE,
+Unigram, as `BytePairTokenizer` / `UnigramTokenizer` export it) runs as it is
+(`JsonTextTokenizer`); our WordPiece folder (`vocab.txt` and its settings) runs in
+`WordPieceTextTokenizer`.
+
 
 Configured to match `keras_attn.tokenizers.WordPieceTokenizer` (tensorflow-text's
 `FastBertTokenizer`): BERT normalization (lower-casing and accent stripping when uncased),
@@ -36,7 +42,37 @@ def _translation(lowercase):
     return translation
 
 
-class WordPieceTextTokenizer:
+class TextTokenizer:
+    """What the server asks of a tokenizer: `encode`, `decode` and the `vocabulary`."""
+
+    vocabulary: list[str]
+
+    @property
+    def vocabulary_size(self) -> int:
+        return len(self.vocabulary)
+
+    @overload
+    def encode(self, texts: str) -> list[int]: ...
+    @overload
+    def encode(self, texts: list[str]) -> list[list[int]]: ...
+    def encode(self, texts: str | list[str]) -> list[int] | list[list[int]]:
+        """A string or a list of strings to a list of ids (or a list of such lists)."""
+        if isinstance(texts, str):
+            return self.encode([texts])[0]
+        return self._encode_all(texts)
+
+    def _encode_all(self, texts: list[str]) -> list[list[int]]:
+        raise NotImplementedError
+
+    def _checked(self, ids: Iterable[int]) -> list[int]:
+        ids = [int(i) for i in ids]
+        bad = [i for i in ids if not 0 <= i < len(self.vocabulary)]
+        if bad:
+            raise ValueError(f"`ids` must be in [0, {len(self.vocabulary)}). Received: {bad[:5]}")
+        return ids
+
+
+class WordPieceTextTokenizer(TextTokenizer):
     """Text ↔ ids with an exported `tokenizer/` folder (`vocab.txt`, `tokenizer.json`)."""
 
     def __init__(
@@ -87,18 +123,7 @@ class WordPieceTextTokenizer:
             max_bytes_per_word=config["max_bytes_per_word"],
         )
 
-    @property
-    def vocabulary_size(self) -> int:
-        return len(self.vocabulary)
-
-    @overload
-    def encode(self, texts: str) -> list[int]: ...
-    @overload
-    def encode(self, texts: list[str]) -> list[list[int]]: ...
-    def encode(self, texts: str | list[str]) -> list[int] | list[list[int]]:
-        """A string or a list of strings to a list of ids (or a list of such lists)."""
-        if isinstance(texts, str):
-            return self.encode([texts])[0]
+    def _encode_all(self, texts: list[str]) -> list[list[int]]:
         texts = [text if text.isascii() else text.translate(self._translation) for text in texts]
         if self.lowercase:
             # Full Unicode lower-casing, as BERT's reference and tf.strings.lower do: a final
@@ -134,9 +159,41 @@ class WordPieceTextTokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         """Ids to text, special tokens dropped."""
-        ids = [int(i) for i in ids]
-        bad = [i for i in ids if not 0 <= i < len(self.vocabulary)]
-        if bad:
-            raise ValueError(f"`ids` must be in [0, {len(self.vocabulary)}). Received: {bad[:5]}")
-        ids = [i for i in ids if i not in self._special_ids]
+        ids = [i for i in self._checked(ids) if i not in self._special_ids]
         return self._tokenizer.decode(ids, skip_special_tokens=False)
+
+
+class JsonTextTokenizer(TextTokenizer):
+    """Text ↔ ids with an exported Hugging Face `tokenizer.json`, run by `tokenizers` itself.
+
+    The in-graph tokenizers it was exported from (`BytePairTokenizer`, `UnigramTokenizer`) give
+    the same ids (a 10,000-line differential per model type, tested); special tokens are
+    never added (the manifest's packer adds what the model was trained with) and `decode`
+    drops them, as the in-graph `detokenize` does.
+    """
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        tokenizer.no_truncation()  # the in-graph tokenizer neither truncates nor pads
+        tokenizer.no_padding()
+        self._tokenizer = tokenizer
+        size = tokenizer.get_vocab_size(with_added_tokens=True)
+        self.vocabulary = [tokenizer.id_to_token(i) or "" for i in range(size)]
+
+    @classmethod
+    def from_folder(cls, folder: str | Path) -> Self:
+        return cls(Tokenizer.from_file(str(Path(folder) / "tokenizer.json")))
+
+    def _encode_all(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self._tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Ids to text, special tokens dropped."""
+        return self._tokenizer.decode(self._checked(ids), skip_special_tokens=True)
+
+
+def load_text_tokenizer(folder: str | Path) -> "WordPieceTextTokenizer | JsonTextTokenizer":
+    """The reader an exported `tokenizer/` folder needs (see the module docstring)."""
+    config = json.loads((Path(folder) / "tokenizer.json").read_text(encoding="utf-8"))
+    if isinstance(config, dict) and isinstance(config.get("model"), dict):
+        return JsonTextTokenizer.from_folder(folder)
+    return WordPieceTextTokenizer.from_folder(folder)

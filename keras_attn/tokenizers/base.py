@@ -63,7 +63,11 @@ class Tokenizer(PreprocessingLayer):
                 f"Received: sequence_length={sequence_length!r}"
             )
         self.sequence_length = sequence_length
-        self.special_tokens = check_special_tokens(special_tokens)
+        self.special_tokens = self._check_special_tokens(special_tokens)
+
+    def _check_special_tokens(self, special_tokens: Sequence[str]) -> tuple[str, ...]:
+        # Our own vocabularies put `[PAD]` at id 0; imported ones (BytePairTokenizer) differ.
+        return check_special_tokens(special_tokens)
 
     # Calling -----------------------------------------------------------------------------
     def tokenize(self, inputs: str | Sequence[str] | Tensor) -> tf.Tensor | tf.RaggedTensor:
