@@ -18,7 +18,7 @@ Inputs: `token_ids (batch, new) int32`, `index () int32` (position of the first 
 `logits (batch, vocab)` of the last new token, `present_key_N`/`present_value_N`, the same
 shape as the past ones. When past and present are bound to one buffer
 (`keras_attn_serving.generation.BoundCache`), onnxruntime writes the new keys and values in
-place, and no step copies the cache. Every row decodes the same positions, as `greedy_decode` runs.
+place, and no step copies the cache. Every row decodes the same positions, as `decode_ids` runs.
 
 `export_model` checks this graph's greedy output against Keras and records it in the
 manifest; models it cannot express (see `supported`) keep `decode.onnx` only.

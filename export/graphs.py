@@ -18,7 +18,7 @@ from keras_attn_serving.generation import (
     BoundCache,
     empty_cache,
     gqa_step,
-    greedy_decode,
+    decode_ids,
     session_step,
 )
 
@@ -176,7 +176,7 @@ def _check_decoding(model, name, step, new_state, max_length, tolerance, pad_id)
     limit = tolerance["logits"] if isinstance(tolerance, dict) else tolerance
     if worst > limit:
         raise ParityError(f"{name} logits differ from Keras by {worst:.3e} > tolerance {limit}")
-    onnx_ids = greedy_decode(step, new_state(len(prompts)), prompts, new_tokens,
+    onnx_ids = decode_ids(step, new_state(len(prompts)), prompts, new_tokens,
                              pad_id=pad_id, max_length=max_length)  # fmt: skip
     keras_ids = generate(model, prompts, new_tokens)
     if onnx_ids != keras_ids:

@@ -1,5 +1,5 @@
-"""Greedy decoding (NumPy only), one loop for every way of computing the next logits: an
-exported decode graph with a key/value cache (`decode.onnx`), or any full-prefix
+"""Decoding (NumPy only), greedy or sampled, one loop for every way of computing the next
+logits: an exported decode graph with a key/value cache (`decode.onnx`), or any full-prefix
 `logits_fn(token_ids) -> logits` (recomputing the prefix every step)."""
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -11,15 +11,18 @@ if TYPE_CHECKING:
     import onnxruntime as ort
     from numpy.typing import ArrayLike
 
-# `step(token_ids, state, index) -> (last logits (batch, vocab), state)`: see `greedy_decode`
+# `step(token_ids, state, index) -> (last logits (batch, vocab), state)`: see `decode_ids`
 # (an onnxruntime session's step returns the pair as the list `session.run` gives).
 Step = Callable[[np.ndarray, Any, int], tuple[np.ndarray, Any] | list[np.ndarray]]
+# `sampler(logits (batch, vocab) float64) -> ids (batch,)`: a `sampling.Sampler`.
+Chooser = Callable[[np.ndarray], np.ndarray]
 
 
-def greedy_decode(step: Step, state: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                  stop_token_ids: Iterable[int] = (), pad_id: int = 0,
-                  max_length: int | None = None) -> list[list[int]]:  # fmt: skip
-    """Extends each prompt with its most likely next token, one position at a time.
+def decode_ids(step: Step, state: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+               stop_token_ids: Iterable[int] = (), pad_id: int = 0,
+               max_length: int | None = None, sampler: Chooser | None = None,
+               ) -> list[list[int]]:  # fmt: skip
+    """Extends each prompt one token at a time: the most likely token, or `sampler`'s choice.
 
     `step(token_ids, state, index) -> (last_logits (batch, vocab), state)` runs new tokens
     placed at `index`. Prompts of different lengths share a right-padded buffer: the
@@ -27,21 +30,24 @@ def greedy_decode(step: Step, state: Any, prompts: Sequence[Sequence[int]], max_
     for all rows (rows still inside their prompt keep the prompt's token). The padding id is
     never generated. A row ends at its first stop token, which is not returned (the contract
     of `keras_attn.models.generate`: the same ids in Keras, in the export and over HTTP).
+    `sampler` (a `keras_attn_serving.sampling.Sampler`) is called once per step on every
+    row's logits, as Keras-side `decode` calls it: the same seed draws the same ids.
 
     Returns:
         list of lists: the new ids of each prompt.
     """
     new: list[list[int]] = [[] for _ in prompts]
-    for row, token in greedy_tokens(step, state, prompts, max_new_tokens, stop_token_ids,
-                                    pad_id, max_length):  # fmt: skip
+    for row, token in decode_tokens(step, state, prompts, max_new_tokens, stop_token_ids,
+                                    pad_id, max_length, sampler):  # fmt: skip
         new[row].append(token)
     return new
 
 
-def greedy_tokens(step: Step, state: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+def decode_tokens(step: Step, state: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                   stop_token_ids: Iterable[int] = (), pad_id: int = 0,
-                  max_length: int | None = None) -> Iterator[tuple[int, int]]:  # fmt: skip
-    """`greedy_decode` as a generator of `(row, new id)`, each as soon as it is chosen (what
+                  max_length: int | None = None, sampler: Chooser | None = None,
+                  ) -> Iterator[tuple[int, int]]:  # fmt: skip
+    """`decode_ids` as a generator of `(row, new id)`, each as soon as it is chosen (what
     streaming generation sends); a row's ids end before its first stop token."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("`prompts` must be a non-empty list of non-empty id lists.")
@@ -66,7 +72,7 @@ def greedy_tokens(step: Step, state: Any, prompts: Sequence[Sequence[int]], max_
     for t in range(start, total):
         last = np.asarray(logits, np.float64)
         last[:, pad_id] = -np.inf
-        chosen = np.where(done, pad_id, last.argmax(-1))
+        chosen = np.where(done, pad_id, last.argmax(-1) if sampler is None else sampler(last))
         generated = (t >= lengths) & (t < lengths + max_new_tokens)
         buffer[:, t] = np.where(t >= lengths, chosen, buffer[:, t])
         stopped = generated & np.isin(chosen, stop_ids)
@@ -102,9 +108,9 @@ def greedy(
     pad_id: int = 0,
     max_length: int | None = None,
 ) -> list[list[int]]:
-    """`greedy_decode` over a full-prefix `logits_fn` (see `prefix_step`)."""
+    """Greedy `decode_ids` over a full-prefix `logits_fn` (see `prefix_step`)."""
     empty = np.zeros((len(prompts), 0), np.int32)
-    return greedy_decode(prefix_step(logits_fn), empty, prompts, max_new_tokens,
+    return decode_ids(prefix_step(logits_fn), empty, prompts, max_new_tokens,
                          stop_token_ids, pad_id, max_length)  # fmt: skip
 
 

@@ -12,10 +12,10 @@ import numpy as np
 import onnxruntime as ort
 from keras_attn_serving.generation import (
     BoundCache,
+    decode_ids,
+    decode_tokens,
     empty_cache,
     gqa_step,
-    greedy_decode,
-    greedy_tokens,
     prefix_step,
     session_step,
 )
@@ -23,6 +23,7 @@ from keras_attn_serving.manifest import ArtifactError, read_manifest, verify_fil
 from keras_attn_serving.tokenizer import load_text_tokenizer
 
 if TYPE_CHECKING:
+    from keras_attn_serving.sampling import Sampler
     from numpy.typing import ArrayLike
 
 
@@ -172,15 +173,18 @@ class Predictor:
         max_new_tokens: int = 20,
         stop_token_ids: Iterable[int] = (),
         use_cache: bool | Literal["decode.onnx"] = True,
+        sampler: "Sampler | None" = None,
     ) -> list[list[int]]:
-        """Greedy continuation of id prompts; returns the new ids of each (a stop token ends
-        a row and is not returned, as in `keras_attn.models.generate`). With `use_cache` (the
-        default) it runs an exported key/value-cache graph: `decode_gqa.onnx` when the
-        artifact has one, else `decode.onnx`; `use_cache="decode.onnx"` picks the latter;
-        `False` reruns the full model over the prefix every step."""
+        """Continuation of id prompts, greedy or drawn by `sampler` (a
+        `keras_attn_serving.sampling.Sampler`: the same seed gives Keras `generate`'s ids);
+        returns the new ids of each (a stop token ends a row and is not returned, as in
+        `keras_attn.models.generate`). With `use_cache` (the default) it runs an exported
+        key/value-cache graph: `decode_gqa.onnx` when the artifact has one, else
+        `decode.onnx`; `use_cache="decode.onnx"` picks the latter; `False` reruns the full
+        model over the prefix every step."""
         step, state, max_length = self._decoder(len(prompts), use_cache)
-        return greedy_decode(step, state, [list(p) for p in prompts], max_new_tokens,
-                             stop_token_ids, self.pad_id, max_length=max_length)  # fmt: skip
+        return decode_ids(step, state, [list(p) for p in prompts], max_new_tokens,
+                          stop_token_ids, self.pad_id, max_length, sampler)  # fmt: skip
 
     def generate_tokens(
         self,
@@ -188,11 +192,12 @@ class Predictor:
         max_new_tokens: int = 20,
         stop_token_ids: Iterable[int] = (),
         use_cache: bool | Literal["decode.onnx"] = True,
+        sampler: "Sampler | None" = None,
     ) -> Iterator[tuple[int, int]]:
         """`generate_ids` as a generator of `(row, new id)`, each as soon as it is chosen."""
         step, state, max_length = self._decoder(len(prompts), use_cache)
-        return greedy_tokens(step, state, [list(p) for p in prompts], max_new_tokens,
-                             stop_token_ids, self.pad_id, max_length=max_length)  # fmt: skip
+        return decode_tokens(step, state, [list(p) for p in prompts], max_new_tokens,
+                             stop_token_ids, self.pad_id, max_length, sampler)  # fmt: skip
 
     def _decoder(self, batch, use_cache):
         """`(step, initial state, max length)` of greedy decoding: a decode graph over a

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
+from keras_attn_serving.generation_request import GenerationRequest, generation_request
 from keras_attn_serving.handling import json_body, predict, request_timeout
 from keras_attn_serving.offload import JSON_BYTES_PER_VALUE, dumps
 from keras_attn_serving.protocol import ServingError, shown
@@ -50,7 +51,7 @@ async def text_task(
         supported = ", ".join(sorted(TEXT_PARAMETERS[task])) or "none"
         raise ServingError(
             400, f"parameters {unknown} are not supported by /{task} (supported: "
-                 f"{supported}{'; decoding is greedy' if task == 'generate' else ''})"[:400],
+                 f"{supported})"[:400],
         )  # fmt: skip
     return chosen, model, payload, parameters or {}
 
@@ -129,8 +130,8 @@ async def embed(name: str, request: Request, version: str | None = None):
 
 async def generation(
     request: Request, name: str, version: str | None
-) -> tuple[dict[str, str], TextModel, list[int], int, list[int]]:
-    """`(header, TextModel, prompt ids, max_tokens, stop ids)` of a checked request."""
+) -> tuple[dict[str, str], TextModel, list[int], GenerationRequest]:
+    """`(header, TextModel, prompt ids, checked parameters)` of a generation request."""
     chosen, model, payload, parameters = await text_task(request, name, version, "generate")
     text = payload.get("text_input")
     if not isinstance(text, str):
@@ -141,20 +142,10 @@ async def generation(
         raise ServingError(
             413, f"the prompt has {len(text)} characters; at most {limit} (--max-text-chars)"
         )
-    max_tokens = parameters.get("max_tokens", 20)
-    stop = parameters.get("stop_token_ids", [])
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-        raise ServingError(400, f"`max_tokens` must be an integer >= 1; received "
-                                f"{shown(max_tokens)}"[:200])  # fmt: skip
-    size = model.words.vocabulary_size
-    if not isinstance(stop, list) or not all(
-        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < size for t in stop
-    ):
-        raise ServingError(400, f"`stop_token_ids` must be a list of ids in [0, {size}); "
-                                f"received {shown(stop)}"[:300])  # fmt: skip
+    checked = generation_request(parameters, model.words.vocabulary_size)
     header = {"model_name": name, "model_version": str(chosen)}
     prompt = await off_loop(len(text), model.prompt, text)
-    return header, model, prompt, max_tokens, stop
+    return header, model, prompt, checked
 
 
 def _until(deadline, timeout, tokens):
@@ -169,29 +160,29 @@ def _until(deadline, timeout, tokens):
 @router.post("/v2/models/{name}/generate")
 @router.post("/v2/models/{name}/versions/{version}/generate")
 async def generate(name: str, request: Request, version: str | None = None):
-    header, model, prompt, max_tokens, stop = await generation(request, name, version)
+    header, model, prompt, checked = await generation(request, name, version)
     timeout = request_timeout(request.app.state.settings)
     deadline = time.perf_counter() + timeout
 
-    def run() -> list[int]:
-        tokens = model.predictor.generate_tokens([prompt], max_tokens, stop)
-        return [token for _, token in _until(deadline, timeout, tokens)]
+    def run() -> list[tuple[int, str]]:
+        return list(_until(deadline, timeout, model.stream(prompt, checked)))
 
     try:
-        new = await asyncio.to_thread(run)
+        pairs = await asyncio.to_thread(run)
     except TimeoutError as error:
         raise ServingError(504, str(error)) from None
     except ValueError as error:  # e.g. prompt + max_tokens longer than the model allows
         raise ServingError(400, str(error)[:300]) from None
-    return {**header, "text_output": model.continuation(prompt, new), "token_ids": new}
+    return {**header, "text_output": "".join(delta for _, delta in pairs),
+            "token_ids": [token for token, _ in pairs]}  # fmt: skip
 
 
 @router.post("/v2/models/{name}/generate_stream")
 @router.post("/v2/models/{name}/versions/{version}/generate_stream")
 async def generate_stream(name: str, request: Request, version: str | None = None):
-    header, model, prompt, max_tokens, stop = await generation(request, name, version)
+    header, model, prompt, checked = await generation(request, name, version)
     timeout = request_timeout(request.app.state.settings)
-    tokens = _until(time.perf_counter() + timeout, timeout, model.stream(prompt, max_tokens, stop))
+    tokens = _until(time.perf_counter() + timeout, timeout, model.stream(prompt, checked))
     try:  # the first token before answering: a bad request gets a 400, not a cut stream
         first = await asyncio.to_thread(next, tokens, None)
     except TimeoutError as error:

@@ -9,7 +9,7 @@ except `TextModel.stream`, which drives the decode graph step by step.
 """
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -17,6 +17,7 @@ from keras_attn_serving.protocol import ServingError, shown
 
 if TYPE_CHECKING:
     from keras_attn_serving.batching import Batcher
+    from keras_attn_serving.generation_request import GenerationRequest
     from keras_attn_serving.predictor import Predictor
     from keras_attn_serving.tokenizer import JsonTextTokenizer, WordPieceTextTokenizer
     from numpy.typing import ArrayLike
@@ -27,7 +28,18 @@ TEXT_PARAMETERS = {
     "classify": frozenset(),
     "tag": frozenset(),
     "embed": frozenset({"pooling", "normalize"}),
-    "generate": frozenset({"max_tokens", "stop_token_ids"}),
+    "generate": frozenset(
+        {
+            "max_tokens",
+            "max_new_tokens",
+            "stop",
+            "stop_token_ids",
+            "temperature",
+            "top_k",
+            "top_p",
+            "seed",
+        }
+    ),
 }
 
 
@@ -261,15 +273,42 @@ class TextModel:
         full = self.words.decode(prompt + new)
         return (full[len(shown) :] if full.startswith(shown) else full).lstrip()
 
-    def stream(
-        self, prompt: list[int], max_tokens: int, stop_token_ids: Iterable[int] = ()
-    ) -> Iterator[tuple[int, str]]:
-        """Greedy continuation of prompt ids, yielded as `(token id, text delta)` pairs as
-        each token is chosen; the deltas join into `continuation(prompt, new ids)`."""
+    def stream(self, prompt: list[int], request: "GenerationRequest") -> Iterator[tuple[int, str]]:
+        """The continuation of prompt ids (greedy, or sampled as `request` says), yielded as
+        `(token id, text delta)` pairs as tokens are chosen; the deltas join into
+        `continuation(prompt, new ids)`, cut before the first of `request.stop_strings`
+        (the token that completes it is the last one). With stop strings, text that could be
+        the start of one is held back, and each pair is sent one token late (the last one
+        carries the rest of the text)."""
         prompt_text = self.words.decode(prompt)
-        new, shown = [], ""
-        for _, token in self.predictor.generate_tokens([prompt], max_tokens, stop_token_ids):
+        stops = request.stop_strings
+        hold = max(map(len, stops), default=1) - 1
+        new: list[int] = []
+        shown, text = "", ""
+        held: tuple[int, str] | None = None  # the last pair, not sent yet
+        tokens = self.predictor.generate_tokens(
+            [prompt], request.max_tokens, request.stop_ids, sampler=request.sampler
+        )
+        for _, token in tokens:
             new.append(token)
             text = self.continuation(prompt, new, prompt_text)
-            yield token, text[len(shown) :] if text.startswith(shown) else text
-            shown = text
+            cut = min((i for i in (text.find(stop) for stop in stops) if i >= 0), default=None)
+            if held is not None:
+                yield held
+                held = None
+            if cut is not None:
+                yield token, _delta(text[:cut], shown)
+                return
+            safe = text[: len(text) - hold]
+            held, shown = (token, _delta(safe, shown)), safe
+            if not hold:
+                yield held
+                held = None
+        if held is not None:
+            yield held[0], held[1] + text[len(shown) :]
+
+
+def _delta(text: str, shown: str) -> str:
+    """What `text` adds to the text already sent (all of it if the decoding of earlier
+    tokens changed)."""
+    return text[len(shown) :] if text.startswith(shown) else text

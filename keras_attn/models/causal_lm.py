@@ -276,7 +276,8 @@ class CausalLM(HoldsBackbone, CachedCausalLM, Task):
         `(batch, seq)` arrays or tensors, or strings through the model's preprocessor).
 
         Keyword arguments: `sampler` ("greedy", "sample" or "beam"), `temperature`, `top_k`,
-        `top_p`, `num_beams`, `length_penalty`, `stop_token_ids`, `seed`, `use_cache`,
+        `top_p`, `num_beams`, `length_penalty`, `stop_token_ids`, `stop_strings` (text
+        prompts), `seed`, `use_cache`,
         `pad_token_id`. Returns a list with the new ids of each prompt.
 
         Raises:

@@ -33,7 +33,11 @@ def causal_runner(model: keras.Model) -> Runner:
 
 
 def generate(
-    model: keras.Model, prompts: Any, max_new_tokens: int, **kwargs: Any
+    model: keras.Model,
+    prompts: Any,
+    max_new_tokens: int,
+    stop_strings: Sequence[str] | str = (),
+    **kwargs: Any,
 ) -> list[list[int]] | list[str] | str:
     """Continues prompts with any sampler: the one public `generate` (`CausalLM.generate`
     calls it). `kwargs` as `keras_attn.decoding.decode` (`sampler`, `temperature`, `top_k`,
@@ -44,6 +48,8 @@ def generate(
         prompts: id lists, a `(batch, seq)` NumPy array or backend tensor; or, for a model
             with a `preprocessor`, a string or a list of strings.
         max_new_tokens: int.
+        stop_strings: for string prompts, strings that end the new text: it is cut before
+            the first one (the server's `/generate` `stop` does the same).
     Returns:
         a list with the new ids of each prompt; for string prompts, the new text of each.
 
@@ -55,8 +61,23 @@ def generate(
         isinstance(prompts, (list, tuple)) and bool(prompts)
         and all(isinstance(p, str) for p in prompts)
     )  # fmt: skip
+    stop_strings = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings)
+    if not all(isinstance(s, str) and s for s in stop_strings):
+        raise ValueError(
+            f"`stop_strings` must be non-empty strings. Received: stop_strings={stop_strings!r}"
+        )
     if text:
-        return _generate_text(model, prompts, max_new_tokens, **kwargs)
+        out = _generate_text(model, prompts, max_new_tokens, **kwargs)
+        return (
+            _cut(out, stop_strings)
+            if isinstance(out, str)
+            else [_cut(one, stop_strings) for one in out]
+        )
+    if stop_strings:
+        raise ValueError(
+            "`stop_strings` apply to text prompts (a model with a preprocessor); with id "
+            f"prompts pass `stop_token_ids`. Received: stop_strings={stop_strings!r}"
+        )
     runner = causal_runner(model)
     if not cached_causal_lm(model).zero_is_padding:
         kwargs.setdefault(
@@ -82,3 +103,9 @@ def _generate_text(model, prompts, max_new_tokens, **kwargs):
     words = preprocessor.tokenizer.detokenize([row or [0] for row in new])
     out = [w.decode("utf-8") if row else "" for w, row in zip(words.numpy(), new, strict=True)]
     return out[0] if isinstance(prompts, str) else out
+
+
+def _cut(text: str, stop_strings: Sequence[str]) -> str:
+    """`text` up to the first occurrence of any of `stop_strings`."""
+    found = [i for i in (text.find(stop) for stop in stop_strings) if i >= 0]
+    return text[: min(found)] if found else text

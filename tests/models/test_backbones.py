@@ -152,6 +152,15 @@ def test_causal_lm_preprocessor_trains_on_raw_text_as_on_its_own_batch(tmp_path)
     history = lm.fit(TEXT, epochs=5, validation_data=TEXT[:2], verbose=0).history
     assert history["loss"][-1] < history["loss"][0] and len(history["val_loss"]) == 5
     assert isinstance(lm.generate("the cat", max_new_tokens=2), str)
+    # Text in, text out; `stop_strings` cut the text before the first one (issue 27).
+    full = lm.generate(["the cat", "a dog"], max_new_tokens=6)
+    assert all(isinstance(t, str) for t in full) and full[0]
+    stop = full[0].split()[min(1, len(full[0].split()) - 1)]
+    cut = lm.generate(["the cat", "a dog"], max_new_tokens=6, stop_strings=[stop, "zzz"])
+    assert cut[0] == full[0][: full[0].find(stop)]
+    assert cut[1] == (full[1][: full[1].find(stop)] if stop in full[1] else full[1])
+    with pytest.raises(ValueError, match="apply to text prompts"):
+        lm.generate([[bos, the]], max_new_tokens=2, stop_strings=["x"])
     lm.save(tmp_path / "lm.keras")
     again = keras.saving.load_model(tmp_path / "lm.keras")
     assert isinstance(again.preprocessor, CausalLMPreprocessor)

@@ -166,6 +166,57 @@ def test_generate_equals_keras_greedy_and_the_stream_joins_into_it(text_models, 
     assert streamed == stopped
 
 
+def test_sampled_generation_equals_keras_with_the_same_seed(text_models, toy_lm,
+                                                            toy_tokenizer):  # fmt: skip
+    """temperature, top_k, top_p and seed over HTTP draw the ids Keras `generate` draws with
+    the same seed (one sampler module, one draw per step); the stream joins into them."""
+    url, _, _ = text_models
+    prompt = "to be or not"
+    prompt_ids = keras.ops.convert_to_numpy(toy_tokenizer.tokenize(prompt)).tolist()
+    settings = [
+        {"temperature": 1.5, "seed": 7},
+        {"temperature": 0.9, "top_k": 5, "seed": 11},
+        {"top_p": 0.8, "seed": 3},
+        {"temperature": 2.0, "top_k": 20, "top_p": 0.95, "seed": 2**40},
+    ]
+    seen = set()
+    for parameters in settings:
+        body = {"text_input": prompt, "parameters": {**parameters, "max_new_tokens": 8}}
+        answer = post(url, "lm/generate", body).json()
+        (in_keras,) = generate(toy_lm, [prompt_ids], 8, sampler="sample", **parameters)
+        assert answer["token_ids"] == in_keras, parameters
+        assert post(url, "lm/generate", body).json()["token_ids"] == in_keras  # same seed
+        with httpx.stream("POST", f"{url}/v2/models/lm/generate_stream", json=body) as response:
+            events = [json.loads(line[len("data: "):]) for line in response.iter_lines()
+                      if line.startswith("data: ")]  # fmt: skip
+        assert [e["token_id"] for e in events] == in_keras
+        assert "".join(e["text_output"] for e in events) == answer["text_output"]
+        seen.add(tuple(in_keras))
+    assert len(seen) > 1  # the settings draw different continuations: sampling is on
+
+
+def test_stop_strings_cut_the_text_over_http_and_in_keras(text_models, toy_lm,
+                                                         toy_tokenizer):  # fmt: skip
+    url, _, _ = text_models
+    body = {"text_input": "to be", "parameters": {"max_new_tokens": 10}}
+    full = post(url, "lm/generate", body).json()
+    text = full["text_output"]
+    assert len(text) >= 6, full
+    stop = text[3:5]  # two characters from inside the continuation
+    cut = text[: text.find(stop)]
+    body["parameters"]["stop"] = ["zzz-never", stop]
+    answer = post(url, "lm/generate", body).json()
+    assert answer["text_output"] == cut
+    assert answer["token_ids"] == full["token_ids"][: len(answer["token_ids"])]
+    assert len(answer["token_ids"]) < len(full["token_ids"])  # stopped early
+    with httpx.stream("POST", f"{url}/v2/models/lm/generate_stream", json=body) as response:
+        events = [json.loads(line[len("data: "):]) for line in response.iter_lines()
+                  if line.startswith("data: ")]  # fmt: skip
+    assert "".join(e["text_output"] for e in events) == cut
+    assert all(stop not in e["text_output"] for e in events)  # held back, never sent
+    assert [e["token_id"] for e in events] == answer["token_ids"]
+
+
 def test_concurrent_generations_keep_their_own_caches(text_models, toy_lm, toy_tokenizer):
     # Each generation binds its own key/value buffers (decode_gqa.onnx updates them in
     # place): answers given side by side equal Keras greedy for each prompt alone.
@@ -206,11 +257,29 @@ def test_concurrent_generations_keep_their_own_caches(text_models, toy_lm, toy_t
          "stop_token_ids` must be a list of ids in [0, "),
         ("lm/generate", {"text_input": "a", "parameters": {"stop_token_ids": [1e30]}}, 400,
          "stop_token_ids"),
-        # Never silently ignored: sampling parameters on a greedy decoder, typos, extras.
-        ("lm/generate", {"text_input": "a", "parameters": {"temperature": 0.7, "top_k": 5}},
-         400, "parameters ['temperature', 'top_k'] are not supported by /generate"),
-        ("lm/generate", {"text_input": "a", "parameters": {"seed": 1, "top_p": 0.9}}, 400,
-         "decoding is greedy"),
+        # Sampling parameters: every bad value named (issue 27).
+        ("lm/generate", {"text_input": "a", "parameters": {"temperature": 0}}, 400,
+         "`temperature` must be a finite number > 0; received 0"),
+        ("lm/generate", {"text_input": "a", "parameters": {"temperature": True}}, 400,
+         "`temperature` must be a finite number > 0"),
+        ("lm/generate", {"text_input": "a", "parameters": {"top_k": 0}}, 400,
+         "`top_k` must be an integer >= 1"),
+        ("lm/generate", {"text_input": "a", "parameters": {"top_k": 2.5}}, 400, "top_k"),
+        ("lm/generate", {"text_input": "a", "parameters": {"top_p": 1.5}}, 400,
+         "`top_p` must be a number in (0, 1]"),
+        ("lm/generate", {"text_input": "a", "parameters": {"seed": -1}}, 400,
+         "`seed` must be an integer in [0, 2**63)"),
+        ("lm/generate", {"text_input": "a", "parameters": {"seed": "x"}}, 400, "seed"),
+        ("lm/generate", {"text_input": "a", "parameters": {"stop": [""]}}, 400, "`stop`"),
+        ("lm/generate", {"text_input": "a", "parameters": {"stop": ["x"] * 17}}, 400,
+         "at most 16"),
+        ("lm/generate", {"text_input": "a", "parameters": {"stop": [10**9]}}, 400, "`stop`"),
+        ("lm/generate", {"text_input": "a", "parameters": {"max_tokens": 3,
+                                                            "max_new_tokens": 3}}, 400,
+         "not both"),
+        ("lm/generate", {"text_input": "a", "parameters": {"max_new_tokens": -2}}, 400,
+         "`max_new_tokens` must be an integer >= 1"),
+        # Never silently ignored: typos and extras.
         ("lm/generate", {"text_input": "a", "parameters": {"max_token": 3}}, 400,
          "['max_token']"),
         ("sentiment/classify", {"text_input": "a", "parameters": {"top_k": 2}}, 400,

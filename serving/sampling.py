@@ -1,0 +1,88 @@
+"""Choosing the next token from logits: greedy, temperature, top-k and top-p (nucleus).
+
+NumPy only, over `(batch, vocab)` float64 logits: one small array per step, and a seeded
+`numpy.random.Generator` gives the same sample twice on every backend. Keras-side decoding
+(`keras_attn.decoding`) and the server's `/generate` use this one module, so the same seed
+gives the same ids in Keras and over HTTP.
+"""
+
+import numpy as np
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits - logits.max(-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+
+
+def top_k_filter(logits: np.ndarray, k: int) -> np.ndarray:
+    """Keeps each row's `k` largest logits (and ties with the k-th); the rest become -inf."""
+    k = min(k, logits.shape[-1])
+    kth = np.partition(logits, -k, axis=-1)[:, -k][:, None]
+    return np.where(logits >= kth, logits, -np.inf)
+
+
+def top_p_filter(logits: np.ndarray, p: float) -> np.ndarray:
+    """Keeps the smallest set of most likely tokens whose probability reaches `p` (Holtzman
+    et al.): a token stays if the tokens more likely than it sum to less than `p`, so the top
+    token always stays."""
+    order = np.argsort(-logits, axis=-1, kind="stable")
+    ordered = np.take_along_axis(logits, order, -1)
+    probs = np.exp(log_softmax(ordered))
+    before = np.cumsum(probs, -1) - probs
+    keep_sorted = before < p - 1e-9  # a set that reaches p up to rounding is complete
+    keep = np.zeros_like(keep_sorted)
+    np.put_along_axis(keep, order, keep_sorted, -1)
+    return np.where(keep, logits, -np.inf)
+
+
+class Sampler:
+    """Picks one id per row from `(batch, vocab)` logits.
+
+    Args:
+        method: `"greedy"` (argmax) or `"sample"` (draw from the softmax after temperature,
+            top-k and top-p, applied in that order, as Hugging Face does).
+        temperature: float > 0. Divides the logits. Defaults to `1.0`.
+        top_k: optional int. top_p: optional float in (0, 1].
+        seed: optional int. The same seed gives the same samples.
+    """
+
+    def __init__(
+        self,
+        method: str = "greedy",
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+    ) -> None:
+        if method not in ("greedy", "sample"):
+            raise ValueError(
+                f"`sampler` must be 'greedy', 'sample' or 'beam'. Received: sampler={method!r}"
+            )
+        if not temperature > 0:
+            raise ValueError(f"`temperature` must be positive. Received: temperature={temperature}")
+        if top_k is not None and (not isinstance(top_k, int) or top_k <= 0):
+            raise ValueError(f"`top_k` must be a positive int. Received: top_k={top_k!r}")
+        if top_p is not None and not 0 < top_p <= 1:
+            raise ValueError(f"`top_p` must be in (0, 1]. Received: top_p={top_p!r}")
+        self.method = method
+        self.temperature = temperature
+        self.top_k = top_k
+        self.top_p = top_p
+        self.rng = np.random.default_rng(seed)
+
+    def filtered(self, logits: np.ndarray) -> np.ndarray:
+        """Logits after temperature, top-k and top-p; excluded tokens are -inf."""
+        logits = logits / self.temperature
+        if self.top_k is not None:
+            logits = top_k_filter(logits, self.top_k)
+        if self.top_p is not None:
+            logits = top_p_filter(logits, self.top_p)
+        return logits
+
+    def __call__(self, logits: np.ndarray) -> np.ndarray:
+        if self.method == "greedy":
+            return logits.argmax(-1)
+        probs = np.exp(log_softmax(self.filtered(logits)))
+        draws = self.rng.random((len(probs), 1))
+        chosen = (np.cumsum(probs, -1) < draws).sum(-1)
+        return np.minimum(chosen, probs.shape[-1] - 1)
