@@ -16,9 +16,9 @@ from keras_attn_export.parity import ParityError, max_abs_diff
 from keras_attn_export.saved_model import input_specs
 from keras_attn_serving.generation import (
     BoundCache,
+    decode_ids,
     empty_cache,
     gqa_step,
-    decode_ids,
     session_step,
 )
 

@@ -92,3 +92,16 @@ def test_example_runs_a_few_steps(name):
     results = importlib.import_module(f"examples.{name}").main(SHORT_RUNS[name])
     values = [v for r in results.values() for v in (r.values() if isinstance(r, dict) else [r])]
     assert values and all(0.0 <= v <= 100.0 for v in values), results
+
+
+@pytest.mark.slow
+@pytest.mark.tf_only
+def test_gpt2_folder_example_serves_the_ids_keras_samples(tmp_path):
+    from examples import gpt2_folder_generate
+
+    results = gpt2_folder_generate.main(["--seconds", "5", "--lines", "2000", "--new-tokens",
+                                         "8", "--out", str(tmp_path)])  # fmt: skip
+    assert results["served_equals_keras"] == 1.0 and results["new_tokens"] == 8
+    assert results["parity_max_abs_diff"] <= 1e-4
+    assert sorted(p.name for p in (tmp_path / "toy-gpt2").iterdir()) == [
+        "config.json", "merges.txt", "model.safetensors", "vocab.json"]  # fmt: skip
