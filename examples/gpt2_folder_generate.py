@@ -19,12 +19,17 @@ real one:
 
 import argparse
 import json
+import sys
 import tempfile
 from pathlib import Path
 
 import keras
 import numpy as np
 
+if __package__ in (None, ""):  # run as `python examples/NAME.py`: its siblings import too
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from examples.toy_checkpoints import learn_bpe
 from keras_attn.callbacks import TimeBudget
 from keras_attn.data import lm_windows, load_corpus
 from keras_attn.models import CausalLM, DecoderBackbone, lm_loss
@@ -49,15 +54,7 @@ def parse_args(argv=None):
 def write_toy_gpt2_folder(folder: Path, lines: list[str], args) -> None:
     """The stand-in checkpoint: BPE files learned by `tokenizers`, a model of random weights
     trained for `args.seconds`, both in the Hugging Face GPT-2 layout."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(lines, trainers.BpeTrainer(
-        vocab_size=args.vocabulary_size, special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-    ))  # fmt: skip
+    bpe = learn_bpe(lines, args.vocabulary_size)
     folder.mkdir(parents=True, exist_ok=True)
     bpe.model.save(str(folder))  # vocab.json + merges.txt, as GPT-2 ships them
     tokenizer = BytePairTokenizer.from_pretrained(folder)

@@ -12,9 +12,14 @@ Prints masked-token accuracy, NSP accuracy, and both held-out sentiment accuraci
 """
 
 import argparse
+import sys
+from pathlib import Path
 
 import keras
 import numpy as np
+
+if __package__ in (None, ""):  # run as `python examples/NAME.py`: its siblings import too
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from examples.sentiment import encode, make_encoder, make_tokenizer, train_classifier
 from keras_attn.data import load_tweet_sentiment

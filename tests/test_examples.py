@@ -105,3 +105,16 @@ def test_gpt2_folder_example_serves_the_ids_keras_samples(tmp_path):
     assert results["parity_max_abs_diff"] <= 1e-4
     assert sorted(p.name for p in (tmp_path / "toy-gpt2").iterdir()) == [
         "config.json", "merges.txt", "model.safetensors", "vocab.json"]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.tf_only
+def test_llama_lora_example_trains_adapters_and_serves_the_merged_export(tmp_path):
+    from examples import llama_lora_shakespeare
+
+    results = llama_lora_shakespeare.main(["--seconds", "5", "--lines", "2000", "--new-tokens",
+                                           "6", "--out", str(tmp_path)])  # fmt: skip
+    assert 0.5 < results["trainable_percent"] < 5.0  # query and value adapters only
+    assert results["loss_after"] < results["loss_before"]
+    assert results["parity_max_abs_diff"] <= 1e-4 and results["served_equals_keras"] == 1.0
+    assert (tmp_path / "adapter.safetensors").stat().st_size < 100_000
