@@ -24,12 +24,12 @@ from keras_attn_serving.generation import (
 
 from keras_attn.models import generate
 from keras_attn.models.cached import CachedCausalLM, cached_causal_lm, model_inputs
+from keras_attn.tokenizers import WordPieceTokenizer
 
 if TYPE_CHECKING:
     import onnxruntime as ort
 
     from keras_attn.preprocessing import SegmentPacker, StartEndPacker
-    from keras_attn.tokenizers import WordPieceTokenizer
 
 
 def write_onnx_files(model: keras.Model, folder: Path, opset: int, optimize: bool) -> dict:
@@ -195,8 +195,6 @@ def export_text_onnx(
     """`model.text.onnx`, checked: on ASCII samples its outputs equal `model.onnx` on our
     tokenizer's ids (non-ASCII text may differ; see `keras_attn_export.text_onnx`)."""
     from keras_attn_export.text_onnx import text_session, write_text_onnx
-
-    from keras_attn.tokenizers import WordPieceTokenizer
 
     if tokenizer is not None and not isinstance(tokenizer, WordPieceTokenizer):
         raise ValueError(

@@ -63,10 +63,27 @@ def test_the_decoding_loop_is_a_leaf():
     assert not loaded & {"onnxruntime", "tokenizers", "tensorflow", "keras", "fastapi"}
 
 
+def test_the_samplers_are_a_leaf():
+    """Keras decoding and `/generate` draw with one module, so it needs NumPy only."""
+    loaded = imported_after(["keras_attn_serving.sampling"])
+    assert not loaded & {"onnxruntime", "tokenizers", "tensorflow", "keras", "fastapi"}
+    assert "numpy" in loaded
+
+
 @pytest.mark.slow
 def test_library_and_export_stay_on_their_side():
-    loaded = imported_after(modules("keras_attn"))
-    assert not loaded & {"keras_attn_export", "keras_attn_serving", "onnxruntime", "fastapi"}
+    code = (
+        "import importlib, json, sys\n"
+        f"for name in {modules('keras_attn')!r}: importlib.import_module(name)\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('keras_attn_')\n"
+        "                        or m.split('.')[0] in ('onnxruntime', 'fastapi'))))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    # The library draws with serving's samplers (a NumPy leaf) and nothing else of serving's.
+    crossing = json.loads(done.stdout.strip().splitlines()[-1])
+    assert crossing == ["keras_attn_serving", "keras_attn_serving.sampling"]
     code = (
         "import importlib, json, sys\n"
         f"for name in {modules('keras_attn_export')!r}: importlib.import_module(name)\n"
@@ -75,12 +92,14 @@ def test_library_and_export_stay_on_their_side():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    # What crosses from export to serving: the manifest schema and the decoding loop (leaves).
+    # What crosses from export to serving: the manifest schema, the decoding loop and (through
+    # the library) the samplers, all leaves.
     crossing = json.loads(done.stdout.strip().splitlines()[-1])
     assert crossing == [
         "keras_attn_serving",
         "keras_attn_serving.generation",
         "keras_attn_serving.manifest",
+        "keras_attn_serving.sampling",
     ]
 
 
@@ -137,8 +156,13 @@ def unit(module):
 
 OURS = tuple(FOLDERS)
 # What may cross between the packages, at module level only: export builds on keras_attn, and
-# reads serving's manifest schema and decoding loop (two leaf modules).
-SERVING_LEAVES = {"keras_attn_serving.manifest", "keras_attn_serving.generation"}
+# reads serving's manifest schema and decoding loop; keras_attn's decoding draws with serving's
+# samplers, so one seed gives the same ids in Keras and over HTTP (three NumPy-only leaves).
+SERVING_LEAVES = {
+    "keras_attn_serving.manifest",
+    "keras_attn_serving.generation",
+    "keras_attn_serving.sampling",
+}
 
 
 def test_no_import_circle_and_no_deferred_crossing():

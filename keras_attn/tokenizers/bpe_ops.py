@@ -163,7 +163,7 @@ def merge_pairs(symbols: tf.RaggedTensor, ranks: tf.lookup.StaticHashTable) -> t
     `tokenizers` library do. `ranks` maps `"left right"` to the merge's rank.
     """
 
-    def step(values, splits, _):
+    def step(values: tf.Tensor, splits: tf.Tensor, _: tf.Tensor) -> tuple:
         words = tf.RaggedTensor.from_row_splits(values, splits, validate=False)
         left, right = words[:, :-1], words[:, 1:]
         pair_ranks = ranks.lookup(

@@ -139,7 +139,7 @@ def _prepend_scheme(spec):
 def _metaspace(spec):
     mark, scheme, split = spec["replacement"], _prepend_scheme(spec), spec.get("split", True)
 
-    def step(pieces, first):
+    def step(pieces: tf.Tensor, first: tf.Tensor) -> tf.RaggedTensor:
         pieces = bpe_ops.replace_literal(pieces, " ", mark)
         if scheme != "never":
             wanted = ~_starts_with(pieces, mark)

@@ -9,7 +9,7 @@ distinct word into ids (`_encode_words`: BPE merges, or the Unigram lattice).
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Self
 
 import tensorflow as tf
@@ -28,7 +28,9 @@ def read_json_file(path: str | os.PathLike[str], argument: str) -> Any:
         return json.load(f)
 
 
-def string_table(keys, values, default):
+def string_table(
+    keys: Iterable[str], values: Iterable[int], default: int
+) -> tf.lookup.StaticHashTable:
     """A `tf.lookup.StaticHashTable` from strings to int32 (a placeholder key when empty)."""
     return tf.lookup.StaticHashTable(
         tf.lookup.KeyValueTensorInitializer(

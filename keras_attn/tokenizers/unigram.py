@@ -51,7 +51,7 @@ def viterbi(
     count = tf.shape(words)[0]
     lengths_k = tf.range(1, longest + 1)
 
-    def forward(e, recent, chosen):
+    def forward(e: tf.Tensor, recent: tf.Tensor, chosen: tf.TensorArray) -> tuple:
         # recent[:, k - 1]: best score of a path through the first e - k characters.
         candidates = recent + ending[:, e, :]
         best = tf.reduce_max(candidates, axis=1)
@@ -69,7 +69,9 @@ def viterbi(
     )
     chosen = tf.transpose(tf.reshape(chosen.stack(), [width, count]))  # (n, width)
 
-    def backward(step, end, starts, lengths):
+    def backward(
+        step: tf.Tensor, end: tf.Tensor, starts: tf.TensorArray, lengths: tf.TensorArray
+    ) -> tuple:
         k = tf.gather(chosen, tf.maximum(end - 1, 0), axis=1, batch_dims=1)
         k = tf.where(end > 0, k, 0)
         return step + 1, end - k, starts.write(step, end - k), lengths.write(step, k)
