@@ -24,7 +24,7 @@ from keras_attn_serving.generation import (
 
 from keras_attn.models import generate
 from keras_attn.models.cached import CachedCausalLM, cached_causal_lm, model_inputs
-from keras_attn.tokenizers import WordPieceTokenizer
+from keras_attn.tokenizers import BytePairTokenizer, WordPieceTokenizer
 
 if TYPE_CHECKING:
     import onnxruntime as ort
@@ -187,19 +187,24 @@ def _check_decoding(model, name, step, new_state, max_length, tolerance, pad_id)
 def export_text_onnx(
     model: keras.Model,
     folder: Path,
-    tokenizer: "WordPieceTokenizer | None",
+    tokenizer: "WordPieceTokenizer | BytePairTokenizer | None",
     packer: "StartEndPacker | SegmentPacker | None",
     sessions: dict[str, "ort.InferenceSession"],
     opset: int,
 ) -> dict:
     """`model.text.onnx`, checked: on ASCII samples its outputs equal `model.onnx` on our
     tokenizer's ids (non-ASCII text may differ; see `keras_attn_export.text_onnx`)."""
-    from keras_attn_export.text_onnx import text_session, write_text_onnx
+    from keras_attn_export.text_onnx import gpt2_compatible, text_session, write_text_onnx
 
-    if tokenizer is not None and not isinstance(tokenizer, WordPieceTokenizer):
+    why = None
+    if isinstance(tokenizer, BytePairTokenizer):
+        why = gpt2_compatible(tokenizer)
+    elif tokenizer is not None and not isinstance(tokenizer, WordPieceTokenizer):
+        why = "only WordPiece and GPT-2-style BPE have onnxruntime-extensions operators"
+    if why is not None:
         raise ValueError(
-            "`strings_in` writes the tokenizer as onnxruntime-extensions operators for "
-            f"WordPiece only so far. Received: {type(tokenizer).__name__}"
+            "`strings_in` writes the tokenizer as an onnxruntime-extensions operator; it "
+            f"cannot for this {type(tokenizer).__name__}: {why}"
         )
     if tokenizer is None or packer is not None or len(model.inputs) != 1 or not sessions:
         raise ValueError(

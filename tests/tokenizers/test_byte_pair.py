@@ -183,8 +183,9 @@ def test_exported_lm_serves_the_tokens_it_was_trained_on(gpt2_spec, tmp_path):
     model = build_causal_lm(tok.vocabulary_size(), 24, hidden_dim=16, num_layers=1, num_heads=2)
     model.compile(optimizer=keras.optimizers.Adam(1e-2), loss=lm_loss())
     model.fit(x, y, batch_size=8, epochs=2, verbose=0)
-    manifest = export_model(model, tmp_path / "lm", tokenizer=tok, verbose=False)
+    manifest = export_model(model, tmp_path / "lm", tokenizer=tok, strings_in=True, verbose=False)
     assert manifest["parity"]["serve_text_vs_serving_default"] <= 1e-6  # same ids
+    assert manifest["text_onnx"]["max_abs_diff"] <= 1e-5
     predictor = Predictor(tmp_path / "lm")
     lines = ["to be or not", "the slings and arrows", "whether tis nobler"]
     assert predictor.tokenizer.encode(lines) == tok.tokenize(lines).to_list()
@@ -192,5 +193,13 @@ def test_exported_lm_serves_the_tokens_it_was_trained_on(gpt2_spec, tmp_path):
     from_text = loaded.signatures["serve_text"](text=tf.constant(lines[:1]))["logits"].numpy()
     ids = np.array(tok.tokenize(lines[:1]).to_list(), "int32")
     np.testing.assert_allclose(from_text, model.predict(ids, verbose=0), atol=1e-4)
+    # Strings in, logits out, in one ONNX file (GPT2Tokenizer operator), non-ASCII too.
+    from keras_attn_export.text_onnx import text_session
+
+    text_onnx = text_session(tmp_path / "lm" / "model.text.onnx")
+    for line in ("whether tis nobler <|endoftext|> in the mind", "café, Łódź: 日本語 🙂"):
+        ids = np.array(tok.tokenize([line]).to_list(), "int32")[:, :24]
+        got = text_onnx.run(["logits"], {"text": np.array([line])})[0]
+        np.testing.assert_allclose(got, model.predict(ids, verbose=0), atol=1e-4)
     out = predictor.generate(lines[0], max_new_tokens=3)
     assert out.startswith(lines[0]) and len(out) > len(lines[0])
