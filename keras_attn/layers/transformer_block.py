@@ -6,6 +6,7 @@ import keras
 
 from keras_attn.layers.feed_forward import FeedForward, get_activation
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
+from keras_attn.layers.rotary_embedding import check_rope_scaling
 from keras_attn.layers.scores import Score, get_score, serialize_score
 from keras_attn.types import Initializer
 
@@ -76,6 +77,19 @@ class TransformerBlock(keras.layers.Layer):
                 f"{layer_norm_epsilon}"
             )
         get_activation(activation)  # validates the name
+        if rope_max_wavelength is not None and (
+            isinstance(rope_max_wavelength, bool) or not rope_max_wavelength > 1
+        ):
+            raise ValueError(
+                "`rope_max_wavelength` must be greater than 1 (or None: no rotary positions). "
+                f"Received: rope_max_wavelength={rope_max_wavelength!r}"
+            )
+        if rope_scaling is not None and rope_max_wavelength is None:
+            raise ValueError(
+                "`rope_scaling` scales rotary positions: it needs `rope_max_wavelength`. "
+                f"Received: rope_scaling={rope_scaling!r}, rope_max_wavelength=None"
+            )
+        rope_scaling = check_rope_scaling(rope_scaling)
         self.num_heads = num_heads
         self.intermediate_dim = intermediate_dim
         self.dropout = dropout

@@ -149,6 +149,40 @@ def test_attention_scores_are_returned():
         ({"num_heads": 2, "intermediate_dim": 8, "activation": "tanhh"}, "activation"),
         ({"num_heads": 2, "intermediate_dim": 8, "layer_norm_epsilon": 0}, "layer_norm_epsilon"),
         ({"num_heads": 2, "intermediate_dim": 8, "score": "cosine"}, "score"),
+        (
+            {"num_heads": 2, "intermediate_dim": 8, "rope_max_wavelength": 0.5},
+            "rope_max_wavelength",
+        ),
+        (
+            {"num_heads": 2, "intermediate_dim": 8, "rope_max_wavelength": True},
+            "rope_max_wavelength",
+        ),
+        (
+            {
+                "num_heads": 2,
+                "intermediate_dim": 8,
+                "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+            },
+            "rope_max_wavelength",
+        ),
+        (
+            {
+                "num_heads": 2,
+                "intermediate_dim": 8,
+                "rope_max_wavelength": 1e4,
+                "rope_scaling": {"rope_type": "yarn", "factor": 2.0},
+            },
+            "rope_scaling",
+        ),
+        (
+            {
+                "num_heads": 2,
+                "intermediate_dim": 8,
+                "rope_max_wavelength": 1e4,
+                "rope_scaling": {"rope_type": "linear", "factor": -1},
+            },
+            "rope_scaling",
+        ),
     ],
 )
 @pytest.mark.parametrize("cls", [ka.TransformerEncoder, ka.TransformerDecoder])
