@@ -6,6 +6,7 @@ Only safetensors are read: `pytorch_model.bin` is a pickle, and loading a pickle
 
 import json
 import os
+import re
 from typing import Any
 
 import numpy as np
@@ -13,6 +14,7 @@ import numpy as np
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
+SHARD_NAME = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
 VOCABULARY_FILE = "vocab.txt"
 PICKLED_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model.h5")
 
@@ -93,9 +95,13 @@ def write_folder(
         json.dump(config, f, indent=2, sort_keys=True, allow_nan=False)
     arrays = {key: np.ascontiguousarray(value) for key, value in weights.items()}
     shards = _shards(arrays, max_shard_size)
-    for stale in (WEIGHTS_FILE, WEIGHTS_INDEX_FILE):  # a rewrite must not leave the other form
-        if os.path.exists(_path(folder, stale)):
-            os.remove(_path(folder, stale))
+    # A rewrite leaves neither the other form nor shards of an earlier split (which a reader
+    # globbing `*.safetensors` would mix in), as `transformers` cleans them.
+    stale = [WEIGHTS_FILE, WEIGHTS_INDEX_FILE]
+    stale += [name for name in os.listdir(os.fspath(folder)) if SHARD_NAME.fullmatch(name)]
+    for name in stale:
+        if os.path.isfile(_path(folder, name)):
+            os.remove(_path(folder, name))
     if len(shards) == 1:
         save_file(arrays, _path(folder, WEIGHTS_FILE), metadata={"format": "pt"})
     else:

@@ -70,6 +70,14 @@ def test_layout_matches_the_float64_forward_and_round_trips_exactly(case, tmp_pa
     assert config_out.get("head_dim", 8) == config.get("head_dim", 8)
     again = CausalLM.from_pretrained(tmp_path / "out")
     np.testing.assert_array_equal(to_numpy(again(token_ids)), to_numpy(lm(token_ids)))
+    # Rewriting the folder with fewer shards, then as one file, leaves no earlier shard.
+    lm.save_pretrained(tmp_path / "out", model_type=config["model_type"], max_shard_size=60_000)
+    fewer = set(json.loads((tmp_path / "out" / "model.safetensors.index.json").read_text())[
+        "weight_map"].values())  # fmt: skip
+    assert len(fewer) < len(shards)
+    assert {p.name for p in (tmp_path / "out").glob("model-*.safetensors")} == fewer
+    lm.save_pretrained(tmp_path / "out", model_type=config["model_type"])
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.safetensors")) == ["model.safetensors"]
 
 
 @pytest.mark.parametrize("case", ["llama3_scaling_biases", "qwen2_tied"])
