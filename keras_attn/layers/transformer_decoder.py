@@ -98,6 +98,9 @@ class TransformerDecoder(TransformerBlock):
         cross_attention_cache: Tensor | None = None,
         position_ids: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, ...]:
+        # Incremental decoding reads only a padding mask passed as such: one that Keras
+        # propagates from the new tokens' embedding covers them, not the whole cache.
+        cache_padding_mask = decoder_padding_mask
         # Keras delivers propagated masks as `mask` (one tensor passed) or `<arg>_mask`.
         if decoder_padding_mask is None:
             decoder_padding_mask = mask if mask is not None else decoder_sequence_mask
@@ -132,7 +135,7 @@ class TransformerDecoder(TransformerBlock):
                 self.self_attention,
                 return_attention_scores,
                 x,
-                value_mask=decoder_padding_mask,
+                value_mask=cache_padding_mask,
                 cache=self_attention_cache,
                 cache_update_index=self_attention_cache_update_index,
                 training=training,

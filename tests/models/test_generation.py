@@ -6,12 +6,16 @@ from tests.conftest import keras_greedy
 from tests.helpers import to_numpy
 
 
-@pytest.fixture(scope="module")
-def lm():
+@pytest.fixture(scope="module", params=["learned", "rotary"])
+def lm(request):
+    """Learned positions, and rotary ones with id 0 masked (the defaults): the token
+    embedding's padding mask must not reach the cached attention (it covers the new tokens,
+    not the cache; a prefill of several tokens failed on it)."""
     import keras
 
     keras.utils.set_random_seed(3)
-    return build_causal_lm(50, 32, hidden_dim=16, num_layers=2, num_heads=2)
+    return build_causal_lm(50, 32, hidden_dim=16, num_layers=2, num_heads=2,
+                           position_encoding=request.param)  # fmt: skip
 
 
 def test_cached_logits_equal_full_recomputation_at_every_step(lm):
@@ -118,6 +122,8 @@ def test_bad_prompts_and_long_inputs_are_value_errors_not_op_errors(lm):
         ValueError, match=r"outside the vocabulary \[0, 50\)\. Received: \[60, 99\]"
     ):
         lm.generate([[60, 3], [99]], 2)
+    if lm.position_embedding is None:  # rotary: no position table to run past
+        return
     with pytest.raises(
         ValueError, match=r"up to `sequence_length=32`\. Received: inputs of length 40"
     ):
