@@ -13,12 +13,16 @@ onnxruntime's own transformer operators, from the Keras weights:
                residuals — pre-norm or post-norm as the block is
     final norm, last position, MatMul by Eᵀ (tied) or by the untied output matrix
 
-Inputs: `token_ids (batch, new) int32`, `index () int32` (position of the first new token),
+Inputs: `token_ids (batch, new) int32`, `index (1,) or (batch,) int32` (position of the first
+new token: the same for every row, or one per row for rows at different lengths; graphs written
+before iteration-level batching take a scalar),
 `past_key_N`/`past_value_N (batch, kv_heads, max_length, key_dim)` per block. Outputs:
 `logits (batch, vocab)` of the last new token, `present_key_N`/`present_value_N`, the same
 shape as the past ones. When past and present are bound to one buffer
 (`keras_attn_serving.generation.BoundCache`), onnxruntime writes the new keys and values in
-place, and no step copies the cache. Every row decodes the same positions, as `decode_ids` runs.
+place, and no step copies the cache. `decode_ids` decodes every row at the same positions; the
+server's iteration-level batching (`keras_attn_serving.batched_generation`) gives each row its
+own.
 
 `export_model` checks this graph's greedy output against Keras and records it in the
 manifest; models it cannot express (see `supported`) keep `decode.onnx` only.
@@ -258,25 +262,31 @@ def write_decode_graph(
     shape = g.op("Shape", ["token_ids"])  # (batch, new)
     new = g.op("Gather", [shape, g.const("one", np.array(1))])
     one = g.const("one_i32", np.array(1, np.int32))
-    end = g.op("Add", ["index", g.op("Cast", [new], to=TensorProto.INT32)])
+    new_i32 = g.op("Cast", [new], to=TensorProto.INT32)
+    # `index`: one position for every row (`(1,)`) or one per row (`(batch,)`, rows at
+    # different lengths: iteration-level batching).
+    batch = g.op(
+        "Slice", [shape, g.const("zero_1d", np.array([0])), g.const("one_1d", np.array([1]))]
+    )
+    starts = g.op("Reshape", ["index", g.const("minus_one_1d", np.array([-1]))])
+    end = g.op("Add", [starts, new_i32])  # each row's length after this step
     rotary = _rotary_tables(g, lm, max_length)
     x = tokens
     if lm.position_embedding is not None:  # else rotary: GroupQueryAttention places tokens
         table = np.asarray(
             lm.position_embedding(np.zeros((1, max_length, hidden), np.float32), start_index=0)
         ).reshape(max_length, hidden)
-        steps = g.op("Range", ["index", end, one])
+        offsets = g.op("Range", [g.const("zero_i32", np.array(0, np.int32)), new_i32, one])
+        steps = g.op("Add", [g.op("Unsqueeze", [starts, "one_1d"]), offsets])  # (b or 1, new)
         x = g.op("Add", [tokens, g.op("Gather", [g.const("position_table", table), steps])])
-    # GroupQueryAttention: seqlens_k = total length - 1 for every row; total length.
-    batch = g.op(
-        "Slice", [shape, g.const("zero_1d", np.array([0])), g.const("one_1d", np.array([1]))]
-    )
-    last = g.op("Unsqueeze", [g.op("Sub", [end, one]), "zero_1d"])
-    seqlens = g.op("Expand", [last, batch])
+    # GroupQueryAttention: seqlens_k = each row's length - 1; the longest length.
+    seqlens = g.op("Expand", [g.op("Sub", [end, one]), batch])
+    total = g.op("ReduceMax", [end], keepdims=0)
 
     inputs = [
         helper.make_tensor_value_info("token_ids", TensorProto.INT32, ["batch", "new"]),
-        helper.make_tensor_value_info("index", TensorProto.INT32, []),
+        # One position for every row (`(1,)`) or one per row (`(batch,)`).
+        helper.make_tensor_value_info("index", TensorProto.INT32, ["index_rows"]),
     ]
     outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", vocab])]
     spec = {"layers": len(lm.decoder_blocks), "max_length": int(max_length)}
@@ -295,7 +305,11 @@ def write_decode_graph(
             )
         p = f"block_{n}"
         sublayers: tuple[Callable[..., Any], Callable[..., Any]] = (
-            (lambda h, n=n, p=p, a=attention: _attend(g, a, h, n, p, hidden, seqlens, end, rotary)),
+            (
+                lambda h, n=n, p=p, a=attention: _attend(
+                    g, a, h, n, p, hidden, seqlens, total, rotary
+                )
+            ),
             (lambda h, p=p, b=block: _feed_forward(g, b, h, p)),
         )
         norms = (block.self_attention_layer_norm, block.feed_forward_layer_norm)

@@ -155,11 +155,14 @@ def gqa_step(
 ) -> Callable[[np.ndarray, BoundCache, int], tuple[np.ndarray, BoundCache]]:
     """The step function of an exported `decode_gqa.onnx` session; its state is a
     `BoundCache`."""
+    # `index` is `(1,)` (or one per row); graphs exported before that took a scalar.
+    (index_input,) = [i for i in session.get_inputs() if i.name == "index"]
+    index_shape = (1,) if len(index_input.shape) == 1 else ()
 
     def step(token_ids: np.ndarray, cache: BoundCache, index: int) -> tuple[np.ndarray, BoundCache]:
         binding = cache.binding
         binding.bind_cpu_input("token_ids", np.ascontiguousarray(token_ids, np.int32))
-        binding.bind_cpu_input("index", np.asarray(index, np.int32))
+        binding.bind_cpu_input("index", np.full(index_shape, index, np.int32))
         session.run_with_iobinding(binding)
         return binding.get_outputs()[0].numpy(), cache
 

@@ -4,12 +4,14 @@ Imports neither TensorFlow nor Keras (a test checks), so a serving host needs on
 onnxruntime, NumPy and `tokenizers`.
 """
 
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, overload
 
 import numpy as np
 import onnxruntime as ort
+from keras_attn_serving.batched_generation import DecodeBatcher
 from keras_attn_serving.generation import (
     BoundCache,
     decode_ids,
@@ -38,6 +40,8 @@ class Predictor:
         folder: the artifact folder `keras_attn_export.export_model` wrote.
         verify: check every file's sha256 against the manifest first. Defaults to `True`.
         num_threads: onnxruntime intra-op threads; defaults to onnxruntime's choice.
+        decode_rows: `stream_ids` requests that share each decode step (iteration-level
+            batching over `decode_gqa.onnx`); 0 (the default) decodes each alone.
     Example:
         >>> # Skipped in the doctest run: it needs an exported folder (make demo writes one).
         >>> p = Predictor("artifacts/shakespeare_lm")  # doctest: +SKIP
@@ -45,9 +49,20 @@ class Predictor:
     """
 
     def __init__(
-        self, folder: str | Path, verify: bool = True, num_threads: int | None = None
+        self,
+        folder: str | Path,
+        verify: bool = True,
+        num_threads: int | None = None,
+        decode_rows: int = 0,
     ) -> None:
+        if isinstance(decode_rows, bool) or not isinstance(decode_rows, int) or decode_rows < 0:
+            raise ValueError(
+                f"`decode_rows` must be a non-negative integer. Received: {decode_rows!r}"
+            )
         self.folder = Path(folder)
+        self.decode_rows = decode_rows
+        self._decode_batcher: DecodeBatcher | None = None
+        self._batcher_lock = threading.Lock()
         self.manifest = read_manifest(self.folder)
         if verify:
             verify_files(self.folder, self.manifest)
@@ -198,6 +213,44 @@ class Predictor:
         step, state, max_length = self._decoder(len(prompts), use_cache)
         return decode_tokens(step, state, [list(p) for p in prompts], max_new_tokens,
                              stop_token_ids, self.pad_id, max_length, sampler)  # fmt: skip
+
+    def stream_ids(
+        self,
+        prompt: Sequence[int],
+        max_new_tokens: int = 20,
+        stop_token_ids: Iterable[int] = (),
+        sampler: "Sampler | None" = None,
+    ) -> Iterator[int]:
+        """The new ids of one prompt, each as soon as it is chosen (what `/generate_stream`
+        sends). With `decode_rows` and a `decode_gqa.onnx` that takes one position per row,
+        concurrent calls share decode steps (`keras_attn_serving.batched_generation`); the
+        ids are those of decoding the prompt alone either way."""
+        batcher = self._batcher()
+        if batcher is not None:
+            return batcher.stream(prompt, max_new_tokens, stop_token_ids, sampler)
+        tokens = self.generate_tokens([prompt], max_new_tokens, stop_token_ids, sampler=sampler)
+        return (token for _, token in tokens)
+
+    def _batcher(self) -> "DecodeBatcher | None":
+        """The shared decode loop, started on first use; None when it cannot run."""
+        if not self.decode_rows or self.gqa_session is None:
+            return None
+        (index,) = [i for i in self.gqa_session.get_inputs() if i.name == "index"]
+        if len(index.shape) != 1:  # exported before decode graphs took a position per row
+            return None
+        with self._batcher_lock:
+            if self._decode_batcher is None:
+                self._decode_batcher = DecodeBatcher(
+                    self.gqa_session, self.gqa, self.pad_id, self.decode_rows
+                )
+            return self._decode_batcher
+
+    def close(self) -> None:
+        """Stops the shared decode loop, if one was started (requests in it get an error)."""
+        with self._batcher_lock:
+            batcher, self._decode_batcher = self._decode_batcher, None
+        if batcher is not None:
+            batcher.close()
 
     def _decoder(self, batch, use_cache):
         """`(step, initial state, max length)` of greedy decoding: a decode graph over a

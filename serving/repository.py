@@ -52,6 +52,7 @@ class ModelRepository:
         max_delay_ms: float = 0.0,
         workers: int = 2,
         on_batch: Callable[[str], Callable[[int, int, int], None]] | None = None,
+        decode_rows: int = 32,
     ) -> None:
         self.root = Path(root).resolve()
         if not self.root.is_dir():
@@ -64,6 +65,7 @@ class ModelRepository:
         self.batching = {"max_batch_size": max_batch_size, "max_delay_ms": max_delay_ms,
                          "workers": workers}  # fmt: skip
         self.on_batch = on_batch  # `model name -> callback(rows, queue depth, cap)`
+        self.decode_rows = decode_rows  # generation requests sharing a decode step
         self._loaded: dict[tuple[str, int], _Entry] = {}
         self._failed: dict[tuple[str, int], _Failure] = {}
         self._loading: dict[tuple[str, int], threading.Lock] = {}
@@ -165,7 +167,7 @@ class ModelRepository:
             if ready is not None:
                 return chosen, *ready
             try:
-                predictor = Predictor(folder, self.verify, self.num_threads)
+                predictor = Predictor(folder, self.verify, self.num_threads, self.decode_rows)
                 batcher = self._make_batcher(name, predictor, self._config(name))
             except Exception as error:
                 raise self._failed_load(name, chosen, folder, signature, error) from None
@@ -283,8 +285,9 @@ class ModelRepository:
 
     def close(self) -> None:
         """Runs what is queued, then stops every model's batcher (the end of a drain)."""
-        for *_, batcher in self.loaded():
+        for *_, predictor, batcher in self.loaded():
             batcher.close()
+            predictor.close()
 
 
 class _Entry(NamedTuple):
@@ -320,6 +323,7 @@ def _retire(entries):
     their memory back to the system."""
     for entry in entries:
         entry.batcher.close()
+        entry.predictor.close()
     if entries:
         del entries[:]
         gc.collect()

@@ -52,6 +52,9 @@ class ServerSettings(BaseSettings):
     max_batch_size: int = Field(32, ge=1, description="rows per merged call; 1 = no merging")
     max_delay_ms: float = Field(0.0, ge=0, description="wait for rows, only under load")
     batch_workers: int = Field(2, ge=1, description="threads running each model")
+    max_decode_rows: int = Field(
+        32, ge=0, description="generation requests sharing each decode step; 0 = one at a time"
+    )
     session_threads: int | None = Field(
         None, ge=1, description="onnxruntime intra-op threads; default: cores // batch_workers"
     )

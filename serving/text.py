@@ -286,10 +286,10 @@ class TextModel:
         new: list[int] = []
         shown, text = "", ""
         held: tuple[int, str] | None = None  # the last pair, not sent yet
-        tokens = self.predictor.generate_tokens(
-            [prompt], request.max_tokens, request.stop_ids, sampler=request.sampler
+        tokens = self.predictor.stream_ids(
+            prompt, request.max_tokens, request.stop_ids, sampler=request.sampler
         )
-        for _, token in tokens:
+        for token in tokens:
             new.append(token)
             text = self.continuation(prompt, new, prompt_text)
             cut = min((i for i in (text.find(stop) for stop in stops) if i >= 0), default=None)

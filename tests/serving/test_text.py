@@ -218,18 +218,28 @@ def test_stop_strings_cut_the_text_over_http_and_in_keras(text_models, toy_lm,
 
 
 def test_concurrent_generations_keep_their_own_caches(text_models, toy_lm, toy_tokenizer):
-    # Each generation binds its own key/value buffers (decode_gqa.onnx updates them in
-    # place): answers given side by side equal Keras greedy for each prompt alone.
+    # Requests side by side share decode steps (iteration-level batching: each row at its
+    # own position of one cache): each answer equals Keras for its prompt alone, greedy or
+    # sampled with its own seed.
     from concurrent.futures import ThreadPoolExecutor
 
     url, _, _ = text_models
     prompts = ["to be", "or not to", "that is the", "be or", "the question", "not", "is", "to"]
-    with ThreadPoolExecutor(8) as pool:
-        answers = list(pool.map(lambda p: post(url, "lm/generate", {
-            "text_input": p, "parameters": {"max_tokens": 10}}).json(), prompts * 2))  # fmt: skip
-    for prompt, answer in zip(prompts * 2, answers, strict=True):
+    jobs = [(p, {"max_tokens": 10}) for p in prompts]
+    jobs += [(p, {"max_tokens": 7 + i % 4, "temperature": 1.3, "seed": i})
+             for i, p in enumerate(prompts)]  # fmt: skip
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda job: post(url, "lm/generate", {
+            "text_input": job[0], "parameters": job[1]}).json(), jobs))  # fmt: skip
+    for (prompt, parameters), answer in zip(jobs, answers, strict=True):
         prompt_ids = keras.ops.convert_to_numpy(toy_tokenizer.tokenize(prompt)).tolist()
-        assert answer["token_ids"] == keras_greedy(toy_lm, prompt_ids, 10), prompt
+        new = parameters["max_tokens"]
+        if "seed" in parameters:
+            (expected,) = generate(toy_lm, [prompt_ids], new, sampler="sample",
+                                   temperature=1.3, seed=parameters["seed"])  # fmt: skip
+        else:
+            expected = keras_greedy(toy_lm, prompt_ids, new)
+        assert answer["token_ids"] == expected, (prompt, parameters)
 
 
 @pytest.mark.parametrize(

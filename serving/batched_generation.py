@@ -1,0 +1,241 @@
+"""Iteration-level batching of generation over `decode_gqa.onnx` (continuous batching).
+
+One thread per model runs the decode steps. Each step takes one new token for every request in
+flight, at its own position (`index` is `(batch,)`: GroupQueryAttention reads each row's own
+length), so a request joins at the next step and leaves when it ends, instead of waiting for a
+batch to form or finish. A new request's prompt is prefilled alone (batch 1, its own cache
+buffer) and its keys and values copied into a free row of the shared cache.
+
+Rows are kept packed (requests in rows `0 … n-1`; a request that ends is replaced by the last
+one, whose cache rows are copied over), and a step runs on the smallest power of two of rows
+that holds them: its cost follows the requests in flight, not the capacity.
+
+Every request draws with its own sampler on its own row, one call per step, as
+`generation.decode_tokens` does for one prompt, so its ids are those of decoding it alone
+(and of Keras `generate` with the same seed), whatever else shares the steps.
+"""
+
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
+
+# `sampler(logits (1, vocab) float64) -> ids (1,)`: a `sampling.Sampler`, or None (greedy).
+Chooser = Callable[[np.ndarray], np.ndarray]
+_END = object()  # a stream's last item
+
+
+class _Cache:
+    """One set of per-block key/value buffers `(rows, kv_heads, max_length, key_dim)` in
+    NumPy, and an onnxruntime binding per bucket of leading rows: each binds views of the same
+    memory as past and present, so GroupQueryAttention writes in place."""
+
+    def __init__(self, session: "ort.InferenceSession", spec: dict[str, Any], rows: int) -> None:
+        import onnxruntime as ort
+
+        shape = (rows, spec["kv_heads"], spec["max_length"], spec["key_dim"])
+        self.buffers = [np.zeros(shape, np.float32) for _ in range(2 * spec["layers"])]
+        self.bindings: dict[int, Any] = {}
+        self.values: list[Any] = []  # the OrtValues must outlive their bindings
+        size = 1
+        while True:
+            binding = session.io_binding()
+            binding.bind_output("logits")
+            for n, buffer in enumerate(self.buffers):
+                value = ort.OrtValue.ortvalue_from_numpy(buffer[:size])
+                kind, layer = ("key", "value")[n % 2], n // 2
+                binding.bind_ortvalue_input(f"past_{kind}_{layer}", value)
+                binding.bind_ortvalue_output(f"present_{kind}_{layer}", value)
+                self.values.append(value)
+            self.bindings[size] = binding
+            if size >= rows:
+                break
+            size = min(2 * size, rows)
+
+    def bucket(self, rows: int) -> int:
+        return min(size for size in self.bindings if size >= rows)
+
+    def copy_row(self, source: "_Cache", source_row: int, row: int, length: int) -> None:
+        for mine, theirs in zip(self.buffers, source.buffers, strict=True):
+            mine[row, :, :length] = theirs[source_row, :, :length]
+
+
+class _Request:
+    def __init__(self, prompt: list[int], max_new_tokens: int, stop_ids: frozenset[int],
+                 sampler: Chooser | None) -> None:  # fmt: skip
+        self.prompt, self.max_new_tokens = prompt, max_new_tokens
+        self.stop_ids, self.sampler = stop_ids, sampler
+        self.out: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.position = 0  # the cache length: where the next token goes
+        self.next_token = 0
+        self.produced = 0
+        self.cancelled = False
+
+
+class DecodeBatcher:
+    """Continuous batching over one `decode_gqa.onnx` session.
+
+    Args:
+        session: the `decode_gqa.onnx` onnxruntime session (it must take a per-row `index`).
+        spec: the manifest's `decoding.gqa` entry (`layers`, `kv_heads`, `key_dim`,
+            `max_length`).
+        pad_id: the id never generated (manifest `decoding.pad_id`).
+        max_rows: requests decoded together at most; more wait for a row.
+    """
+
+    def __init__(self, session: "ort.InferenceSession", spec: dict[str, Any], pad_id: int,
+                 max_rows: int = 32) -> None:  # fmt: skip
+        if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
+            raise ValueError(f"`max_rows` must be a positive integer. Received: {max_rows!r}")
+        self.session, self.spec, self.pad_id = session, spec, pad_id
+        self.max_length = int(spec["max_length"])
+        self.cache = _Cache(session, spec, max_rows)
+        self.prefill = _Cache(session, spec, 1)
+        self.max_rows = max_rows
+        self.active: list[_Request] = []
+        self.waiting: deque[_Request] = deque()
+        self.lock = threading.Condition()
+        self.closed = False
+        self.steps = 0  # batched decode steps run (for tests and metrics)
+        self.rows_stepped = 0  # requests advanced by them
+        self.thread = threading.Thread(target=self._loop, name="decode-batcher", daemon=True)
+        self.thread.start()
+
+    def stream(self, prompt: Sequence[int], max_new_tokens: int,
+               stop_token_ids: Iterable[int] = (), sampler: Chooser | None = None,
+               ) -> Iterator[int]:  # fmt: skip
+        """The new ids of `prompt`, each as soon as its step has run; a stop token ends the
+        stream and is not returned. Closing the generator early frees its row."""
+        prompt = [int(t) for t in prompt]
+        if not prompt:
+            raise ValueError("`prompt` must be a non-empty list of ids.")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or (
+            max_new_tokens < 0
+        ):  # fmt: skip
+            raise ValueError(f"`max_new_tokens` must be >= 0. Received: {max_new_tokens!r}")
+        if len(prompt) + max_new_tokens > self.max_length:
+            raise ValueError(
+                f"prompt length {len(prompt)} + max_new_tokens {max_new_tokens} exceeds the "
+                f"model's maximum sequence length {self.max_length}"
+            )
+        if max_new_tokens == 0:
+            return
+        request = _Request(prompt, max_new_tokens, frozenset(map(int, stop_token_ids)), sampler)
+        with self.lock:
+            if self.closed:
+                raise RuntimeError("the decode batcher is closed")
+            self.waiting.append(request)
+            self.lock.notify()
+        try:
+            while (item := request.out.get()) is not _END:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            request.cancelled = True
+
+    def close(self) -> None:
+        """Ends the loop; requests in flight get an error."""
+        with self.lock:
+            self.closed = True
+            self.lock.notify()
+        self.thread.join(timeout=10)
+
+    # The loop (one thread): admit waiting requests, then one step for every active row.
+
+    def _loop(self) -> None:
+        while True:
+            with self.lock:
+                while not self.closed and not self.waiting and not self.active:
+                    self.lock.wait()
+                if self.closed:
+                    break
+                newcomers: list[_Request] = []
+                while self.waiting and len(self.active) + len(newcomers) < self.max_rows:
+                    newcomers.append(self.waiting.popleft())
+            try:
+                for request in newcomers:
+                    self._admit(request)
+                self._drop_cancelled()
+                if self.active:
+                    self._step()
+            except Exception as error:  # every request in flight gets it
+                for request in self.active:
+                    request.out.put(error)
+                    request.out.put(_END)
+                self.active.clear()
+        closed = RuntimeError("the decode batcher was closed")
+        for request in [*self.active, *self.waiting]:
+            request.out.put(closed)
+            request.out.put(_END)
+
+    def _run(self, cache: _Cache, rows: int, token_ids: np.ndarray, index: np.ndarray
+             ) -> np.ndarray:  # fmt: skip
+        binding = cache.bindings[rows]
+        binding.bind_cpu_input("token_ids", np.ascontiguousarray(token_ids, np.int32))
+        binding.bind_cpu_input("index", np.ascontiguousarray(index, np.int32))
+        self.session.run_with_iobinding(binding)
+        return binding.get_outputs()[0].numpy()
+
+    def _admit(self, request: _Request) -> None:
+        if request.cancelled:
+            request.out.put(_END)
+            return
+        prompt = np.asarray([request.prompt], np.int32)
+        logits = self._run(self.prefill, 1, prompt, np.zeros(1, np.int32))
+        request.position = len(request.prompt)
+        row = len(self.active)
+        self.cache.copy_row(self.prefill, 0, row, request.position)
+        self.active.append(request)
+        self._choose(row, request, logits[0])
+
+    def _step(self) -> None:
+        count = len(self.active)
+        rows = self.cache.bucket(count)
+        token_ids = np.full((rows, 1), self.pad_id, np.int32)
+        index = np.zeros(rows, np.int32)
+        for row, request in enumerate(self.active):
+            token_ids[row, 0], index[row] = request.next_token, request.position
+        logits = self._run(self.cache, rows, token_ids, index)
+        self.steps += 1
+        self.rows_stepped += count
+        for row in range(count - 1, -1, -1):  # backwards: a finished row takes the last one
+            request = self.active[row]
+            request.position += 1
+            self._choose(row, request, logits[row])
+
+    def _choose(self, row: int, request: _Request, logits: np.ndarray) -> None:
+        """Picks `request`'s next id from its logits; sends it, or ends the request."""
+        last = np.asarray(logits, np.float64)[None]
+        last[:, self.pad_id] = -np.inf
+        token = int(last.argmax(-1)[0] if request.sampler is None else request.sampler(last)[0])
+        request.produced += 1
+        stopped = token in request.stop_ids
+        if not stopped:
+            request.out.put(token)
+        if stopped or request.produced >= request.max_new_tokens or request.cancelled:
+            self._finish(row)
+        else:
+            request.next_token = token
+
+    def _drop_cancelled(self) -> None:
+        for row in range(len(self.active) - 1, -1, -1):
+            if self.active[row].cancelled:
+                self._finish(row)
+
+    def _finish(self, row: int) -> None:
+        """Ends the request in `row`; the last active request moves into its row."""
+        request = self.active[row]
+        request.out.put(_END)
+        last = len(self.active) - 1
+        if row != last:
+            moved = self.active[last]
+            self.cache.copy_row(self.cache, last, row, moved.position)
+            self.active[row] = moved
+        self.active.pop()

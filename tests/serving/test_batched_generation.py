@@ -1,0 +1,125 @@
+"""Iteration-level batching: requests at different lengths share decode steps, and each gets
+the ids it would get decoded alone (greedy, sampled with a seed, with stop ids)."""
+
+import threading
+
+import keras
+import numpy as np
+import pytest
+from keras_attn_export import export_model
+from keras_attn_serving import Predictor
+from keras_attn_serving.batched_generation import DecodeBatcher
+from keras_attn_serving.sampling import Sampler
+
+from keras_attn.models import CausalLM
+
+pytestmark = pytest.mark.tf_only
+
+
+@pytest.fixture(scope="module", params=["learned", "llama"])
+def predictor(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("batched") / request.param
+    keras.utils.set_random_seed(3)
+    if request.param == "llama":  # rotary inside GroupQueryAttention, 4 heads over 2
+        from tests.models import llama_reference as ref
+
+        config, weights = ref.random_checkpoint("llama", head_dim=16)
+        ref.write_folder(folder.parent / "hf", config, weights)
+        lm = CausalLM.from_pretrained(folder.parent / "hf")
+    else:
+        lm = CausalLM(61, 40, hidden_dim=16, num_layers=2, num_heads=2)
+    export_model(lm, folder, formats=["onnx"], verbose=False)
+    loaded = Predictor(folder)
+    assert loaded.gqa_session is not None
+    return loaded
+
+
+def _requests(vocab, count, seed):
+    rng = np.random.default_rng(seed)
+    requests = []
+    for i in range(count):
+        prompt = [int(t) for t in rng.integers(1, vocab, size=int(rng.integers(1, 10)))]
+        sampled = i % 2 == 1
+        requests.append({
+            "prompt": prompt,
+            "max_new_tokens": int(rng.integers(1, 20)),
+            "stop": [],
+            "sampler": (lambda s=1000 + i, k=[None, 5][i % 4 == 1]: Sampler(
+                "sample", temperature=0.8, top_k=k, seed=s)) if sampled else (lambda: None),
+        })  # fmt: skip
+    return requests
+
+
+def test_shared_steps_give_each_request_its_ids_alone(predictor):
+    vocab = predictor.gqa_session.get_outputs()[0].shape[-1]
+    requests = _requests(vocab, 14, seed=0)
+    for r in requests[::3]:  # a stop id the request meets: its third new id decoded alone
+        ids = predictor.generate_ids([r["prompt"]], 20, sampler=r["sampler"]())[0]
+        r["stop"], r["max_new_tokens"] = [ids[2]], 20
+    alone = [
+        predictor.generate_ids(
+            [r["prompt"]], r["max_new_tokens"], r["stop"], sampler=r["sampler"]()
+        )[0]
+        for r in requests
+    ]
+    batcher = DecodeBatcher(predictor.gqa_session, predictor.gqa, predictor.pad_id, max_rows=8)
+    together: list = [None] * len(requests)
+    start = threading.Barrier(len(requests))
+
+    def run(i):
+        r = requests[i]
+        start.wait()
+        together[i] = list(batcher.stream(r["prompt"], r["max_new_tokens"], r["stop"],
+                                          r["sampler"]()))  # fmt: skip
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(requests))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    batcher.close()
+    assert together == alone
+    assert any(len(ids) < r["max_new_tokens"] for ids, r in zip(alone, requests, strict=True))
+    # Steps were shared (14 requests, at most 8 rows): more than two rows a step on average.
+    assert batcher.rows_stepped > 2 * batcher.steps > 0
+
+
+def test_a_stream_closed_early_frees_its_row(predictor):
+    batcher = DecodeBatcher(predictor.gqa_session, predictor.gqa, predictor.pad_id, max_rows=1)
+    first = batcher.stream([3, 4, 5], 15)
+    assert isinstance(next(first), int)
+    first.close()  # the client went away: its row is given to the next request
+    second = list(batcher.stream([7, 8], 6))
+    assert second == predictor.generate_ids([[7, 8]], 6)[0]
+    assert batcher.active == [] and not batcher.waiting
+    batcher.close()
+
+
+def test_bad_requests_are_value_errors(predictor):
+    batcher = DecodeBatcher(predictor.gqa_session, predictor.gqa, predictor.pad_id)
+    limit = predictor.gqa["max_length"]
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        list(batcher.stream([1, 2], -1))
+    with pytest.raises(ValueError, match="maximum sequence length"):
+        list(batcher.stream([1] * limit, 1))
+    with pytest.raises(ValueError, match="prompt"):
+        list(batcher.stream([], 3))
+    assert list(batcher.stream([1, 2], 0)) == []
+    batcher.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        list(batcher.stream([1, 2], 3))
+    with pytest.raises(ValueError, match="max_rows"):
+        DecodeBatcher(predictor.gqa_session, predictor.gqa, predictor.pad_id, max_rows=0)
+
+
+def test_predictor_streams_through_one_shared_loop(predictor):
+    shared = Predictor(predictor.folder, decode_rows=4)
+    assert Predictor(predictor.folder)._batcher() is None  # decode_rows=0: each alone
+    prompt = [5, 9, 2]
+    assert list(shared.stream_ids(prompt, 6)) == predictor.generate_ids([prompt], 6)[0]
+    batcher = shared._batcher()
+    assert batcher is not None and batcher is shared._batcher() and batcher.steps > 0
+    shared.close()
+    assert not batcher.thread.is_alive()
+    with pytest.raises(ValueError, match="decode_rows"):
+        Predictor(predictor.folder, decode_rows=-1)
