@@ -78,17 +78,7 @@ def tokenizer_graph(
         helper.make_node("Unsqueeze", [n("cut"), n("zero")], [n("row")]),
         helper.make_node("Cast", [n("row")], ["token_ids"], to=TensorProto.INT32),
     ]  # fmt: skip
-    graph = helper.make_graph(
-        nodes,
-        "wordpiece_tokenizer",
-        [helper.make_tensor_value_info("text", TensorProto.STRING, [1])],
-        [helper.make_tensor_value_info("token_ids", TensorProto.INT32, [1, None])],
-    )
-    return helper.make_model(
-        graph,
-        ir_version=ir_version,
-        opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(TOKENIZER_DOMAIN, 1)],
-    )
+    return _text_to_ids("wordpiece_tokenizer", nodes, opset, ir_version)
 
 
 def bpe_tokenizer_graph(
@@ -122,9 +112,18 @@ def bpe_tokenizer_graph(
         helper.make_node("Slice", [n("ids"), n("zero"), n("limit"), n("one")], [n("cut")]),
         helper.make_node("Cast", [n("cut")], ["token_ids"], to=TensorProto.INT32),
     ]  # fmt: skip
+    return _text_to_ids("bpe_tokenizer", nodes, opset, ir_version)
+
+
+def _text_to_ids(
+    name: str, nodes: list["onnx.NodeProto"], opset: int, ir_version: int
+) -> "onnx.ModelProto":
+    """The ONNX model of tokenizer `nodes`: `text (1,)` string in, `token_ids (1, n)` out."""
+    from onnx import TensorProto, helper
+
     graph = helper.make_graph(
         nodes,
-        "bpe_tokenizer",
+        name,
         [helper.make_tensor_value_info("text", TensorProto.STRING, [1])],
         [helper.make_tensor_value_info("token_ids", TensorProto.INT32, [1, None])],
     )

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from keras_attn_serving.generation import bind_cache
 
 if TYPE_CHECKING:
     import onnxruntime as ort
@@ -37,23 +38,15 @@ class _Cache:
     memory as past and present, so GroupQueryAttention writes in place."""
 
     def __init__(self, session: "ort.InferenceSession", spec: dict[str, Any], rows: int) -> None:
-        import onnxruntime as ort
-
         shape = (rows, spec["kv_heads"], spec["max_length"], spec["key_dim"])
         self.buffers = [np.zeros(shape, np.float32) for _ in range(2 * spec["layers"])]
         self.bindings: dict[int, Any] = {}
         self.values: list[Any] = []  # the OrtValues must outlive their bindings
         size = 1
         while True:
-            binding = session.io_binding()
-            binding.bind_output("logits")
-            for n, buffer in enumerate(self.buffers):
-                value = ort.OrtValue.ortvalue_from_numpy(buffer[:size])
-                kind, layer = ("key", "value")[n % 2], n // 2
-                binding.bind_ortvalue_input(f"past_{kind}_{layer}", value)
-                binding.bind_ortvalue_output(f"present_{kind}_{layer}", value)
-                self.values.append(value)
+            binding, values = bind_cache(session, [buffer[:size] for buffer in self.buffers])
             self.bindings[size] = binding
+            self.values += values
             if size >= rows:
                 break
             size = min(2 * size, rows)

@@ -136,18 +136,27 @@ class BoundCache:
     """
 
     def __init__(self, session: "ort.InferenceSession", spec: dict[str, Any], batch: int) -> None:
-        import onnxruntime as ort
-
-        self.binding = session.io_binding()
-        self.binding.bind_output("logits")  # first: `gqa_step` reads output 0
         shape = (batch, spec["kv_heads"], spec["max_length"], spec["key_dim"])
-        self.buffers = []
-        for layer in range(spec["layers"]):
-            for kind in ("key", "value"):
-                buffer = ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32))
-                self.binding.bind_ortvalue_input(f"past_{kind}_{layer}", buffer)
-                self.binding.bind_ortvalue_output(f"present_{kind}_{layer}", buffer)
-                self.buffers.append(buffer)
+        arrays = [np.zeros(shape, np.float32) for _ in range(2 * spec["layers"])]
+        self.binding, self.buffers = bind_cache(session, arrays)
+
+
+def bind_cache(session: "ort.InferenceSession", arrays: list[np.ndarray]) -> tuple[Any, list[Any]]:
+    """An io binding of `decode_gqa.onnx` whose `past_*`/`present_*` of block `n // 2` (key,
+    then value) are both `arrays[n]`'s memory (CPU `OrtValue`s share a NumPy array's memory),
+    and the `OrtValue`s, which must outlive the binding. `logits` is output 0."""
+    import onnxruntime as ort
+
+    binding = session.io_binding()
+    binding.bind_output("logits")  # first: `gqa_step` reads output 0
+    values = []
+    for n, array in enumerate(arrays):
+        value = ort.OrtValue.ortvalue_from_numpy(array)
+        kind, layer = ("key", "value")[n % 2], n // 2
+        binding.bind_ortvalue_input(f"past_{kind}_{layer}", value)
+        binding.bind_ortvalue_output(f"present_{kind}_{layer}", value)
+        values.append(value)
+    return binding, values
 
 
 def gqa_step(
