@@ -133,7 +133,7 @@ def export_decoding(
         )
     spec = write_decode_onnx(model, folder / "decode.onnx", max_length, opset)
     session = ort.InferenceSession(str(folder / "decode.onnx"), providers=["CPUExecutionProvider"])
-    pad_id = 0 if lm.zero_is_padding else lm.token_embedding.vocabulary_size - 1
+    pad_id = 0 if lm.zero_is_padding else None
     worst = _check_decoding(
         model, "decode.onnx", session_step(session), lambda b: empty_cache(spec, b),
         max_length, tolerance, pad_id,

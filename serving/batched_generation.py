@@ -78,12 +78,12 @@ class DecodeBatcher:
         session: the `decode_gqa.onnx` onnxruntime session (it must take a per-row `index`).
         spec: the manifest's `decoding.gqa` entry (`layers`, `kv_heads`, `key_dim`,
             `max_length`).
-        pad_id: the id never generated (manifest `decoding.pad_id`).
+        pad_id: the id never generated (manifest `decoding.pad_id`); None: no id is banned.
         max_rows: requests decoded together at most; more wait for a row.
     """
 
-    def __init__(self, session: "ort.InferenceSession", spec: dict[str, Any], pad_id: int,
-                 max_rows: int = 32) -> None:  # fmt: skip
+    def __init__(self, session: "ort.InferenceSession", spec: dict[str, Any],
+                 pad_id: int | None, max_rows: int = 32) -> None:  # fmt: skip
         if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
             raise ValueError(f"`max_rows` must be a positive integer. Received: {max_rows!r}")
         self.session, self.spec, self.pad_id = session, spec, pad_id
@@ -191,7 +191,7 @@ class DecodeBatcher:
     def _step(self) -> None:
         count = len(self.active)
         rows = self.cache.bucket(count)
-        token_ids = np.full((rows, 1), self.pad_id, np.int32)
+        token_ids = np.full((rows, 1), self.pad_id or 0, np.int32)
         index = np.zeros(rows, np.int32)
         for row, request in enumerate(self.active):
             token_ids[row, 0], index[row] = request.next_token, request.position
@@ -206,7 +206,8 @@ class DecodeBatcher:
     def _choose(self, row: int, request: _Request, logits: np.ndarray) -> None:
         """Picks `request`'s next id from its logits; sends it, or ends the request."""
         last = np.asarray(logits, np.float64)[None]
-        last[:, self.pad_id] = -np.inf
+        if self.pad_id is not None:
+            last[:, self.pad_id] = -np.inf
         token = int(last.argmax(-1)[0] if request.sampler is None else request.sampler(last)[0])
         request.produced += 1
         stopped = token in request.stop_ids

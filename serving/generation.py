@@ -19,7 +19,7 @@ Chooser = Callable[[np.ndarray], np.ndarray]
 
 
 def decode_ids(step: Step, state: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-               stop_token_ids: Iterable[int] = (), pad_id: int = 0,
+               stop_token_ids: Iterable[int] = (), pad_id: int | None = 0,
                max_length: int | None = None, sampler: Chooser | None = None,
                ) -> list[list[int]]:  # fmt: skip
     """Extends each prompt one token at a time: the most likely token, or `sampler`'s choice.
@@ -28,8 +28,9 @@ def decode_ids(step: Step, state: Any, prompts: Sequence[Sequence[int]], max_new
     placed at `index`. Prompts of different lengths share a right-padded buffer: the
     shortest prompt's length is prefilled for every row, then each step writes one position
     for all rows (rows still inside their prompt keep the prompt's token). The padding id is
-    never generated. A row ends at its first stop token, which is not returned (the contract
-    of `keras_attn.models.generate`: the same ids in Keras, in the export and over HTTP).
+    never generated; `pad_id=None` (a model that reads id 0 as a token) bans no id. A row
+    ends at its first stop token, which is not returned (the contract of
+    `keras_attn.models.generate`: the same ids in Keras, in the export and over HTTP).
     `sampler` (a `keras_attn_serving.sampling.Sampler`) is called once per step on every
     row's logits, as Keras-side `decode` calls it: the same seed draws the same ids.
 
@@ -44,7 +45,7 @@ def decode_ids(step: Step, state: Any, prompts: Sequence[Sequence[int]], max_new
 
 
 def decode_tokens(step: Step, state: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                  stop_token_ids: Iterable[int] = (), pad_id: int = 0,
+                  stop_token_ids: Iterable[int] = (), pad_id: int | None = 0,
                   max_length: int | None = None, sampler: Chooser | None = None,
                   ) -> Iterator[tuple[int, int]]:  # fmt: skip
     """`decode_ids` as a generator of `(row, new id)`, each as soon as it is chosen (what
@@ -62,7 +63,8 @@ def decode_tokens(step: Step, state: Any, prompts: Sequence[Sequence[int]], max_
             f"prompt length {int(lengths.max())} + max_new_tokens {max_new_tokens} exceeds the "
             f"model's maximum sequence length {max_length}"
         )
-    buffer = np.full((len(prompts), total), pad_id, dtype=np.int32)
+    fill = 0 if pad_id is None else pad_id
+    buffer = np.full((len(prompts), total), fill, dtype=np.int32)
     for i, prompt in enumerate(prompts):
         buffer[i, : len(prompt)] = prompt
     stop_ids = np.asarray(sorted(set(int(t) for t in stop_token_ids)), dtype=np.int64)
@@ -71,8 +73,9 @@ def decode_tokens(step: Step, state: Any, prompts: Sequence[Sequence[int]], max_
     logits, state = step(buffer[:, :start], state, 0)
     for t in range(start, total):
         last = np.asarray(logits, np.float64)
-        last[:, pad_id] = -np.inf
-        chosen = np.where(done, pad_id, last.argmax(-1) if sampler is None else sampler(last))
+        if pad_id is not None:
+            last[:, pad_id] = -np.inf
+        chosen = np.where(done, fill, last.argmax(-1) if sampler is None else sampler(last))
         generated = (t >= lengths) & (t < lengths + max_new_tokens)
         buffer[:, t] = np.where(t >= lengths, chosen, buffer[:, t])
         stopped = generated & np.isin(chosen, stop_ids)
@@ -105,7 +108,7 @@ def greedy(
     prompts: Sequence[Sequence[int]],
     max_new_tokens: int,
     stop_token_ids: Iterable[int] = (),
-    pad_id: int = 0,
+    pad_id: int | None = 0,
     max_length: int | None = None,
 ) -> list[list[int]]:
     """Greedy `decode_ids` over a full-prefix `logits_fn` (see `prefix_step`)."""

@@ -17,7 +17,10 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 MANIFEST = "manifest.json"
-FORMAT_VERSION = 2  # 2: int8 weights chosen by measurement (2026-11-24)
+# 2: int8 weights chosen by measurement. 3: `decoding.pad_id` is None where no id is padding,
+# and `decode_gqa.onnx` takes a per-row `index`. Format 2 artifacts are still read.
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (2, 3)
 Task = Literal["classify", "tag", "embed", "generate", "span_qa", "multiple_choice",
                "pretraining", "seq2seq"]  # fmt: skip
 TASKS = get_args(Task)
@@ -124,9 +127,10 @@ class CacheGraph(_Strict):
 
 class Decoding(CacheGraph):
     gqa: CacheGraph | None = None
-    # The id that pads the decoding buffer and is never generated: 0, or where id 0 is a real
-    # token (GPT-2, Llama) the last id, as Keras `generate()` pads.
-    pad_id: int = 0
+    # The id that pads the decoding buffer and is never generated: 0, or None where id 0 is a
+    # real token (GPT-2, Llama): no id is padding and every id can be generated, as in Keras
+    # `generate()`. (Format 2 wrote the last id here instead, and Keras never generated it.)
+    pad_id: int | None = 0
 
 
 class TextOnnx(_Strict):
@@ -187,9 +191,10 @@ class Manifest(_Strict):
 def parse_manifest(content: dict[str, Any]) -> Manifest:
     """`content` checked against the schema; `ArtifactError` names the first wrong field."""
     version = content.get("format_version") if isinstance(content, dict) else None
-    if version != FORMAT_VERSION:
+    if isinstance(version, bool) or version not in READABLE_VERSIONS:
         raise ArtifactError(
-            f"{MANIFEST} has format_version {version!r}; this reader knows {FORMAT_VERSION}"
+            f"{MANIFEST} has format_version {version!r}; this reader knows "
+            f"{', '.join(map(str, READABLE_VERSIONS))}"
         )
     try:
         return Manifest.model_validate(content)

@@ -53,6 +53,7 @@ def keras_greedy(model, prompt, steps, pad_token_id=0):
     for _ in range(steps):
         logits = keras.ops.convert_to_numpy(model(np.array([ids], "int32"), training=False))
         last = logits[0, -1].copy()
-        last[pad_token_id] = -np.inf
+        if pad_token_id is not None:
+            last[pad_token_id] = -np.inf
         ids.append(int(last.argmax()))
     return ids[len(prompt) :]

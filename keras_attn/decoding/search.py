@@ -16,8 +16,14 @@ SAMPLERS = ("greedy", "sample", "beam")
 
 def _last_logits(logits, pad_token_id):
     last = ops.convert_to_numpy(logits[:, -1]).astype("float64")
-    last[:, pad_token_id] = -np.inf  # padding is never generated
+    if pad_token_id is not None:
+        last[:, pad_token_id] = -np.inf  # padding is never generated
     return last
+
+
+def _ends(stop, pad_token_id):
+    """The ids that end a row's new ids: the stop ids, and the padding id if there is one."""
+    return stop if pad_token_id is None else stop | {pad_token_id}
 
 
 def _until_stop(ids, stop):
@@ -68,7 +74,7 @@ def decode(
     stop_token_ids: Iterable[int] = (),
     seed: int | None = None,
     use_cache: bool = True,
-    pad_token_id: int = 0,
+    pad_token_id: int | None = 0,
 ) -> list[list[int]]:
     """Continues each prompt by up to `max_new_tokens` ids.
 
@@ -88,7 +94,9 @@ def decode(
             log-probabilities divided by it. `0` ranks by raw log-probability.
         stop_token_ids: ids that end a sequence; they are not returned.
         use_cache: bool. `False` recomputes the whole prefix every step (the reference).
-        pad_token_id: int. Padding id, never generated. Defaults to `0`.
+        pad_token_id: int or None. Padding id, never generated. Defaults to `0`. `None`: no
+            id is padding (a model that reads id 0 as a token, `mask_zero=False`), every id
+            can be generated, and the buffer's unused places hold id 0.
     Returns:
         list (one per prompt) of lists of new ids.
     """
@@ -146,7 +154,8 @@ def decode(
     choose = Sampler(sampler, temperature, top_k, top_p, seed)
     lengths = np.array([len(p) for p in prompts])
     width = int(lengths.max()) + max_new_tokens
-    buffer = np.full((len(prompts), width), pad_token_id, dtype="int32")
+    fill = 0 if pad_token_id is None else pad_token_id
+    buffer = np.full((len(prompts), width), fill, dtype="int32")
     for row, prompt in enumerate(prompts):
         buffer[row, : len(prompt)] = prompt
     start = int(lengths.min())
@@ -162,14 +171,14 @@ def decode(
             pad_token_id,
         )  # fmt: skip
         return _new_ids(ops.convert_to_numpy(buffer), ops.convert_to_numpy(finished), lengths,
-                        max_new_tokens, stop | {pad_token_id})  # fmt: skip
+                        max_new_tokens, _ends(stop, pad_token_id))  # fmt: skip
     if not use_cache:
         logits = runner.compiled_full(buffer[:, :start], state)
     finished = np.zeros(len(prompts), dtype=bool)
     for t in range(start, width):
         chosen = choose(_last_logits(logits, pad_token_id))
         generated = t >= lengths
-        chosen = np.where(finished, pad_token_id, chosen)
+        chosen = np.where(finished, fill, chosen)
         buffer[:, t] = np.where(generated, chosen, buffer[:, t])
         finished |= generated & np.isin(chosen, list(stop))
         if finished.all() or t == width - 1:
@@ -178,7 +187,7 @@ def decode(
             logits, state = runner.compiled_step(buffer[:, t : t + 1], state, position(t))
         else:
             logits = runner.compiled_full(buffer[:, : t + 1], state)
-    return _new_ids(buffer, finished, lengths, max_new_tokens, stop | {pad_token_id})
+    return _new_ids(buffer, finished, lengths, max_new_tokens, _ends(stop, pad_token_id))
 
 
 def _new_ids(buffer, finished, lengths, max_new_tokens, stop):
@@ -216,17 +225,19 @@ def greedy_loop(runner: Runner) -> Callable[..., tuple[Tensor, Tensor]]:
         logits: Tensor,
         t: int | Tensor,
         stop_ids: Tensor,
-        pad_token_id: int,
+        pad_token_id: int | None,
     ) -> tuple[Tensor, Tensor]:
         rows, width = buffer.shape
+        fill = 0 if pad_token_id is None else pad_token_id
         vocabulary = ops.arange(ops.shape(logits)[-1], dtype="int32")
 
         def body(
             t: Tensor, buffer: Tensor, state: Any, logits: Tensor, finished: Tensor
         ) -> tuple[Tensor, Tensor, Any, Tensor, Tensor]:
-            logits = ops.where(vocabulary == pad_token_id, float("-inf"), logits)
+            if pad_token_id is not None:
+                logits = ops.where(vocabulary == pad_token_id, float("-inf"), logits)
             chosen = ops.cast(ops.argmax(logits, axis=-1), "int32")
-            chosen = ops.where(finished, pad_token_id, chosen)
+            chosen = ops.where(finished, fill, chosen)
             current = ops.squeeze(ops.slice(buffer, (0, t), (rows, 1)), 1)
             generated = t >= lengths
             token = ops.where(generated, chosen, current)
@@ -271,7 +282,7 @@ def beam_search(
     num_beams: int,
     length_penalty: float,
     stop: set[int],
-    pad_token_id: int,
+    pad_token_id: int | None,
     use_cache: bool = True,
 ) -> list[int]:
     """Beam search for one prompt; returns the best hypothesis's new ids.

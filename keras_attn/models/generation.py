@@ -53,8 +53,8 @@ def generate(
     Returns:
         a list with the new ids of each prompt; for string prompts, the new text of each.
 
-    Where id 0 is a real token (`mask_zero=False`, GPT-2), the last id pads the decoding buffer
-    instead and is the one never generated.
+    Where id 0 is a real token (`mask_zero=False`: GPT-2, the Llama family), no id is padding
+    and every id can be generated (GPT-2's end of text is its last id).
     """
     check_renamed(kwargs, ("pad_id",))
     text = isinstance(prompts, str) or (
@@ -80,9 +80,7 @@ def generate(
         )
     runner = causal_runner(model)
     if not cached_causal_lm(model).zero_is_padding:
-        kwargs.setdefault(
-            "pad_token_id", cached_causal_lm(model).token_embedding.vocabulary_size - 1
-        )
+        kwargs.setdefault("pad_token_id", None)
     return decode(runner, prompts, max_new_tokens, **kwargs)
 
 

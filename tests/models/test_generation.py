@@ -39,6 +39,27 @@ def test_cached_greedy_equals_uncached_and_the_reference(lm):
     assert all(len(c) == 6 and 0 not in c for c in cached)
 
 
+def test_with_id_zero_a_token_every_id_can_be_generated():
+    """`mask_zero=False` (GPT-2, Llama): no id is padding. GPT-2's end of text is its last id;
+    it used to pad the buffer and was never generated, so it could never stop a row."""
+    import keras
+
+    keras.utils.set_random_seed(5)
+    lm = build_causal_lm(3, 32, hidden_dim=16, num_layers=2, num_heads=2, mask_zero=False)
+    prompts = [[0, 1], [2, 0, 0, 1]]
+    cached = generate(lm, prompts, 12)
+    assert cached == [keras_greedy(lm, p, 12, pad_token_id=None) for p in prompts]
+    assert cached == generate(lm, prompts, 12, use_cache=False)
+    # Hot sampling over 3 ids: 24 draws, each the last id about a third of the time.
+    hot = {"sampler": "sample", "temperature": 10.0, "seed": 1}
+    sampled = generate(lm, prompts, 12, **hot)
+    assert 2 in sampled[0] + sampled[1]
+    stopped = generate(lm, prompts, 12, stop_token_ids=[2], **hot)
+    assert stopped == [s[: s.index(2)] if 2 in s else s for s in sampled]
+    # An explicit padding id is still never generated.
+    assert all(2 not in row for row in generate(lm, prompts, 12, pad_token_id=2, **hot))
+
+
 def test_errors(lm):
     with pytest.raises(ValueError, match="prompts"):
         generate(lm, [[]], 3)

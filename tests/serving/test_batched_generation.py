@@ -31,6 +31,8 @@ def predictor(request, tmp_path_factory):
     export_model(lm, folder, formats=["onnx"], verbose=False)
     loaded = Predictor(folder)
     assert loaded.gqa_session is not None
+    # Llama reads id 0 as a token: no id is padding, every id can be generated (format 3).
+    assert loaded.pad_id == (None if request.param == "llama" else 0)
     return loaded
 
 
