@@ -13,13 +13,18 @@ that holds them: its cost follows the requests in flight, not the capacity.
 Every request draws with its own sampler on its own row, one call per step, as
 `generation.decode_tokens` does for one prompt, so its ids are those of decoding it alone
 (and of Keras `generate` with the same seed), whatever else shares the steps.
+
+`stream` hands each id to the caller's thread through a queue; `astream` hands it straight to
+an asyncio event loop (`call_soon_threadsafe`), so a server streams without a thread per
+request waiting on the queue.
 """
 
+import asyncio
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from keras_attn_serving.generation import bind_cache
@@ -59,12 +64,45 @@ class _Cache:
             mine[row, :, :length] = theirs[source_row, :, :length]
 
 
+class _Sink(Protocol):
+    def put(self, item: Any) -> None: ...
+
+
+class _LoopSink:
+    """Items put by the decode thread reach an `asyncio.Queue` of `loop`: they wait in
+    `pending` until the thread's `_flush`, which wakes each loop once for all of them (one
+    wake-up a step, not one a token)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, pending: list[Any]) -> None:
+        self.loop, self.queue, self.pending = loop, asyncio.Queue[Any](), pending
+
+    def put(self, item: Any) -> None:
+        self.pending.append((self, item))
+
+
+def _flush(pending: list[tuple[_LoopSink, Any]]) -> None:
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Any], Any]]] = {}
+    for sink, item in pending:
+        by_loop.setdefault(sink.loop, []).append((sink.queue, item))
+    pending.clear()
+    for loop, items in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_deliver, items)
+        except RuntimeError:  # the loop has closed: nobody is listening
+            pass
+
+
+def _deliver(items: list[tuple[asyncio.Queue[Any], Any]]) -> None:
+    for queue_, item in items:
+        queue_.put_nowait(item)
+
+
 class _Request:
     def __init__(self, prompt: list[int], max_new_tokens: int, stop_ids: frozenset[int],
-                 sampler: Chooser | None) -> None:  # fmt: skip
+                 sampler: Chooser | None, out: _Sink) -> None:  # fmt: skip
         self.prompt, self.max_new_tokens = prompt, max_new_tokens
         self.stop_ids, self.sampler = stop_ids, sampler
-        self.out: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.out = out
         self.position = 0  # the cache length: where the next token goes
         self.next_token = 0
         self.produced = 0
@@ -97,6 +135,8 @@ class DecodeBatcher:
         self.closed = False
         self.steps = 0  # batched decode steps run (for tests and metrics)
         self.rows_stepped = 0  # requests advanced by them
+        self.peak_rows = 0  # the most requests one step has advanced
+        self.pending: list[tuple[_LoopSink, Any]] = []  # for `astream`s, put by the loop
         self.thread = threading.Thread(target=self._loop, name="decode-batcher", daemon=True)
         self.thread.start()
 
@@ -105,6 +145,38 @@ class DecodeBatcher:
                ) -> Iterator[int]:  # fmt: skip
         """The new ids of `prompt`, each as soon as its step has run; a stop token ends the
         stream and is not returned. Closing the generator early frees its row."""
+        out: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        request = self._submit(prompt, max_new_tokens, stop_token_ids, sampler, out)
+        if request is None:
+            return
+        try:
+            while (item := out.get()) is not _END:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            request.cancelled = True
+
+    async def astream(self, prompt: Sequence[int], max_new_tokens: int,
+                      stop_token_ids: Iterable[int] = (), sampler: Chooser | None = None,
+                      ) -> AsyncGenerator[int, None]:  # fmt: skip
+        """`stream` for a caller on an asyncio event loop: awaiting an id blocks no thread.
+        Closing the generator early (or cancelling the task awaiting it) frees its row."""
+        sink = _LoopSink(asyncio.get_running_loop(), self.pending)
+        request = self._submit(prompt, max_new_tokens, stop_token_ids, sampler, sink)
+        if request is None:
+            return
+        try:
+            while (item := await sink.queue.get()) is not _END:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            request.cancelled = True
+
+    def _submit(self, prompt: Sequence[int], max_new_tokens: int, stop_token_ids: Iterable[int],
+                sampler: Chooser | None, out: _Sink) -> "_Request | None":  # fmt: skip
+        """The request, checked and queued for the loop; None when it asks for no ids."""
         prompt = [int(t) for t in prompt]
         if not prompt:
             raise ValueError("`prompt` must be a non-empty list of ids.")
@@ -118,20 +190,15 @@ class DecodeBatcher:
                 f"model's maximum sequence length {self.max_length}"
             )
         if max_new_tokens == 0:
-            return
-        request = _Request(prompt, max_new_tokens, frozenset(map(int, stop_token_ids)), sampler)
+            return None
+        stop_ids = frozenset(map(int, stop_token_ids))
+        request = _Request(prompt, max_new_tokens, stop_ids, sampler, out)
         with self.lock:
             if self.closed:
                 raise RuntimeError("the decode batcher is closed")
             self.waiting.append(request)
             self.lock.notify()
-        try:
-            while (item := request.out.get()) is not _END:
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            request.cancelled = True
+        return request
 
     def close(self) -> None:
         """Ends the loop; requests in flight get an error."""
@@ -155,6 +222,7 @@ class DecodeBatcher:
             try:
                 for request in newcomers:
                     self._admit(request)
+                _flush(self.pending)  # first tokens before the step
                 self._drop_cancelled()
                 if self.active:
                     self._step()
@@ -163,10 +231,12 @@ class DecodeBatcher:
                     request.out.put(error)
                     request.out.put(_END)
                 self.active.clear()
+            _flush(self.pending)
         closed = RuntimeError("the decode batcher was closed")
         for request in [*self.active, *self.waiting]:
             request.out.put(closed)
             request.out.put(_END)
+        _flush(self.pending)
 
     def _run(self, cache: _Cache, rows: int, token_ids: np.ndarray, index: np.ndarray
              ) -> np.ndarray:  # fmt: skip
@@ -198,6 +268,7 @@ class DecodeBatcher:
         logits = self._run(self.cache, rows, token_ids, index)
         self.steps += 1
         self.rows_stepped += count
+        self.peak_rows = max(self.peak_rows, count)
         for row in range(count - 1, -1, -1):  # backwards: a finished row takes the last one
             request = self.active[row]
             request.position += 1

@@ -5,7 +5,7 @@ onnxruntime, NumPy and `tokenizers`.
 """
 
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, overload
 
@@ -231,6 +231,21 @@ class Predictor:
             return batcher.stream(prompt, max_new_tokens, stop_token_ids, sampler)
         tokens = self.generate_tokens([prompt], max_new_tokens, stop_token_ids, sampler=sampler)
         return (token for _, token in tokens)
+
+    def astream_ids(
+        self,
+        prompt: Sequence[int],
+        max_new_tokens: int = 20,
+        stop_token_ids: Iterable[int] = (),
+        sampler: "Sampler | None" = None,
+    ) -> AsyncGenerator[int, None] | None:
+        """`stream_ids` for a caller on an asyncio event loop, where concurrent calls share
+        decode steps (no thread waits for the ids); None where each prompt decodes alone
+        (then run `stream_ids` in a thread)."""
+        batcher = self._batcher()
+        if batcher is None:
+            return None
+        return batcher.astream(prompt, max_new_tokens, stop_token_ids, sampler)
 
     def _batcher(self) -> "DecodeBatcher | None":
         """The shared decode loop, started on first use; None when it cannot run."""

@@ -5,7 +5,7 @@ import asyncio
 import itertools
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import numpy as np
@@ -157,18 +157,39 @@ def _until(deadline, timeout, tokens):
         yield token
 
 
+async def _auntil(deadline, timeout, pairs):
+    """`_until` for an async iterator of pairs (shared decode steps): waiting for the next
+    one is cut at `deadline`, and the generation is closed, freeing its row."""
+    try:
+        while True:
+            try:
+                async with asyncio.timeout(max(0.0, deadline - time.perf_counter())):
+                    pair = await anext(pairs)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                raise TimeoutError(f"generation timed out after {timeout:g} s") from None
+            yield pair
+    finally:
+        await pairs.aclose()
+
+
 @router.post("/v2/models/{name}/generate")
 @router.post("/v2/models/{name}/versions/{version}/generate")
 async def generate(name: str, request: Request, version: str | None = None):
     header, model, prompt, checked = await generation(request, name, version)
     timeout = request_timeout(request.app.state.settings)
     deadline = time.perf_counter() + timeout
+    shared = model.astream(prompt, checked)
 
     def run() -> list[tuple[int, str]]:
         return list(_until(deadline, timeout, model.stream(prompt, checked)))
 
     try:
-        pairs = await asyncio.to_thread(run)
+        if shared is None:  # decoded alone, in a thread
+            pairs = await asyncio.to_thread(run)
+        else:
+            pairs = [pair async for pair in _auntil(deadline, timeout, shared)]
     except TimeoutError as error:
         raise ServingError(504, str(error)) from None
     except ValueError as error:  # e.g. prompt + max_tokens longer than the model allows
@@ -182,7 +203,11 @@ async def generate(name: str, request: Request, version: str | None = None):
 async def generate_stream(name: str, request: Request, version: str | None = None):
     header, model, prompt, checked = await generation(request, name, version)
     timeout = request_timeout(request.app.state.settings)
-    tokens = _until(time.perf_counter() + timeout, timeout, model.stream(prompt, checked))
+    deadline = time.perf_counter() + timeout
+    shared = model.astream(prompt, checked)
+    if shared is not None:
+        return await _stream_shared(header, _auntil(deadline, timeout, shared))
+    tokens = _until(deadline, timeout, model.stream(prompt, checked))
     try:  # the first token before answering: a bad request gets a 400, not a cut stream
         first = await asyncio.to_thread(next, tokens, None)
     except TimeoutError as error:
@@ -193,9 +218,39 @@ async def generate_stream(name: str, request: Request, version: str | None = Non
     def events() -> Iterator[str]:  # Server-Sent Events, one per token (Triton's generate_stream)
         try:
             for token, delta in [] if first is None else itertools.chain([first], tokens):
-                event = {**header, "text_output": delta, "token_id": token}
-                yield f"data: {json.dumps(event)}\n\n"
+                yield _event(header, token, delta)
         except TimeoutError as error:  # the answer has begun: the last event says why it ends
             yield f"data: {json.dumps({**header, 'error': str(error)})}\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def _event(header: dict[str, Any], token: int, delta: str) -> str:
+    return f"data: {json.dumps({**header, 'text_output': delta, 'token_id': token})}\n\n"
+
+
+async def _stream_shared(header: dict[str, Any], pairs: Any) -> StreamingResponse:
+    """`generate_stream`'s answer from shared decode steps, on the event loop: the first
+    token is awaited before answering (a bad request is a 400, not a cut stream)."""
+    try:
+        first = await anext(pairs, None)
+    except TimeoutError as error:
+        await pairs.aclose()
+        raise ServingError(504, str(error)) from None
+    except ValueError as error:
+        await pairs.aclose()
+        raise ServingError(400, str(error)[:300]) from None
+
+    async def events() -> AsyncIterator[str]:
+        if first is None:
+            return
+        try:
+            yield _event(header, *first)
+            async for token, delta in pairs:
+                yield _event(header, token, delta)
+        except TimeoutError as error:
+            yield f"data: {json.dumps({**header, 'error': str(error)})}\n\n"
+        finally:
+            await pairs.aclose()
 
     return StreamingResponse(events(), media_type="text/event-stream")

@@ -9,7 +9,7 @@ except `TextModel.stream`, which drives the decode graph step by step.
 """
 
 import re
-from collections.abc import Iterator
+from collections.abc import AsyncGenerator, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -280,32 +280,80 @@ class TextModel:
         (the token that completes it is the last one). With stop strings, text that could be
         the start of one is held back, and each pair is sent one token late (the last one
         carries the rest of the text)."""
-        prompt_text = self.words.decode(prompt)
-        stops = request.stop_strings
-        hold = max(map(len, stops), default=1) - 1
-        new: list[int] = []
-        shown, text = "", ""
-        held: tuple[int, str] | None = None  # the last pair, not sent yet
+        deltas = _Deltas(self, prompt, request.stop_strings)
         tokens = self.predictor.stream_ids(
             prompt, request.max_tokens, request.stop_ids, sampler=request.sampler
         )
         for token in tokens:
-            new.append(token)
-            text = self.continuation(prompt, new, prompt_text)
-            cut = min((i for i in (text.find(stop) for stop in stops) if i >= 0), default=None)
-            if held is not None:
-                yield held
-                held = None
-            if cut is not None:
-                yield token, _delta(text[:cut], shown)
+            yield from deltas.push(token)
+            if deltas.stopped:
                 return
-            safe = text[: len(text) - hold]
-            held, shown = (token, _delta(safe, shown)), safe
-            if not hold:
-                yield held
-                held = None
-        if held is not None:
-            yield held[0], held[1] + text[len(shown) :]
+        yield from deltas.rest()
+
+    def astream(
+        self, prompt: list[int], request: "GenerationRequest"
+    ) -> AsyncGenerator[tuple[int, str], None] | None:
+        """`stream` for a caller on an asyncio event loop, where the predictor shares decode
+        steps between requests (no thread waits for the tokens); None where it decodes each
+        prompt alone (run `stream` in a thread)."""
+        tokens = self.predictor.astream_ids(
+            prompt, request.max_tokens, request.stop_ids, sampler=request.sampler
+        )
+        return None if tokens is None else self._astream(prompt, request, tokens)
+
+    async def _astream(self, prompt: list[int], request: "GenerationRequest",
+                       tokens: AsyncGenerator[int, None],
+                       ) -> AsyncGenerator[tuple[int, str], None]:  # fmt: skip
+        deltas = _Deltas(self, prompt, request.stop_strings)
+        try:
+            async for token in tokens:
+                for pair in deltas.push(token):
+                    yield pair
+                if deltas.stopped:
+                    return
+            for pair in deltas.rest():
+                yield pair
+        finally:
+            await tokens.aclose()
+
+
+class _Deltas:
+    """A generation's text, token by token: `push(id)` returns the `(id, text delta)` pairs
+    ready to send, holding back text that could begin a stop string (each pair then goes one
+    token late); `stopped` once the text holds a stop string (it is cut before it); `rest()`
+    the last pair when the ids end."""
+
+    def __init__(self, model: TextModel, prompt: list[int], stops: list[str]) -> None:
+        self.model, self.prompt, self.stops = model, prompt, stops
+        self.prompt_text = model.words.decode(prompt)
+        self.hold = max(map(len, stops), default=1) - 1
+        self.new: list[int] = []
+        self.shown, self.text = "", ""
+        self.held: tuple[int, str] | None = None  # the last pair, not sent yet
+        self.stopped = False
+
+    def push(self, token: int) -> list[tuple[int, str]]:
+        self.new.append(token)
+        text = self.text = self.model.continuation(self.prompt, self.new, self.prompt_text)
+        found = (i for i in (text.find(stop) for stop in self.stops) if i >= 0)
+        cut = min(found, default=None)
+        ready = [] if self.held is None else [self.held]
+        self.held = None
+        if cut is not None:
+            self.stopped = True
+            return [*ready, (token, _delta(text[:cut], self.shown))]
+        safe = text[: len(text) - self.hold]
+        pair, self.shown = (token, _delta(safe, self.shown)), safe
+        if self.hold:
+            self.held = pair
+        else:
+            ready.append(pair)
+        return ready
+
+    def rest(self) -> list[tuple[int, str]]:
+        if self.held is None:
+            return []
+        return [(self.held[0], self.held[1] + self.text[len(self.shown) :])]
 
 
 def _delta(text: str, shown: str) -> str:

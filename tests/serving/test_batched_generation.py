@@ -2,6 +2,7 @@
 the ids it would get decoded alone (greedy, sampled with a seed, with stop ids)."""
 
 import threading
+import time
 
 import keras
 import numpy as np
@@ -93,6 +94,40 @@ def test_a_stream_closed_early_frees_its_row(predictor):
     first.close()  # the client went away: its row is given to the next request
     second = list(batcher.stream([7, 8], 6))
     assert second == predictor.generate_ids([[7, 8]], 6)[0]
+    assert batcher.active == [] and not batcher.waiting
+    batcher.close()
+
+
+def test_async_streams_equal_the_ids_alone_and_free_rows_when_closed(predictor):
+    """`astream` (what the server awaits): the same ids, no thread waiting; a stream closed
+    or cancelled early gives its row to the next request."""
+    import asyncio
+
+    batcher = DecodeBatcher(predictor.gqa_session, predictor.gqa, predictor.pad_id, max_rows=2)
+    prompts = [[3, 4, 5], [7, 8], [2], [9, 1, 1, 4]]
+
+    async def run():
+        async def one(prompt):
+            return [token async for token in batcher.astream(prompt, 9)]
+
+        together = await asyncio.gather(*(one(p) for p in prompts))  # 4 requests, 2 rows
+        closed = batcher.astream([3, 4, 5], 15)
+        assert isinstance(await anext(closed), int)
+        await closed.aclose()
+        waiting = asyncio.ensure_future(anext(batcher.astream([6, 6], 15)))
+        await asyncio.sleep(0)
+        waiting.cancel()  # e.g. a request timeout
+        after = await one([7, 8])
+        with pytest.raises(ValueError, match="maximum sequence length"):
+            await one([1] * predictor.gqa["max_length"])
+        return together, after
+
+    together, after = asyncio.run(run())
+    assert together == [predictor.generate_ids([p], 9)[0] for p in prompts]
+    assert after == together[1]
+    deadline = time.monotonic() + 5
+    while (batcher.active or batcher.waiting) and time.monotonic() < deadline:
+        time.sleep(0.01)  # the loop drops the cancelled request at its next step
     assert batcher.active == [] and not batcher.waiting
     batcher.close()
 

@@ -3,6 +3,8 @@ checked against the Keras model fed by our tf-text tokenizer and packer."""
 
 import json
 import shutil
+import threading
+import time
 from types import SimpleNamespace
 
 import httpx
@@ -368,6 +370,47 @@ def test_segment_ids_outside_the_table_are_a_400(text_models, segment):
     response = httpx.post(f"{url}/v2/models/sentiment/infer", json=body, timeout=60)
     assert response.status_code == 400
     assert "input 'segment_ids' has values outside [0, 2)" in response.json()["error"]
+
+
+def test_many_generations_share_steps_without_a_thread_each(toy_artifact, tmp_path):
+    """Shared decode steps are awaited on the event loop: requests used to wait in
+    `asyncio.to_thread`, whose pool has min(32, CPUs + 4) threads (6 on 2 cores), so no more
+    than 6 /generate requests were ever decoded together (14 here with 8 streams)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fastapi.testclient import TestClient
+
+    shutil.copytree(toy_artifact[0], tmp_path / "lm" / "1")
+    repository = ModelRepository(tmp_path, decode_rows=32)
+    body = {"text_input": "to be", "parameters": {"max_tokens": 20}}  # the model takes 24
+    with TestClient(create_app(repository)) as client:
+        first = client.post("/v2/models/lm/generate", json=body)
+        assert first.status_code == 200, first.text
+        expected = first.json()["token_ids"]
+        ((_, _, predictor, _),) = repository.loaded()
+        batcher = predictor._decode_batcher
+        run = batcher._run
+
+        def slow_step(*args):  # 20 steps take >= 0.2 s: the requests surely overlap
+            time.sleep(0.01)
+            return run(*args)
+
+        batcher._run = slow_step
+        start = threading.Barrier(24)
+
+        def one(route: str) -> list[int]:
+            start.wait()
+            answer = client.post(f"/v2/models/lm/{route}", json=body)
+            assert answer.status_code == 200, answer.text
+            if route == "generate":
+                return answer.json()["token_ids"]
+            return [json.loads(line[6:])["token_id"]
+                    for line in answer.text.splitlines() if line.startswith("data: ")]  # fmt: skip
+
+        with ThreadPoolExecutor(24) as pool:
+            answers = list(pool.map(one, ["generate"] * 16 + ["generate_stream"] * 8))
+    assert answers == [expected] * 24
+    assert batcher.peak_rows >= 20, batcher.peak_rows  # 24 arrive together; at most 14 before
 
 
 def test_generate_past_the_request_timeout_is_a_504(toy_artifact, tmp_path):
