@@ -3,8 +3,13 @@
 One thread per model runs the decode steps. Each step takes one new token for every request in
 flight, at its own position (`index` is `(batch,)`: GroupQueryAttention reads each row's own
 length), so a request joins at the next step and leaves when it ends, instead of waiting for a
-batch to form or finish. A new request's prompt is prefilled alone (batch 1, its own cache
-buffer) and its keys and values copied into a free row of the shared cache.
+batch to form or finish. The requests that arrived since the last step are prefilled together,
+in one run (up to `PREFILL_ROWS` at a time), and their keys and values copied into free rows
+of the shared cache. Prompts of one length (a lone newcomer, say) are prefilled whole and the
+run's logits give their first ids. Otherwise the run takes all of each prompt but its last id,
+right-padded to the longest (a padded place is written past the prompt in the cache, and
+overwritten by the request's own tokens before any step reads it), and each prompt's last id
+goes through the next shared step, whose logits give the request's first new id.
 
 Rows are kept packed (requests in rows `0 … n-1`; a request that ends is replaced by the last
 one, whose cache rows are copied over), and a step runs on the smallest power of two of rows
@@ -35,6 +40,7 @@ if TYPE_CHECKING:
 # `sampler(logits (1, vocab) float64) -> ids (1,)`: a `sampling.Sampler`, or None (greedy).
 Chooser = Callable[[np.ndarray], np.ndarray]
 _END = object()  # a stream's last item
+PREFILL_ROWS = 8  # prompts prefilled in one run at most (its cache buffer has as many rows)
 
 
 class _Cache:
@@ -127,7 +133,7 @@ class DecodeBatcher:
         self.session, self.spec, self.pad_id = session, spec, pad_id
         self.max_length = int(spec["max_length"])
         self.cache = _Cache(session, spec, max_rows)
-        self.prefill = _Cache(session, spec, 1)
+        self.prefill = _Cache(session, spec, min(max_rows, PREFILL_ROWS))
         self.max_rows = max_rows
         self.active: list[_Request] = []
         self.waiting: deque[_Request] = deque()
@@ -219,15 +225,18 @@ class DecodeBatcher:
                 newcomers: list[_Request] = []
                 while self.waiting and len(self.active) + len(newcomers) < self.max_rows:
                     newcomers.append(self.waiting.popleft())
+            live = [r for r in newcomers if not r.cancelled]
             try:
                 for request in newcomers:
-                    self._admit(request)
-                _flush(self.pending)  # first tokens before the step
+                    if request.cancelled:
+                        request.out.put(_END)
+                for start in range(0, len(live), PREFILL_ROWS):
+                    self._admit(live[start : start + PREFILL_ROWS])
                 self._drop_cancelled()
                 if self.active:
                     self._step()
             except Exception as error:  # every request in flight gets it
-                for request in self.active:
+                for request in [*self.active, *(r for r in live if r not in self.active)]:
                     request.out.put(error)
                     request.out.put(_END)
                 self.active.clear()
@@ -246,17 +255,29 @@ class DecodeBatcher:
         self.session.run_with_iobinding(binding)
         return binding.get_outputs()[0].numpy()
 
-    def _admit(self, request: _Request) -> None:
-        if request.cancelled:
-            request.out.put(_END)
-            return
-        prompt = np.asarray([request.prompt], np.int32)
-        logits = self._run(self.prefill, 1, prompt, np.zeros(1, np.int32))
-        request.position = len(request.prompt)
-        row = len(self.active)
-        self.cache.copy_row(self.prefill, 0, row, request.position)
-        self.active.append(request)
-        self._choose(row, request, logits[0])
+    def _admit(self, requests: list[_Request]) -> None:
+        """Prefills `requests` together and gives each a row of the shared cache. Prompts of
+        one length are prefilled whole, and the run's logits give their first ids; else all
+        of each prompt but its last id is, and the last id is its token in the next step."""
+        whole = len({len(r.prompt) for r in requests}) == 1
+        width = max(len(r.prompt) for r in requests) - (not whole)
+        logits = None
+        if width:
+            rows = self.prefill.bucket(len(requests))
+            token_ids = np.full((rows, width), self.pad_id or 0, np.int32)
+            for k, request in enumerate(requests):
+                ids = request.prompt if whole else request.prompt[:-1]
+                token_ids[k, : len(ids)] = ids
+            logits = self._run(self.prefill, rows, token_ids, np.zeros(rows, np.int32))
+        for k, request in enumerate(requests):
+            request.position = len(request.prompt) - (not whole)
+            request.next_token = request.prompt[-1]
+            row = len(self.active)
+            self.cache.copy_row(self.prefill, k, row, request.position)
+            self.active.append(request)
+            if whole:
+                assert logits is not None
+                self._choose(row, request, logits[k])
 
     def _step(self) -> None:
         count = len(self.active)
