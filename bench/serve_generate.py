@@ -13,6 +13,14 @@ after another (prompts of 4-40 tokens, `--new-tokens` new ones each, greedy, no 
 `--seconds`; rounds alternate the two servers. Prints tokens/s (new tokens over the window)
 and time to first token p50/p99 per mode and stream count, the batched/alone ratio, and the
 CPU flags; writes JSON. Loopback only; clients share the machine's cores with the server.
+
+With the bench extra installed (`pip install -e '.[bench]'`: torch, transformers and
+onnxruntime-genai), the same folder also goes through onnxruntime-genai's model builder
+(fp32, CPU) and runs in-process, with no HTTP, as the peer ("genai": its `Engine`, a static
+batch of as many requests as streams; on CPU its continuous batching needs a PagedAttention
+model, which the builder writes for CUDA only). Last, the raw onnxruntime time of one
+`decode_gqa.onnx` step for 1 and 32 rows and of one prefill: the ceiling on tokens/s and the
+floor on time to first token that no server on this machine gets past.
 """
 
 import argparse
@@ -28,6 +36,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 # Run as a script, this file's folder leads sys.path, and bench/export.py would shadow the
 # `export` package; the repository root gives `examples.toy_checkpoints`.
@@ -74,6 +83,106 @@ def write_model(work: Path, args) -> list[str]:
         ids = tokenizer.tokenize(" ".join(lines[start : start + 8])).numpy()
         prompts.append(tokenizer.detokenize(ids[: int(rng.integers(4, 41))]).numpy().decode())
     return prompts
+
+
+def raw_ceiling(folder: Path, prompt_tokens: int, rows: int, repeats: int = 30) -> dict:
+    """What onnxruntime alone allows on this machine, with no server, HTTP or sampling: the
+    median time of one `decode_gqa.onnx` step for 1 and for `rows` rows (cache half full), and
+    of one prefill of `prompt_tokens` ids. Bounds the served figures from above (tokens/s) and
+    below (a request that arrives as a full step starts waits for it, then for its prefill)."""
+    import onnxruntime as ort
+    from keras_attn_serving.batched_generation import _Cache
+    from keras_attn_serving.manifest import read_manifest
+
+    spec = read_manifest(folder).decoding.gqa.model_dump()
+    session = ort.InferenceSession(str(folder / spec["file"]), providers=["CPUExecutionProvider"])
+    cache = _Cache(session, spec, rows)
+    position = spec["max_length"] // 2
+
+    def timed(size: int, tokens: int, index: int) -> float:
+        binding = cache.bindings[size]
+        binding.bind_cpu_input("token_ids", np.ones((size, tokens), np.int32))
+        binding.bind_cpu_input("index", np.full(size, index, np.int32))
+        times = []
+        for _ in range(repeats + 3):
+            start = time.perf_counter()
+            session.run_with_iobinding(binding)
+            times.append(time.perf_counter() - start)
+        return 1000 * statistics.median(times[3:])
+
+    return {"step_1_row_ms": timed(1, 1, position),
+            f"step_{rows}_rows_ms": timed(rows, 1, position),
+            "prefill_ms": timed(1, prompt_tokens, 0), "prompt_tokens": prompt_tokens}  # fmt: skip
+
+
+def build_genai(work: Path) -> Path | None:
+    """The toy folder through onnxruntime-genai's model builder (fp32, CPU); None (and why)
+    when the bench extra is not installed."""
+    try:
+        import onnxruntime_genai  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as error:
+        print(f"onnxruntime-genai not compared: {error} (pip install -e '.[bench]')")
+        return None
+    out = work / "genai"
+    subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i",
+                    str(work / "toy-llama"), "-o", str(out), "-p", "fp32", "-e", "cpu",
+                    "-c", str(work / "genai-cache")], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    return out
+
+
+def genai_streams(folder: Path, prompts: list[str], clients: int, new_tokens: int,
+                  seconds: float) -> tuple[int, list[float], float, int]:  # fmt: skip
+    """onnxruntime-genai in-process (no HTTP), greedy: its `Engine` with a static batch of
+    `clients` requests (on CPU its continuous-batching scheduler needs a PagedAttention model,
+    which the builder writes for CUDA only), each finished request replaced by the next
+    prompt at once. Every request makes exactly `new_tokens` ids. Returns as `streams`."""
+    import onnxruntime_genai as og
+
+    config_file = folder / "genai_config.json"
+    config = json.loads(config_file.read_text())
+    config["engine"] = {"static_batching": {"max_batch_size": clients}}
+    config_file.write_text(json.dumps(config))
+    model = og.Model(str(folder))
+    tokenizer = og.Tokenizer(model)
+    ids = [np.asarray(tokenizer.encode(p), np.int32) for p in prompts]
+    engine = og.Engine(model)
+    events = engine.create_event_buffer(4096)
+    sent: dict[int, float] = {}
+    first: list[float] = []
+    tokens = 0
+    count = 0
+
+    def submit() -> None:
+        nonlocal count
+        request = engine.create_request()
+        options = og.TurnOptions(request)
+        options.set_do_sample(False)
+        options.set_min_generated_tokens(new_tokens)
+        options.set_max_generated_tokens(new_tokens)
+        request.begin_turn(ids[count % len(ids)], options)
+        sent[id(request)] = time.perf_counter()
+        live[id(request)] = request
+        count += 1
+
+    live: dict[int, Any] = {}
+    for _ in range(clients):
+        submit()
+    start = time.perf_counter()
+    deadline = start + seconds
+    while engine.has_pending_requests():
+        for event in engine.run(events):
+            key = id(event.request)
+            if event.flags & og.EngineEventFlags.TOKEN:
+                tokens += 1
+                if key in sent:
+                    first.append(time.perf_counter() - sent.pop(key))
+            if event.flags & og.EngineEventFlags.TURN_FINISHED:
+                live.pop(key, None)
+                if time.perf_counter() < deadline:
+                    submit()
+    return tokens, first, time.perf_counter() - start, 0
 
 
 def free_port() -> int:
@@ -161,16 +270,25 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp())
     prompts = write_model(work, args)
+    rows_max = max(args.streams)
+    ceiling = raw_ceiling(work / "repo" / "llm" / "1", 22, rows_max)
+    genai = build_genai(work)
     modes = {"batched": 32, "alone": 0}
     servers = {mode: start_server(work / "repo", rows) for mode, rows in modes.items()}
-    runs = {(m, c): [] for m in modes for c in args.streams}
+    runs = {(m, c): [] for m in [*modes, *(["genai"] if genai else [])] for c in args.streams}
     try:
+        if genai:  # warm-up
+            genai_streams(genai, prompts, 1, args.new_tokens, 1.0)
         for _ in range(args.rounds):
             for clients in args.streams:
                 for mode, (_, url) in servers.items():
                     result = asyncio.run(streams(url, prompts, clients, args.new_tokens,
                                                  args.seconds))  # fmt: skip
                     runs[(mode, clients)].append(result)
+                if genai:
+                    runs[("genai", clients)].append(
+                        genai_streams(genai, prompts, clients, args.new_tokens, args.seconds)
+                    )
     finally:
         for process, _ in servers.values():
             process.terminate()
@@ -194,20 +312,39 @@ def main() -> None:
         f"{args.vocabulary_size}; {args.new_tokens} new tokens per request; "
         f"{os.cpu_count()} CPUs ({' '.join(flags)}); clients on the same machine"
     )
+    print("genai: onnxruntime-genai in-process (no HTTP), static batches of `streams`")
     print(f"{'mode':<9}{'streams':>8}{'requests':>9}{'errors':>7}{'tokens/s':>10}"
-          f"{'ttft p50':>10}{'ttft p99':>10}{'vs alone':>9}{'p99/1-stream':>13}")  # fmt: skip
-    single = {m: by[(m, min(args.streams))]["ttft_p99_ms"] for m in modes}
+          f"{'ttft p50':>10}{'ttft p99':>10}{'vs alone':>9}{'vs genai':>9}"
+          f"{'p99/1-stream':>13}")  # fmt: skip
+    single = {m: by[(m, min(args.streams))]["ttft_p99_ms"] for m, _ in by}
     for r in sorted(rows, key=lambda r: (r["streams"], r["mode"])):
         ratio = r["tokens_per_s"] / by[("alone", r["streams"])]["tokens_per_s"]
+        peer = by.get(("genai", r["streams"]))
         r["vs_alone"] = ratio
+        r["vs_genai"] = r["tokens_per_s"] / peer["tokens_per_s"] if peer else None
         r["ttft_p99_vs_single_stream"] = r["ttft_p99_ms"] / single[r["mode"]]
+        versus = "-" if r["vs_genai"] is None else f"{r['vs_genai']:.2f}"
         print(f"{r['mode']:<9}{r['streams']:>8}{r['requests']:>9}{r['errors']:>7}"
               f"{r['tokens_per_s']:>10.1f}{r['ttft_p50_ms']:>10.1f}{r['ttft_p99_ms']:>10.1f}"
-              f"{ratio:>9.2f}{r['ttft_p99_vs_single_stream']:>13.2f}")  # fmt: skip
+              f"{ratio:>9.2f}{versus:>9}{r['ttft_p99_vs_single_stream']:>13.2f}")  # fmt: skip
+    step, alone = ceiling[f"step_{rows_max}_rows_ms"], by[("alone", rows_max)]["tokens_per_s"]
+    top = 1000 * rows_max / step
+    print(
+        f"raw onnxruntime, no server: step 1 row {ceiling['step_1_row_ms']:.2f} ms, "
+        f"{rows_max} rows {step:.2f} ms, prefill of {ceiling['prompt_tokens']} ids "
+        f"{ceiling['prefill_ms']:.2f} ms"
+    )
+    print(
+        f"ceiling at {rows_max} streams: {top:.0f} tokens/s = {top / alone:.2f}x the alone "
+        f"server; time-to-first-token floor for a request arriving as a full step starts: "
+        f"{step + ceiling['prefill_ms']:.1f} ms = "
+        f"{(step + ceiling['prefill_ms']) / single['batched']:.2f}x the 1-stream p99"
+    )
+    ceiling.update(ceiling_tokens_per_s=top, ceiling_vs_alone=top / alone)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"benchmark": "generate_stream: iteration-level batching vs alone",
-                   "config": vars(args), "rows": rows,
+                   "config": vars(args), "rows": rows, "raw_onnxruntime": ceiling,
                    "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                                "flags": flags}}, f, indent=2)  # fmt: skip
     print(f"wrote {args.out}")
