@@ -232,6 +232,7 @@ class DecodeBatcher:
                         request.out.put(_END)
                 for start in range(0, len(live), PREFILL_ROWS):
                     self._admit(live[start : start + PREFILL_ROWS])
+                _flush(self.pending)  # first ids of prompts prefilled whole, before the step
                 self._drop_cancelled()
                 if self.active:
                     self._step()

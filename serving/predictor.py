@@ -62,6 +62,7 @@ class Predictor:
         self.folder = Path(folder)
         self.decode_rows = decode_rows
         self._decode_batcher: DecodeBatcher | None = None
+        self._closed = False
         self._batcher_lock = threading.Lock()
         self.manifest = read_manifest(self.folder)
         if verify:
@@ -248,13 +249,16 @@ class Predictor:
         return batcher.astream(prompt, max_new_tokens, stop_token_ids, sampler)
 
     def _batcher(self) -> "DecodeBatcher | None":
-        """The shared decode loop, started on first use; None when it cannot run."""
-        if not self.decode_rows or self.gqa_session is None:
+        """The shared decode loop, started on first use; None when it cannot run (or this
+        predictor was closed: a request that loaded it before a reload decodes alone)."""
+        if not self.decode_rows or self.gqa_session is None or self._closed:
             return None
         (index,) = [i for i in self.gqa_session.get_inputs() if i.name == "index"]
         if len(index.shape) != 1:  # exported before decode graphs took a position per row
             return None
         with self._batcher_lock:
+            if self._closed:
+                return None
             if self._decode_batcher is None:
                 self._decode_batcher = DecodeBatcher(
                     self.gqa_session, self.gqa, self.pad_id, self.decode_rows
@@ -265,6 +269,7 @@ class Predictor:
         """Stops the shared decode loop, if one was started (requests in it get an error)."""
         with self._batcher_lock:
             batcher, self._decode_batcher = self._decode_batcher, None
+            self._closed = True
         if batcher is not None:
             batcher.close()
 

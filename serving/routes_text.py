@@ -12,7 +12,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from keras_attn_serving.generation_request import GenerationRequest, generation_request
-from keras_attn_serving.handling import json_body, predict, request_timeout
+from keras_attn_serving.handling import json_body, log, predict, request_timeout
 from keras_attn_serving.offload import JSON_BYTES_PER_VALUE, dumps
 from keras_attn_serving.protocol import ServingError, shown
 from keras_attn_serving.text import TEXT_PARAMETERS, TextModel
@@ -250,7 +250,22 @@ async def _stream_shared(header: dict[str, Any], pairs: Any) -> StreamingRespons
                 yield _event(header, token, delta)
         except TimeoutError as error:
             yield f"data: {json.dumps({**header, 'error': str(error)})}\n\n"
+        except Exception:  # e.g. the model was reloaded: the last event says the stream ends
+            log.exception("generation failed after its answer began")
+            failed = "generation failed; the model may have been reloaded"
+            yield f"data: {json.dumps({**header, 'error': failed})}\n\n"
         finally:
             await pairs.aclose()
 
-    return StreamingResponse(events(), media_type="text/event-stream")
+    return _ClosingStream(events(), media_type="text/event-stream")
+
+
+class _ClosingStream(StreamingResponse):
+    """A `StreamingResponse` that closes its body when the response ends in any way: a client
+    that leaves mid-stream frees its decode row at once, not when the generator is collected."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]

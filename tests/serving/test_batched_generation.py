@@ -158,5 +158,8 @@ def test_predictor_streams_through_one_shared_loop(predictor):
     assert batcher is not None and batcher is shared._batcher() and batcher.steps > 0
     shared.close()
     assert not batcher.thread.is_alive()
+    # A request that loaded the predictor before it was retired decodes alone: no new loop.
+    assert shared._batcher() is None
+    assert list(shared.stream_ids(prompt, 6)) == predictor.generate_ids([prompt], 6)[0]
     with pytest.raises(ValueError, match="decode_rows"):
         Predictor(predictor.folder, decode_rows=-1)
