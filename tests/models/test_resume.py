@@ -2,6 +2,7 @@
 resumes and ends with exactly the weights of an uninterrupted run, dropout on, with epochs of
 a pass or shorter (`EpochShuffled(steps_per_epoch=...)`)."""
 
+import os
 import signal
 import subprocess
 import sys
@@ -19,6 +20,9 @@ import keras_attn.callbacks as callbacks
 from keras_attn.callbacks import EpochShuffled, ResumeTraining
 from keras_attn.models import CausalLM
 
+if keras.backend.backend() == "torch":  # see `train`
+    import torch
+    torch.set_num_threads(1)
 folder, kill_at_step, kill_in_save = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 steps_per_epoch = int(sys.argv[4]) or None
 keras.utils.set_random_seed(0)
@@ -54,10 +58,13 @@ np.save(folder + "/final.npy", np.concatenate([np.ravel(w) for w in model.get_we
 
 def train(folder, kill_at_step=-1, kill_in_save=0, steps_per_epoch=0):
     """24 steps of training (4 passes of 6 batches) in epochs of `steps_per_epoch` batches,
-    or of a pass (0)."""
+    or of a pass (0). One thread for the math libraries: a parallel sum's rounding follows
+    the number of threads, which MKL picks by the machine's load (`MKL_DYNAMIC`), so two
+    processes on a busy machine differed by 7e-5 on PyTorch (CI, 2026-11-24)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MKL_DYNAMIC": "FALSE"}
     return subprocess.Popen([sys.executable, "-c", CHILD, str(folder), str(kill_at_step),
                              str(kill_in_save), str(steps_per_epoch)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
 
 
 def finish(process):
