@@ -98,6 +98,13 @@ def _flush(pending: list[tuple[_LoopSink, Any]]) -> None:
             pass
 
 
+def _raised(item: Any) -> int:
+    """A stream's id; an error the loop sent is raised in the consumer."""
+    if isinstance(item, BaseException):
+        raise item
+    return item
+
+
 def _deliver(items: list[tuple[asyncio.Queue[Any], Any]]) -> None:
     for queue_, item in items:
         queue_.put_nowait(item)
@@ -157,9 +164,7 @@ class DecodeBatcher:
             return
         try:
             while (item := out.get()) is not _END:
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
+                yield _raised(item)
         finally:
             request.cancelled = True
 
@@ -174,9 +179,7 @@ class DecodeBatcher:
             return
         try:
             while (item := await sink.queue.get()) is not _END:
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
+                yield _raised(item)
         finally:
             request.cancelled = True
 

@@ -220,13 +220,18 @@ async def generate_stream(name: str, request: Request, version: str | None = Non
             for token, delta in [] if first is None else itertools.chain([first], tokens):
                 yield _event(header, token, delta)
         except TimeoutError as error:  # the answer has begun: the last event says why it ends
-            yield f"data: {json.dumps({**header, 'error': str(error)})}\n\n"
+            yield _error_event(header, str(error))
 
     return StreamingResponse(events(), media_type="text/event-stream")
 
 
 def _event(header: dict[str, Any], token: int, delta: str) -> str:
     return f"data: {json.dumps({**header, 'text_output': delta, 'token_id': token})}\n\n"
+
+
+def _error_event(header: dict[str, Any], message: str) -> str:
+    """A stream's last event once its answer has begun: why it ends."""
+    return f"data: {json.dumps({**header, 'error': message})}\n\n"
 
 
 async def _stream_shared(header: dict[str, Any], pairs: Any) -> StreamingResponse:
@@ -249,11 +254,10 @@ async def _stream_shared(header: dict[str, Any], pairs: Any) -> StreamingRespons
             async for token, delta in pairs:
                 yield _event(header, token, delta)
         except TimeoutError as error:
-            yield f"data: {json.dumps({**header, 'error': str(error)})}\n\n"
+            yield _error_event(header, str(error))
         except Exception:  # e.g. the model was reloaded: the last event says the stream ends
             log.exception("generation failed after its answer began")
-            failed = "generation failed; the model may have been reloaded"
-            yield f"data: {json.dumps({**header, 'error': failed})}\n\n"
+            yield _error_event(header, "generation failed; the model may have been reloaded")
         finally:
             await pairs.aclose()
 
