@@ -4,7 +4,8 @@
 backbone from `config.json` and copies every tensor of `model.safetensors` into it;
 `save_pretrained(model, folder)` writes the same layout back. Layouts: BERT (MiniLM,
 sentence-transformers folders), RoBERTa and DistilBERT into `EncoderBackbone`; GPT-2, Llama,
-Mistral and Qwen2 into `DecoderBackbone` (see `keras_attn.pretrained.layouts`).
+Mistral and Qwen2 into `DecoderBackbone` (see `keras_attn.pretrained.layouts` and
+`keras_attn.pretrained.llama`).
 
 Every checkpoint tensor is either copied, a known buffer (position ids, GPT-2's causal mask),
 a tied copy (GPT-2's `lm_head.weight`), or named in a `ValueError`; a tensor whose shape
@@ -18,12 +19,9 @@ import keras
 import numpy as np
 
 from keras_attn.pretrained.folder import read_config, read_pooling, read_vocabulary, read_weights
-from keras_attn.pretrained.layouts import (
-    IGNORED_SUFFIXES,
-    Llama,
-    architecture_for_config,
-    architecture_for_model,
-)
+from keras_attn.pretrained.hf_config import IGNORED_SUFFIXES
+from keras_attn.pretrained.layouts import architecture_for_config, architecture_for_model
+from keras_attn.pretrained.llama import Llama
 from keras_attn.pretrained.registry import model_class as registered_class
 
 __all__ = ["load_pretrained", "read_pooling", "read_vocabulary", "save_pretrained"]

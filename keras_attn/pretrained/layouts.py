@@ -8,6 +8,14 @@ which says how one variable is stored).
 
 from typing import Any
 
+from keras_attn.pretrained.hf_config import (
+    activation,
+    check_exportable,
+    hf_activation,
+    require,
+    sizes,
+)
+from keras_attn.pretrained.llama import Llama
 from keras_attn.pretrained.registry import model_class
 from keras_attn.pretrained.tensors import (
     Tensor,
@@ -18,77 +26,10 @@ from keras_attn.pretrained.tensors import (
     table,
 )
 
-# Buffers some checkpoints carry that are not weights (position ids, GPT-2's causal mask).
-IGNORED_SUFFIXES = (
-    "embeddings.position_ids", "attn.bias", "attn.masked_bias", "rotary_emb.inv_freq",
-)  # fmt: skip
-
-
-ACTIVATIONS = {  # Hugging Face's name -> ours
-    "gelu": "gelu",
-    "gelu_new": "gelu_tanh",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "gelu_fast": "gelu_tanh",
-    "relu": "relu",
-    "silu": "swish",
-    "swish": "swish",
-}
-HF_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "swish": "silu"}
-
-
-def _activation(name):
-    if name not in ACTIVATIONS:
-        raise ValueError(
-            f"config.json's activation is not supported. Received: {name!r}; supported: "
-            f"{sorted(ACTIVATIONS)}"
-        )
-    return ACTIVATIONS[name]
-
-
-def _hf_activation(model):
-    if model.activation not in HF_ACTIVATIONS:
-        raise ValueError(
-            "`activation` has no Hugging Face name. Received: "
-            f"activation={model.activation!r}; supported: {sorted(HF_ACTIVATIONS)}"
-        )
-    return HF_ACTIVATIONS[model.activation]
-
-
-def _require(config, *names):
-    missing = [name for name in names if name not in config]
-    if missing:
-        raise ValueError(f"config.json lacks {missing} (model_type {config.get('model_type')!r}).")
-    return [config[name] for name in names]
-
-
-def _sizes(config, names, **rest):
-    """A backbone's sizes from `config.json` keys `names` (vocabulary, width, layers, heads,
-    feed-forward width, positions), plus `rest`."""
-    vocab, hidden, layers, heads, inner, positions = _require(config, *names)
-    return {
-        "vocabulary_size": vocab,
-        "max_sequence_length": positions,
-        "hidden_dim": hidden,
-        "num_layers": layers,
-        "num_heads": heads,
-        "intermediate_dim": inner,
-        **rest,
-    }
-
 
 def _encoder_kwargs(config, names, **rest):
-    """`Encoder` sizes (see `_sizes`) with its padding id, plus `rest`."""
-    return _sizes(config, names, pad_token_id=config.get("pad_token_id") or 0, **rest)
-
-
-def _check_exportable(model, **expected):
-    """`save_pretrained` writes only what the architecture can express."""
-    for name, value in expected.items():
-        if getattr(model, name) != value:
-            raise ValueError(
-                f"This model cannot be written as a Hugging Face checkpoint: `{name}` must be "
-                f"{value!r}. Received: {name}={getattr(model, name)!r}"
-            )
+    """`Encoder` sizes (see `sizes`) with its padding id, plus `rest`."""
+    return sizes(config, names, pad_token_id=config.get("pad_token_id") or 0, **rest)
 
 
 class Bert:
@@ -112,7 +53,7 @@ class Bert:
             names,
             dropout=config.get("hidden_dropout_prob", 0.1),
             num_segments=config.get("type_vocab_size", 2),
-            activation=_activation(config.get("hidden_act", "gelu")),
+            activation=activation(config.get("hidden_act", "gelu")),
             layer_norm_epsilon=config.get("layer_norm_eps", 1e-12),
             use_pooler="pooler.dense.weight" in weights,
         )
@@ -123,7 +64,7 @@ class Bert:
         return 0
 
     def hf_config(self, model: Any) -> dict[str, Any]:
-        _check_exportable(
+        check_exportable(
             model,
             normalize_first=False,
             position_encoding="learned",
@@ -139,7 +80,7 @@ class Bert:
             "intermediate_size": model.intermediate_dim or 4 * model.hidden_dim,
             "max_position_embeddings": model.max_sequence_length,
             "type_vocab_size": model.num_segments or 0,
-            "hidden_act": _hf_activation(model),
+            "hidden_act": hf_activation(model),
             "hidden_dropout_prob": model.dropout,
             "attention_probs_dropout_prob": model.dropout,
             "layer_norm_eps": model.layer_norm_epsilon,
@@ -210,13 +151,13 @@ class DistilBert:
             names,
             dropout=config.get("dropout", 0.1),
             num_segments=None,
-            activation=_activation(config.get("activation", "gelu")),
+            activation=activation(config.get("activation", "gelu")),
             layer_norm_epsilon=1e-12,
             use_pooler=False,
         )
 
     def hf_config(self, model: Any) -> dict[str, Any]:
-        _check_exportable(
+        check_exportable(
             model, normalize_first=False, position_encoding="learned", position_offset=0,
             num_segments=None, use_pooler=False, layer_norm_epsilon=1e-12,
         )  # fmt: skip
@@ -229,7 +170,7 @@ class DistilBert:
             "n_heads": model.num_heads,
             "hidden_dim": model.intermediate_dim or 4 * model.hidden_dim,
             "max_position_embeddings": model.max_sequence_length,
-            "activation": _hf_activation(model),
+            "activation": hf_activation(model),
             "dropout": model.dropout,
             "attention_dropout": model.dropout,
             "pad_token_id": model.pad_token_id,
@@ -273,7 +214,7 @@ class Gpt2:
     tied = (("lm_head.weight", "wte.weight"),)  # (key, the key it must equal)
 
     def model_kwargs(self, config: dict[str, Any], weights: dict[str, Any]) -> dict[str, Any]:
-        vocab, hidden, layers, heads, positions = _require(
+        vocab, hidden, layers, heads, positions = require(
             config, "vocab_size", "n_embd", "n_layer", "n_head", "n_positions"
         )
         for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
@@ -290,14 +231,14 @@ class Gpt2:
             "intermediate_dim": config.get("n_inner") or 4 * hidden,
             "dropout": config.get("resid_pdrop", 0.1),
             "normalize_first": True,
-            "activation": _activation(config.get("activation_function", "gelu_new")),
+            "activation": activation(config.get("activation_function", "gelu_new")),
             "position_encoding": "learned",
             "mask_zero": False,
             "layer_norm_epsilon": config.get("layer_norm_epsilon", 1e-5),
         }
 
     def hf_config(self, model: Any) -> dict[str, Any]:
-        _check_exportable(
+        check_exportable(
             model, normalize_first=True, position_encoding="learned", normalization="layer_norm",
             gated_feed_forward=False, num_key_value_heads=None, head_dim=None,
             attention_bias=True, attention_output_bias=None, feed_forward_bias=True,
@@ -312,7 +253,7 @@ class Gpt2:
             "n_head": model.num_heads,
             "n_inner": model.intermediate_dim or 4 * model.hidden_dim,
             "n_positions": model.max_sequence_length,
-            "activation_function": _hf_activation(model),
+            "activation_function": hf_activation(model),
             "resid_pdrop": model.dropout,
             "embd_pdrop": model.dropout,
             "attn_pdrop": model.dropout,
@@ -347,142 +288,6 @@ class Gpt2:
                     "intermediate": conv1d(f"{block}.mlp.c_fc"),
                     "output": conv1d(f"{block}.mlp.c_proj"),
                 },
-            }
-        return flatten(tree)
-
-
-LLAMA_ARCHITECTURES = {
-    "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-}  # fmt: skip
-
-
-class Llama:
-    """The Llama family (Llama 2/3, Mistral, Qwen2, SmolLM, TinyLlama): pre-norm RMSNorm blocks,
-    rotary queries and keys (`rope_theta`, `rope_scaling`), grouped-query attention, SwiGLU,
-    no biases (Qwen2: biased q, k, v), an untied `lm_head` unless `tie_word_embeddings`."""
-
-    model_types = ("llama", "mistral", "qwen2")
-    prefixes = ("model.",)
-    model_class = "DecoderBackbone"
-    tied = (("lm_head.weight", "embed_tokens.weight"),)
-
-    def model_kwargs(self, config: dict[str, Any], weights: dict[str, Any]) -> dict[str, Any]:
-        names = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                 "intermediate_size", "max_position_embeddings")  # fmt: skip
-        kwargs = _sizes(config, names)
-        kind, heads = config.get("model_type"), kwargs["num_heads"]
-        if _activation(config.get("hidden_act", "silu")) != "swish":
-            raise ValueError(
-                f"{kind} with hidden_act={config.get('hidden_act')!r} is not supported (silu)."
-            )
-        qkv_bias = kind == "qwen2" or bool(config.get("attention_bias", False))
-        # A sliding window only changes sequences longer than it: cap the context there.
-        window = config.get("sliding_window")
-        if kind == "qwen2" and not config.get("use_sliding_window", False):
-            window = None
-        if isinstance(window, int) and 0 < window < kwargs["max_sequence_length"]:
-            kwargs["max_sequence_length"] = window
-        return {
-            **kwargs,
-            "num_key_value_heads": config.get("num_key_value_heads") or heads,
-            "head_dim": config.get("head_dim") or kwargs["hidden_dim"] // heads,
-            "dropout": config.get("attention_dropout", 0.0),
-            "normalize_first": True,
-            "activation": "swish",
-            "position_encoding": "rotary",
-            "mask_zero": False,
-            "layer_norm_epsilon": config.get("rms_norm_eps", 1e-6),
-            "normalization": "rms_norm",
-            "gated_feed_forward": True,
-            "attention_bias": qkv_bias,
-            "attention_output_bias": False if kind == "qwen2" else qkv_bias,
-            "feed_forward_bias": bool(config.get("mlp_bias", False)),
-            "rope_max_wavelength": float(config.get("rope_theta", 10000.0)),
-            "rope_scaling": config.get("rope_scaling"),
-            "tie_word_embeddings": bool(config.get("tie_word_embeddings", False)),
-        }
-
-    def stored_key(self, key: str) -> str:
-        """The key written for `key`: `LlamaForCausalLM`'s (`model.` before all but
-        `lm_head`), so `transformers` loads the folder as the causal LM it is."""
-        return key if key == "lm_head.weight" else f"model.{key}"
-
-    def model_type_of(self, model: Any) -> str:
-        """Qwen2 when only q, k, v have biases, else Llama."""
-        qwen2 = model.attention_bias and model.attention_output_bias is False
-        return "qwen2" if qwen2 else "llama"
-
-    def hf_config(self, model: Any, model_type: str | None = None) -> dict[str, Any]:
-        kind = model_type or self.model_type_of(model)
-        _check_exportable(
-            model, normalize_first=True, position_encoding="rotary", normalization="rms_norm",
-            gated_feed_forward=True, activation="swish",
-        )  # fmt: skip
-        if kind == "qwen2":
-            _check_exportable(
-                model, attention_bias=True, attention_output_bias=False, feed_forward_bias=False
-            )
-        elif model.attention_output_bias not in (None, model.attention_bias):
-            raise ValueError(
-                f"model_type {kind!r} has one `attention_bias` for q, k, v and o. Received: "
-                f"attention_bias={model.attention_bias}, "
-                f"attention_output_bias={model.attention_output_bias}"
-            )
-        config = {
-            "architectures": [LLAMA_ARCHITECTURES[kind]],
-            "model_type": kind,
-            "vocab_size": model.vocabulary_size,
-            "hidden_size": model.hidden_dim,
-            "intermediate_size": model.intermediate_dim or 4 * model.hidden_dim,
-            "num_hidden_layers": model.num_layers,
-            "num_attention_heads": model.num_heads,
-            "num_key_value_heads": model.num_key_value_heads or model.num_heads,
-            "head_dim": model.head_dim or model.hidden_dim // model.num_heads,
-            "max_position_embeddings": model.max_sequence_length,
-            "hidden_act": "silu",
-            "rms_norm_eps": model.layer_norm_epsilon,
-            "rope_theta": model.rope_max_wavelength,
-            "rope_scaling": model.rope_scaling,
-            "tie_word_embeddings": model.tie_word_embeddings,
-            "attention_dropout": model.dropout,
-            "torch_dtype": "float32",
-        }
-        if kind == "llama":
-            config.update(attention_bias=model.attention_bias, mlp_bias=model.feed_forward_bias)
-        else:
-            _check_exportable(model, feed_forward_bias=False)
-            if kind == "mistral":
-                _check_exportable(model, attention_bias=False)
-            config.update(sliding_window=None, use_sliding_window=False)
-        return config
-
-    def tensors(self, model: Any) -> dict[str, Tensor]:
-        def rms(key: str) -> dict[str, Tensor]:
-            return {"scale": Tensor(key)}
-
-        embedding = {"embeddings": table("embed_tokens.weight")}
-        if not model.tie_word_embeddings:
-            embedding["reverse_embeddings"] = table("lm_head.weight")
-        tree: dict[str, Any] = {
-            "token_embedding": embedding,
-            "final_layer_norm": rms("norm.weight"),
-        }
-        for i in range(model.num_layers):
-            layer = f"layers.{i}"
-            tree[f"decoder_block_{i}"] = {
-                "self_attention": {
-                    "query": linear(f"{layer}.self_attn.q_proj"),
-                    "key": linear(f"{layer}.self_attn.k_proj"),
-                    "value": linear(f"{layer}.self_attn.v_proj"),
-                    "attention_output": linear(f"{layer}.self_attn.o_proj", in_axes=2),
-                },
-                "self_attention_layer_norm": rms(f"{layer}.input_layernorm.weight"),
-                "feed_forward": {
-                    "intermediate": linear(f"{layer}.mlp.up_proj"),
-                    "gate": linear(f"{layer}.mlp.gate_proj"),
-                    "output": linear(f"{layer}.mlp.down_proj"),
-                },
-                "feed_forward_layer_norm": rms(f"{layer}.post_attention_layernorm.weight"),
             }
         return flatten(tree)
 
