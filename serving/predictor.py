@@ -42,6 +42,9 @@ class Predictor:
         num_threads: onnxruntime intra-op threads; defaults to onnxruntime's choice.
         decode_rows: `stream_ids` requests that share each decode step (iteration-level
             batching over `decode_gqa.onnx`); 0 (the default) decodes each alone.
+        decode_threads: onnxruntime intra-op threads of `decode_gqa.onnx` when `decode_rows`
+            shares its steps: one thread runs them all, so by default it gets onnxruntime's
+            choice (every core), not `num_threads`.
     Example:
         >>> # Skipped in the doctest run: it needs an exported folder (make demo writes one).
         >>> p = Predictor("artifacts/shakespeare_lm")  # doctest: +SKIP
@@ -54,6 +57,7 @@ class Predictor:
         verify: bool = True,
         num_threads: int | None = None,
         decode_rows: int = 0,
+        decode_threads: int | None = None,
     ) -> None:
         if isinstance(decode_rows, bool) or not isinstance(decode_rows, int) or decode_rows < 0:
             raise ValueError(
@@ -96,8 +100,13 @@ class Predictor:
         self.pad_id: int | None = (self.decoding or {}).get("pad_id", 0)
         self.gqa_session: ort.InferenceSession | None = None
         if self.gqa.get("file"):
+            shared = options
+            if decode_rows:  # one decode thread runs every step: it gets the cores
+                shared = ort.SessionOptions()
+                if decode_threads:
+                    shared.intra_op_num_threads = decode_threads
             self.gqa_session = ort.InferenceSession(
-                str(self.folder / self.gqa["file"]), options, providers=["CPUExecutionProvider"]
+                str(self.folder / self.gqa["file"]), shared, providers=["CPUExecutionProvider"]
             )
             self._gqa_step = gqa_step(self.gqa_session)
         self.tokenizer = None
@@ -239,14 +248,16 @@ class Predictor:
         max_new_tokens: int = 20,
         stop_token_ids: Iterable[int] = (),
         sampler: "Sampler | None" = None,
+        deadline: float | None = None,
     ) -> AsyncGenerator[int, None] | None:
         """`stream_ids` for a caller on an asyncio event loop, where concurrent calls share
         decode steps (no thread waits for the ids); None where each prompt decodes alone
-        (then run `stream_ids` in a thread)."""
+        (then run `stream_ids` in a thread). Past `deadline` (a `time.perf_counter()` time)
+        the stream raises `TimeoutError`."""
         batcher = self._batcher()
         if batcher is None:
             return None
-        return batcher.astream(prompt, max_new_tokens, stop_token_ids, sampler)
+        return batcher.astream(prompt, max_new_tokens, stop_token_ids, sampler, deadline)
 
     def _batcher(self) -> "DecodeBatcher | None":
         """The shared decode loop, started on first use; None when it cannot run (or this

@@ -53,6 +53,7 @@ class ModelRepository:
         workers: int = 2,
         on_batch: Callable[[str], Callable[[int, int, int], None]] | None = None,
         decode_rows: int = 32,
+        decode_threads: int | None = None,
     ) -> None:
         self.root = Path(root).resolve()
         if not self.root.is_dir():
@@ -66,6 +67,8 @@ class ModelRepository:
                          "workers": workers}  # fmt: skip
         self.on_batch = on_batch  # `model name -> callback(rows, queue depth, cap)`
         self.decode_rows = decode_rows  # generation requests sharing a decode step
+        # The decode loop is one thread: its session gets every core unless this says.
+        self.decode_threads = decode_threads
         self._loaded: dict[tuple[str, int], _Entry] = {}
         self._failed: dict[tuple[str, int], _Failure] = {}
         self._loading: dict[tuple[str, int], threading.Lock] = {}
@@ -167,7 +170,8 @@ class ModelRepository:
             if ready is not None:
                 return chosen, *ready
             try:
-                predictor = Predictor(folder, self.verify, self.num_threads, self.decode_rows)
+                predictor = Predictor(folder, self.verify, self.num_threads, self.decode_rows,
+                                      self.decode_threads)  # fmt: skip
                 batcher = self._make_batcher(name, predictor, self._config(name))
             except Exception as error:
                 raise self._failed_load(name, chosen, folder, signature, error) from None

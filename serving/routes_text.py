@@ -157,14 +157,13 @@ def _until(deadline, timeout, tokens):
         yield token
 
 
-async def _auntil(deadline, timeout, pairs):
-    """`_until` for an async iterator of pairs (shared decode steps): waiting for the next
-    one is cut at `deadline`, and the generation is closed, freeing its row."""
+async def _auntil(timeout, pairs):
+    """The pairs of a stream given a deadline (shared decode steps), its `TimeoutError`
+    worded for the client; the stream is closed at the end, freeing its row."""
     try:
         while True:
             try:
-                async with asyncio.timeout(max(0.0, deadline - time.perf_counter())):
-                    pair = await anext(pairs)
+                pair = await anext(pairs)
             except StopAsyncIteration:
                 return
             except TimeoutError:
@@ -180,7 +179,7 @@ async def generate(name: str, request: Request, version: str | None = None):
     header, model, prompt, checked = await generation(request, name, version)
     timeout = request_timeout(request.app.state.settings)
     deadline = time.perf_counter() + timeout
-    shared = model.astream(prompt, checked)
+    shared = model.astream(prompt, checked, deadline)
 
     def run() -> list[tuple[int, str]]:
         return list(_until(deadline, timeout, model.stream(prompt, checked)))
@@ -189,7 +188,7 @@ async def generate(name: str, request: Request, version: str | None = None):
         if shared is None:  # decoded alone, in a thread
             pairs = await asyncio.to_thread(run)
         else:
-            pairs = [pair async for pair in _auntil(deadline, timeout, shared)]
+            pairs = [pair async for pair in _auntil(timeout, shared)]
     except TimeoutError as error:
         raise ServingError(504, str(error)) from None
     except ValueError as error:  # e.g. prompt + max_tokens longer than the model allows
@@ -204,9 +203,9 @@ async def generate_stream(name: str, request: Request, version: str | None = Non
     header, model, prompt, checked = await generation(request, name, version)
     timeout = request_timeout(request.app.state.settings)
     deadline = time.perf_counter() + timeout
-    shared = model.astream(prompt, checked)
+    shared = model.astream(prompt, checked, deadline)
     if shared is not None:
-        return await _stream_shared(header, _auntil(deadline, timeout, shared))
+        return await _stream_shared(header, _auntil(timeout, shared))
     tokens = _until(deadline, timeout, model.stream(prompt, checked))
     try:  # the first token before answering: a bad request gets a 400, not a cut stream
         first = await asyncio.to_thread(next, tokens, None)

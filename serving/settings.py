@@ -58,6 +58,9 @@ class ServerSettings(BaseSettings):
     session_threads: int | None = Field(
         None, ge=1, description="onnxruntime intra-op threads; default: cores // batch_workers"
     )
+    decode_threads: int | None = Field(
+        None, ge=1, description="intra-op threads of the shared decode loop; default: all cores"
+    )
     verify_sha256: bool = True
     openapi: bool = Field(False, description="serve /docs and /openapi.json")
     drain_timeout_s: float = Field(30.0, ge=0, description="SIGTERM: wait for in-flight")

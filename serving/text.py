@@ -291,14 +291,16 @@ class TextModel:
         yield from deltas.rest()
 
     def astream(
-        self, prompt: list[int], request: "GenerationRequest"
+        self, prompt: list[int], request: "GenerationRequest", deadline: float | None = None
     ) -> AsyncGenerator[tuple[int, str], None] | None:
         """`stream` for a caller on an asyncio event loop, where the predictor shares decode
         steps between requests (no thread waits for the tokens); None where it decodes each
-        prompt alone (run `stream` in a thread)."""
+        prompt alone (run `stream` in a thread). Past `deadline` (a `time.perf_counter()`
+        time) it raises `TimeoutError`."""
         tokens = self.predictor.astream_ids(
-            prompt, request.max_tokens, request.stop_ids, sampler=request.sampler
-        )
+            prompt, request.max_tokens, request.stop_ids, sampler=request.sampler,
+            deadline=deadline,
+        )  # fmt: skip
         return None if tokens is None else self._astream(prompt, request, tokens)
 
     async def _astream(self, prompt: list[int], request: "GenerationRequest",
