@@ -186,8 +186,12 @@ class DecodeBatcher:
             return
         timer = None
         if deadline is not None:
-            delay = deadline - time.perf_counter()
-            timer = loop.call_later(delay, sink.queue.put_nowait, late)
+
+            def expire() -> None:  # the loop stops computing it, even for a slow reader
+                request.cancelled = True
+                sink.queue.put_nowait(late)
+
+            timer = loop.call_later(deadline - time.perf_counter(), expire)
         try:
             while (item := await sink.queue.get()) is not _END:
                 yield _raised(item)

@@ -105,9 +105,16 @@ class Predictor:
                 shared = ort.SessionOptions()
                 if decode_threads:
                     shared.intra_op_num_threads = decode_threads
+            gqa_file = str(self.folder / self.gqa["file"])
             self.gqa_session = ort.InferenceSession(
-                str(self.folder / self.gqa["file"]), shared, providers=["CPUExecutionProvider"]
+                gqa_file, shared, providers=["CPUExecutionProvider"]
             )
+            if shared is not options and not _per_row_index(self.gqa_session):
+                # Exported before decode graphs took one position per row: requests decode
+                # alone, each in its thread, so this session keeps `num_threads`.
+                self.gqa_session = ort.InferenceSession(
+                    gqa_file, options, providers=["CPUExecutionProvider"]
+                )
             self._gqa_step = gqa_step(self.gqa_session)
         self.tokenizer = None
         if manifest.tokenizer:
@@ -264,8 +271,7 @@ class Predictor:
         predictor was closed: a request that loaded it before a reload decodes alone)."""
         if not self.decode_rows or self.gqa_session is None or self._closed:
             return None
-        (index,) = [i for i in self.gqa_session.get_inputs() if i.name == "index"]
-        if len(index.shape) != 1:  # exported before decode graphs took a position per row
+        if not _per_row_index(self.gqa_session):  # exported before one position per row
             return None
         with self._batcher_lock:
             if self._closed:
@@ -311,3 +317,10 @@ class Predictor:
         prompt_ids = self.tokenizer.encode(prompts)
         new = self.generate_ids(prompt_ids, max_new_tokens)
         return [self.tokenizer.decode(p + n) for p, n in zip(prompt_ids, new, strict=True)]
+
+
+def _per_row_index(session: ort.InferenceSession) -> bool:
+    """Whether a `decode_gqa.onnx` takes one position per row (`index` of shape `(batch,)`),
+    as iteration-level batching needs."""
+    (index,) = [i for i in session.get_inputs() if i.name == "index"]
+    return len(index.shape) == 1

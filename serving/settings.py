@@ -56,7 +56,7 @@ class ServerSettings(BaseSettings):
         32, ge=0, description="generation requests sharing each decode step; 0 = one at a time"
     )
     session_threads: int | None = Field(
-        None, ge=1, description="onnxruntime intra-op threads; default: cores // batch_workers"
+        None, ge=1, description="intra-op threads of the other sessions; default: cores // workers"
     )
     decode_threads: int | None = Field(
         None, ge=1, description="intra-op threads of the shared decode loop; default: all cores"

@@ -2,6 +2,9 @@
 activation names, the buffers a checkpoint may carry that are not weights, and the check that
 a model can be written in a layout at all."""
 
+from collections.abc import Sequence
+from typing import Any
+
 # Buffers some checkpoints carry that are not weights (position ids, GPT-2's causal mask).
 IGNORED_SUFFIXES = (
     "embeddings.position_ids", "attn.bias", "attn.masked_bias", "rotary_emb.inv_freq",
@@ -20,7 +23,8 @@ ACTIVATIONS = {  # Hugging Face's name -> ours
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "swish": "silu"}
 
 
-def activation(name):
+def activation(name: str) -> str:
+    """Our activation for a `config.json`'s `hidden_act`."""
     if name not in ACTIVATIONS:
         raise ValueError(
             f"config.json's activation is not supported. Received: {name!r}; supported: "
@@ -29,7 +33,8 @@ def activation(name):
     return ACTIVATIONS[name]
 
 
-def hf_activation(model):
+def hf_activation(model: Any) -> str:
+    """The `hidden_act` of our model's activation."""
     if model.activation not in HF_ACTIVATIONS:
         raise ValueError(
             "`activation` has no Hugging Face name. Received: "
@@ -38,14 +43,15 @@ def hf_activation(model):
     return HF_ACTIVATIONS[model.activation]
 
 
-def require(config, *names):
+def require(config: dict[str, Any], *names: str) -> list[Any]:
+    """The values of `names` in `config`, or a `ValueError` naming those it lacks."""
     missing = [name for name in names if name not in config]
     if missing:
         raise ValueError(f"config.json lacks {missing} (model_type {config.get('model_type')!r}).")
     return [config[name] for name in names]
 
 
-def sizes(config, names, **rest):
+def sizes(config: dict[str, Any], names: Sequence[str], **rest: Any) -> dict[str, Any]:
     """A backbone's sizes from `config.json` keys `names` (vocabulary, width, layers, heads,
     feed-forward width, positions), plus `rest`."""
     vocab, hidden, layers, heads, inner, positions = require(config, *names)
@@ -60,7 +66,7 @@ def sizes(config, names, **rest):
     }
 
 
-def check_exportable(model, **expected):
+def check_exportable(model: Any, **expected: Any) -> None:
     """`save_pretrained` writes only what the architecture can express."""
     for name, value in expected.items():
         if getattr(model, name) != value:

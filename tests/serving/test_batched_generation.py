@@ -134,36 +134,70 @@ def test_async_streams_equal_the_ids_alone_and_free_rows_when_closed(predictor):
 
 def test_a_stream_past_its_deadline_raises_and_frees_its_row(predictor):
     """The server's request timeout: one timer per stream (not one per id) ends it with
-    `TimeoutError`, already waiting or part way through, and its row goes to the next."""
+    `TimeoutError` — past already, waiting for a row, or part way through — and the loop
+    stops computing it, so its row goes to the next request."""
     import asyncio
 
     batcher = DecodeBatcher(predictor.gqa_session, predictor.gqa, predictor.pad_id, max_rows=1)
+    release, drawn = threading.Event(), []
+
+    def gated(logits):  # greedy; the draw after the third waits for `release` (a slow step)
+        if len(drawn) == 3:
+            release.wait(30)
+        drawn.append(1)
+        return logits.argmax(-1)
 
     async def run():
-        late = batcher.astream([3, 4, 5], 9, deadline=time.perf_counter() - 1)
         with pytest.raises(TimeoutError, match="deadline"):
-            await anext(late)
-        await late.aclose()
-
-        def slow_greedy(logits):  # 10 ms a step: the deadline passes mid-stream
-            time.sleep(0.01)
-            return logits.argmax(-1)
-
-        slow = batcher.astream([3, 4, 5], 30, sampler=slow_greedy,
-                               deadline=time.perf_counter() + 0.05)  # fmt: skip
-        got = []
+            await anext(batcher.astream([3, 4, 5], 9, deadline=time.perf_counter() - 1))
+        holder = batcher.astream([3, 4, 5], 30, sampler=gated, deadline=time.perf_counter() + 3)
+        got = [await anext(holder) for _ in range(3)]  # then the one row is held
+        waiter = batcher.astream([7, 8], 9, deadline=time.perf_counter() + 0.2)
         with pytest.raises(TimeoutError):
-            async for token in slow:
-                got.append(token)
-        await slow.aclose()
-        assert 1 <= len(got) < 30
+            await anext(waiter)  # never admitted
+        await waiter.aclose()
+        with pytest.raises(TimeoutError):
+            await anext(holder)  # its deadline passes mid-stream
+        await holder.aclose()
+        release.set()
         in_time = [t async for t in batcher.astream([7, 8], 9, deadline=time.perf_counter() + 60)]
         return got, in_time
 
-    got, in_time = asyncio.run(run())
-    alone = predictor.generate_ids([[3, 4, 5]], 30)[0]
-    assert got == alone[: len(got)]
+    try:
+        got, in_time = asyncio.run(run())
+    finally:
+        release.set()
+    assert got == predictor.generate_ids([[3, 4, 5]], 3)[0]
     assert in_time == predictor.generate_ids([[7, 8]], 9)[0]
+    assert len(drawn) == 4  # the timed-out stream was not decoded further
+    batcher.close()
+
+
+def test_a_slow_reader_past_its_deadline_stops_its_decoding(predictor):
+    """Ids are computed ahead of a reader that does not read: at the deadline the loop stops
+    computing the stream, not only when the reader reaches the timeout."""
+    import asyncio
+
+    batcher = DecodeBatcher(predictor.gqa_session, predictor.gqa, predictor.pad_id, max_rows=2)
+    drawn = []
+
+    def slow_greedy(logits):  # 5 ms a draw: 30 ids take 150 ms or more
+        drawn.append(1)
+        time.sleep(0.005)
+        return logits.argmax(-1)
+
+    async def run():
+        stream = batcher.astream([3, 4, 5], 30, sampler=slow_greedy,
+                                 deadline=time.perf_counter() + 0.05)  # fmt: skip
+        await anext(stream)
+        await asyncio.sleep(0.5)  # reads nothing while the deadline passes
+        with pytest.raises(TimeoutError):
+            async for _ in stream:
+                pass
+        await stream.aclose()
+
+    asyncio.run(run())
+    assert len(drawn) < 25, len(drawn)  # 30 when the deadline only reached the reader
     batcher.close()
 
 
