@@ -9,7 +9,8 @@ loads it with `CausalLM.from_pretrained`, exports it (`decode_gqa.onnx`), and st
 `keras-attn-serve` twice in its own processes on loopback: `--max-decode-rows 32` (requests
 share each decode step) and `--max-decode-rows 0` (each request decodes alone, in its own
 thread, as before). For each number of concurrent streams, each client sends requests one
-after another (prompts of 4-40 tokens, `--new-tokens` new ones each, greedy, no stop) for
+after another (prompts of 4-40 tokens, `--new-tokens` new ones each — with `--spread s` a
+number drawn in `new-tokens × [1 - s, 1 + s]`, the same for every mode — greedy, no stop) for
 `--seconds`; rounds alternate the two servers. Prints tokens/s (new tokens over the window)
 and time to first token p50/p99 per mode and stream count, the batched/alone ratio, and the
 CPU flags; writes JSON. Loopback only; clients share the machine's cores with the server.
@@ -144,12 +145,23 @@ def build_genai(work: Path) -> Path | None:
     return out
 
 
+def new_tokens_for(request: int, new_tokens: int, spread: float) -> int:
+    """How many new ids request number `request` asks for: `new_tokens`, or with `spread`
+    a draw in `new_tokens × [1 - spread, 1 + spread]`, the same for every mode."""
+    if not spread:
+        return new_tokens
+    draw = np.random.default_rng(request).uniform(1 - spread, 1 + spread)
+    return max(1, round(new_tokens * draw))
+
+
 def genai_streams(folder: Path, prompts: list[str], clients: int, new_tokens: int,
-                  seconds: float) -> tuple[int, list[float], float, int]:  # fmt: skip
+                  seconds: float, spread: float = 0.0,
+                  ) -> tuple[int, list[float], float, int]:  # fmt: skip
     """onnxruntime-genai in-process (no HTTP), greedy: its `Engine` with a static batch of
     `clients` requests (on CPU its continuous-batching scheduler needs a PagedAttention model,
     which the builder writes for CUDA only), each finished request replaced by the next
-    prompt at once. Every request makes exactly `new_tokens` ids. Returns as `streams`."""
+    prompt at once. Every request makes exactly its `new_tokens_for` ids. Returns as
+    `streams`."""
     import onnxruntime_genai as og
 
     config_file = folder / "genai_config.json"
@@ -171,8 +183,9 @@ def genai_streams(folder: Path, prompts: list[str], clients: int, new_tokens: in
         request = engine.create_request()
         options = og.TurnOptions(request)
         options.set_do_sample(False)
-        options.set_min_generated_tokens(new_tokens)
-        options.set_max_generated_tokens(new_tokens)
+        wanted = new_tokens_for(count, new_tokens, spread)
+        options.set_min_generated_tokens(wanted)
+        options.set_max_generated_tokens(wanted)
         request.begin_turn(ids[count % len(ids)], options)
         sent[id(request)] = time.perf_counter()
         live[id(request)] = request
@@ -223,7 +236,8 @@ def start_server(repository: Path, decode_rows: int):
     raise RuntimeError("the server did not start")
 
 
-async def streams(url: str, prompts: list[str], clients: int, new_tokens: int, seconds: float):
+async def streams(url: str, prompts: list[str], clients: int, new_tokens: int, seconds: float,
+                  spread: float = 0.0):  # fmt: skip
     """`clients` concurrent streaming clients for `seconds`: `(new tokens, [ttft s], wall s)`."""
     import aiohttp
 
@@ -232,9 +246,10 @@ async def streams(url: str, prompts: list[str], clients: int, new_tokens: int, s
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(timeout=timeout) as session:
 
-        async def one(prompt: str) -> None:
+        async def one(prompt: str, request: int) -> None:
             nonlocal tokens, errors
-            body = {"text_input": prompt, "parameters": {"max_new_tokens": new_tokens}}
+            wanted = new_tokens_for(request, new_tokens, spread)
+            body = {"text_input": prompt, "parameters": {"max_new_tokens": wanted}}
             sent = time.perf_counter()
             first = None
             async with session.post(stream_url, json=body) as response:
@@ -249,7 +264,7 @@ async def streams(url: str, prompts: list[str], clients: int, new_tokens: int, s
             if first is not None:
                 first_token_s.append(first - sent)
 
-        await one(prompts[0])  # warm-up: loads the model and starts the decode loop
+        await one(prompts[0], 0)  # warm-up: loads the model and starts the decode loop
         tokens, first_token_s = 0, []
         deadline = time.perf_counter() + seconds
         start = time.perf_counter()
@@ -257,7 +272,7 @@ async def streams(url: str, prompts: list[str], clients: int, new_tokens: int, s
         async def client(k: int) -> None:
             i = k
             while time.perf_counter() < deadline:
-                await one(prompts[i % len(prompts)])
+                await one(prompts[i % len(prompts)], i)
                 i += clients
 
         await asyncio.gather(*(client(k) for k in range(clients)))
@@ -271,6 +286,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument(
+        "--spread",
+        type=float,
+        default=0.0,
+        help="each request asks for new-tokens x U[1-s, 1+s] (0: exactly)",
+    )
     parser.add_argument("--dim", type=int, default=512)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--vocabulary-size", type=int, default=4000)
@@ -290,17 +311,17 @@ def main() -> None:
     runs = {(m, c): [] for m in [*modes, *(["genai"] if genai else [])] for c in args.streams}
     try:
         if genai:  # warm-up
-            genai_streams(genai, prompts, 1, args.new_tokens, 1.0)
+            genai_streams(genai, prompts, 1, args.new_tokens, 1.0, args.spread)
         for _ in range(args.rounds):
             for clients in args.streams:
                 for mode, (_, url) in servers.items():
                     result = asyncio.run(streams(url, prompts, clients, args.new_tokens,
-                                                 args.seconds))  # fmt: skip
+                                                 args.seconds, args.spread))  # fmt: skip
                     runs[(mode, clients)].append(result)
                 if genai:
-                    runs[("genai", clients)].append(
-                        genai_streams(genai, prompts, clients, args.new_tokens, args.seconds)
-                    )
+                    peer = genai_streams(genai, prompts, clients, args.new_tokens,
+                                         args.seconds, args.spread)  # fmt: skip
+                    runs[("genai", clients)].append(peer)
     finally:
         for process, _ in servers.values():
             process.terminate()
@@ -321,7 +342,8 @@ def main() -> None:
                                               "amx_tile", "amx_bf16", "amx_int8")]  # fmt: skip
     print(
         f"toy Llama layout: d {args.dim}, {args.layers} layers, 8 heads / 2 kv, vocab "
-        f"{args.vocabulary_size}; {args.new_tokens} new tokens per request; "
+        f"{args.vocabulary_size}; {args.new_tokens} new tokens per request"
+        f"{f' (x U[{1 - args.spread:g}, {1 + args.spread:g}])' if args.spread else ''}; "
         f"{os.cpu_count()} CPUs ({' '.join(flags)}); clients on the same machine"
     )
     print("genai: onnxruntime-genai in-process (no HTTP), static batches of `streams`")
