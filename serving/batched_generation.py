@@ -322,10 +322,14 @@ class DecodeBatcher:
     def _greedy(self, logits: np.ndarray) -> np.ndarray:
         """The greedy id of every row at once (one pass, not one per request): float32's
         argmax is float64's, as widening keeps every order and every tie."""
+        return self._banned(logits, logits.dtype).argmax(-1)
+
+    def _banned(self, logits: np.ndarray, dtype: Any) -> np.ndarray:
+        """A copy of `logits` (`(rows, vocab)`) as `dtype`, the pad id never chosen."""
+        logits = np.array(logits, dtype)
         if self.pad_id is not None:
-            logits = logits.copy()
             logits[:, self.pad_id] = -np.inf
-        return logits.argmax(-1)
+        return logits
 
     def _choose(self, row: int, request: _Request, logits: np.ndarray, greedy: int) -> None:
         """Picks `request`'s next id (`greedy`, or its sampler's draw from its float64
@@ -333,10 +337,7 @@ class DecodeBatcher:
         if request.sampler is None:
             token = int(greedy)
         else:
-            last = np.asarray(logits, np.float64)[None]
-            if self.pad_id is not None:
-                last[:, self.pad_id] = -np.inf
-            token = int(request.sampler(last)[0])
+            token = int(request.sampler(self._banned(logits[None], np.float64))[0])
         request.produced += 1
         stopped = token in request.stop_ids
         if not stopped:

@@ -12,7 +12,6 @@ from keras_attn.pretrained.hf_config import (
     activation,
     check_exportable,
     hf_activation,
-    require,
     sizes,
 )
 from keras_attn.pretrained.llama import Llama
@@ -214,28 +213,24 @@ class Gpt2:
     tied = (("lm_head.weight", "wte.weight"),)  # (key, the key it must equal)
 
     def model_kwargs(self, config: dict[str, Any], weights: dict[str, Any]) -> dict[str, Any]:
-        vocab, hidden, layers, heads, positions = require(
-            config, "vocab_size", "n_embd", "n_layer", "n_head", "n_positions"
-        )
+        # `n_inner` is optional in GPT-2's config.json (a missing `n_embd` is named by `sizes`).
+        inner = config.get("n_inner") or 4 * config.get("n_embd", 0)
+        names = ("vocab_size", "n_embd", "n_layer", "n_head", "n_inner", "n_positions")
         for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
             if config.get(flag):
                 raise ValueError(f"GPT-2 with {flag}=true is not supported.")
         if config.get("scale_attn_weights") is False:
             raise ValueError("GPT-2 with scale_attn_weights=false is not supported.")
-        return {
-            "vocabulary_size": vocab,
-            "max_sequence_length": positions,
-            "hidden_dim": hidden,
-            "num_layers": layers,
-            "num_heads": heads,
-            "intermediate_dim": config.get("n_inner") or 4 * hidden,
-            "dropout": config.get("resid_pdrop", 0.1),
-            "normalize_first": True,
-            "activation": activation(config.get("activation_function", "gelu_new")),
-            "position_encoding": "learned",
-            "mask_zero": False,
-            "layer_norm_epsilon": config.get("layer_norm_epsilon", 1e-5),
-        }
+        return sizes(
+            {**config, "n_inner": inner},
+            names,
+            dropout=config.get("resid_pdrop", 0.1),
+            normalize_first=True,
+            activation=activation(config.get("activation_function", "gelu_new")),
+            position_encoding="learned",
+            mask_zero=False,
+            layer_norm_epsilon=config.get("layer_norm_epsilon", 1e-5),
+        )
 
     def hf_config(self, model: Any) -> dict[str, Any]:
         check_exportable(
