@@ -1,13 +1,19 @@
 """Adaptive request batching for one model: never waits when the queue is short.
 
-`workers` threads each take the oldest queued request and merge into it the requests
-already waiting behind it (up to `max_batch_size` rows), padded along the sequence axis to
-the longest; results are split back and trimmed to each request's length. With an empty
+`workers` threads each take the oldest queued request and merge into it requests already
+waiting (up to `max_batch_size` rows), padded along the sequence axis to the longest; results
+are split back and trimmed to each request's length. By default (`schedule="length"`) the
+companions are the queued requests nearest the oldest one in length, while the batch's real
+positions stay at least `min_fill` of those computed: mixed traffic pays little padding, and as
+every batch takes the oldest request, none waits behind more batches than there are requests
+ahead of it. `schedule="arrival"` merges the requests right behind it in arrival order instead
+(what Triton's and TF Serving's dynamic batchers do). With an empty
 queue a request runs at once, alone, so light load pays no delay; `max_delay_ms` is only
 spent collecting more rows when others are already waiting (load is present). Several
 workers keep onnxruntime busy while results are split and the next batch is assembled.
 Under load, `CapTuner` lowers (or raises back) the row cap to the size that measured the
-fewest seconds per row, so merging never settles on batches slower than smaller ones.
+fewest seconds per row (per real position, where lengths vary), so merging never settles on
+batches slower than smaller ones.
 """
 
 import collections
@@ -34,6 +40,38 @@ class _Request:
             (name, str(a.dtype), a.shape[2:] if name in sequence_axis_inputs else a.shape[1:])
             for name, a in sorted(feeds.items())
         )
+
+
+class _Batch:
+    """The requests taken for one call, and the positions it computes."""
+
+    def __init__(self, first: _Request) -> None:
+        self.first, self.key = first, first.key
+        self.requests = [first]
+        self.rows = first.rows
+        self.longest = first.length or 0
+        self.real = first.rows * self.longest
+
+    def fill_with(self, request: _Request) -> float:
+        """The share of real positions if `request` joined."""
+        longest = max(self.longest, request.length or 0)
+        computed = (self.rows + request.rows) * longest
+        real = self.real + request.rows * (request.length or 0)
+        return real / computed if computed else 1.0
+
+    def add(self, request: _Request) -> None:
+        self.requests.append(request)
+        self.rows += request.rows
+        self.longest = max(self.longest, request.length or 0)
+        self.real += request.rows * (request.length or 0)
+
+    @property
+    def positions(self) -> int:
+        return self.rows * self.longest
+
+    @property
+    def padding(self) -> int:
+        return self.positions - self.real
 
 
 class CapTuner:
@@ -82,12 +120,14 @@ class CapTuner:
     def cap(self) -> int:
         return self.caps[self.index if self.trial is None else self.trial]
 
-    def record(self, rows: int, seconds: float) -> None:
-        """One batch of `rows`, run under load, took `seconds`."""
+    def record(self, rows: int, seconds: float, work: int | None = None) -> None:
+        """One batch of `rows`, run under load, took `seconds`. `work`: what it computed, if
+        not the rows (its real positions, where lengths vary: seconds per row would then
+        measure the lengths a window drew more than the cap)."""
         if len(self.caps) == 1 or rows < 1:
             return
         with self._lock:
-            self._samples.append((seconds / rows, rows))
+            self._samples.append((seconds / (work or rows), rows))
             if len(self._samples) < self.window:
                 return
             cost = sorted(c for c, _ in self._samples)[len(self._samples) // 2]
@@ -139,7 +179,12 @@ class Batcher:
         workers: threads calling `run` concurrently.
         sequence_inputs: inputs whose axis 1 is the sequence, padded with `pad_value`.
         sequence_outputs: outputs whose axis 1 is the sequence, trimmed back per request.
-        on_batch: optional callback `(rows, queue_depth, cap)` for metrics.
+        schedule: `"length"` (companions nearest in length) or `"arrival"` (the requests
+            right behind the oldest, in order).
+        min_fill: with `schedule="length"`, the least share of a batch's computed positions
+            (rows x longest) that are real; a companion that would lower it below waits.
+        on_batch: optional callback `(rows, queue_depth, cap, positions, padding)` for
+            metrics: positions computed along the sequence axis, and how many were padding.
     """
 
     def __init__(
@@ -151,7 +196,9 @@ class Batcher:
         sequence_inputs: Iterable[str] = (),
         sequence_outputs: Iterable[str] = (),
         pad_value: float = 0,
-        on_batch: Callable[[int, int, int], None] | None = None,
+        schedule: str = "length",
+        min_fill: float = 0.9,
+        on_batch: Callable[[int, int, int, int, int], None] | None = None,
     ) -> None:
         if not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ValueError(f"`max_batch_size` must be >= 1. Received: {max_batch_size!r}")
@@ -159,6 +206,11 @@ class Batcher:
             raise ValueError(f"`max_delay_ms` must be >= 0. Received: {max_delay_ms!r}")
         if not isinstance(workers, int) or workers < 1:
             raise ValueError(f"`workers` must be >= 1. Received: {workers!r}")
+        if schedule not in ("length", "arrival"):
+            raise ValueError(f"`schedule` must be 'length' or 'arrival'. Received: {schedule!r}")
+        if not 0 <= min_fill <= 1:
+            raise ValueError(f"`min_fill` must be in [0, 1]. Received: {min_fill!r}")
+        self.schedule, self.min_fill = schedule, min_fill
         self._run = run
         self.max_batch_size = max_batch_size
         self.tuner = CapTuner(max_batch_size)
@@ -220,22 +272,12 @@ class Batcher:
                     if self._closed:
                         return None
                     self._ready.wait()
-            batch = [first]
-            rows = first.rows
+            batch = _Batch(first)
             cap = self.tuner.cap
             deadline = time.monotonic() + self.max_delay if self._queue else None
-            while rows < cap:
-                head = self._queue[0] if self._queue else None
-                if head is not None and head.future.cancelled():
-                    self._queue.popleft()
-                    continue
-                if head is not None:
-                    if head.key != batch[0].key or rows + head.rows > cap:
-                        break
-                    self._queue.popleft()
-                    if head.future.set_running_or_notify_cancel():  # else cancelled just now
-                        batch.append(head)
-                        rows += head.rows
+            join = self._join_nearest if self.schedule == "length" else self._join_next
+            while batch.rows < cap:
+                if join(batch, cap):
                     continue
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is None or remaining <= 0 or self._closed:
@@ -243,19 +285,58 @@ class Batcher:
                 self._ready.wait(remaining)
             depth = len(self._queue)
         if self._on_batch is not None:
-            self._on_batch(rows, depth, cap)
+            self._on_batch(batch.rows, depth, cap, batch.positions, batch.padding)
         # Under load: it merged company, or left others waiting. A lone request on an empty
         # queue says nothing about which cap serves load best.
-        return batch, rows, len(batch) > 1 or depth > 0
+        work = batch.real if self.sequence_inputs else None
+        return batch.requests, batch.rows, work, len(batch.requests) > 1 or depth > 0
+
+    def _join_next(self, batch: "_Batch", cap: int) -> bool:
+        """Arrival order: the request right behind joins if it fits. True if the queue's head
+        changed (it joined, or was found cancelled); False if nothing can join now."""
+        while self._queue and self._queue[0].future.cancelled():
+            self._queue.popleft()
+        if not self._queue:
+            return False
+        head = self._queue[0]
+        if head.key != batch.key or batch.rows + head.rows > cap:
+            return False
+        self._queue.popleft()
+        if head.future.set_running_or_notify_cancel():  # else cancelled just now
+            batch.add(head)
+        return True
+
+    def _join_nearest(self, batch: "_Batch", cap: int) -> bool:
+        """Length order: every queued request of the batch's kind that fits, nearest in
+        length first, while the batch stays `min_fill` real. True if any joined."""
+        near = sorted(
+            (abs((r.length or 0) - (batch.first.length or 0)), k)
+            for k, r in enumerate(self._queue)
+            if r.key == batch.key and not r.future.cancelled()
+        )  # fmt: skip
+        taken = set()
+        for _, k in near:
+            request = self._queue[k]
+            if batch.rows + request.rows <= cap and batch.fill_with(request) >= self.min_fill:
+                taken.add(k)
+                if request.future.set_running_or_notify_cancel():
+                    batch.add(request)
+                if batch.rows >= cap:
+                    break
+        if taken:
+            kept = [r for k, r in enumerate(self._queue) if k not in taken]
+            self._queue.clear()
+            self._queue.extend(kept)
+        return bool(taken)
 
     def _work(self):
         while (taken := self._take()) is not None:
-            batch, rows, loaded = taken
+            batch, rows, work, loaded = taken
             start = time.perf_counter()
             try:
                 self._execute(batch)
                 if loaded:
-                    self.tuner.record(rows, time.perf_counter() - start)
+                    self.tuner.record(rows, time.perf_counter() - start, work)
             except Exception as error:  # every waiting caller gets the error
                 for request in batch:
                     if not request.future.done():

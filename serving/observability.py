@@ -31,6 +31,12 @@ class Metrics:
                                     registry=self.registry)  # fmt: skip
         self.queue_depth = Gauge("keras_attn_queue_depth", "requests waiting for a batch",
                                  ("model",), registry=self.registry)  # fmt: skip
+        self.positions = Counter("keras_attn_batch_positions",
+                                 "sequence positions computed by merged calls", ("model",),
+                                 registry=self.registry)  # fmt: skip
+        self.padding = Counter("keras_attn_batch_padding_positions",
+                               "of those, positions that were padding", ("model",),
+                               registry=self.registry)  # fmt: skip
         self.batch_cap = Gauge("keras_attn_batch_cap", "rows merged at most, tuned under load",
                                ("model",), registry=self.registry)  # fmt: skip
 
@@ -40,9 +46,11 @@ class Metrics:
             self.errors.labels(route, str(status)).inc()
         self.latency.labels(route).observe(seconds)
 
-    def on_batch(self, model: str) -> Callable[[int, int, int], None]:
-        def record(rows: int, depth: int, cap: int) -> None:
+    def on_batch(self, model: str) -> Callable[[int, int, int, int, int], None]:
+        def record(rows: int, depth: int, cap: int, positions: int, padding: int) -> None:
             self.batch_size.labels(model).observe(rows)
+            self.positions.labels(model).inc(positions)
+            self.padding.labels(model).inc(padding)
             self.queue_depth.labels(model).set(depth)
             self.batch_cap.labels(model).set(cap)
 

@@ -51,9 +51,11 @@ class ModelRepository:
         max_batch_size: int = 32,
         max_delay_ms: float = 0.0,
         workers: int = 2,
-        on_batch: Callable[[str], Callable[[int, int, int], None]] | None = None,
+        on_batch: Callable[[str], Callable[[int, int, int, int, int], None]] | None = None,
         decode_rows: int = 32,
         decode_threads: int | None = None,
+        batch_schedule: str = "length",
+        batch_min_fill: float = 0.9,
     ) -> None:
         self.root = Path(root).resolve()
         if not self.root.is_dir():
@@ -64,8 +66,10 @@ class ModelRepository:
         # ran 0.56 of raw onnxruntime under load, 2 x 1 thread 0.96: bench/serve_load.py).
         self.num_threads = num_threads or max(1, _cores() // workers)
         self.batching = {"max_batch_size": max_batch_size, "max_delay_ms": max_delay_ms,
-                         "workers": workers}  # fmt: skip
-        self.on_batch = on_batch  # `model name -> callback(rows, queue depth, cap)`
+                         "workers": workers, "schedule": batch_schedule,
+                         "min_fill": batch_min_fill}  # fmt: skip
+        # `model name -> callback(rows, queue depth, cap, positions, padding)`
+        self.on_batch = on_batch
         self.decode_rows = decode_rows  # generation requests sharing a decode step
         # The decode loop is one thread: its session gets every core unless this says.
         self.decode_threads = decode_threads
@@ -272,9 +276,13 @@ class ModelRepository:
             predictor, sequence_inputs, sequence_outputs
         )  # fmt: skip
         options = dict(self.batching)
-        for field in ("max_batch_size", "max_delay_ms"):
+        for field, option in (
+            ("max_batch_size", "max_batch_size"),
+            ("max_delay_ms", "max_delay_ms"),
+            ("batch_schedule", "schedule"),
+        ):
             if getattr(config, field) is not None:
-                options[field] = getattr(config, field)
+                options[option] = getattr(config, field)
         return Batcher(
             predictor.run_checked, **options,
             sequence_inputs=sequence_inputs if pads else (),

@@ -56,6 +56,7 @@ def create_app(
             repository, settings.verify_sha256, settings.session_threads,
             settings.max_batch_size, settings.max_delay_ms, settings.batch_workers,
             decode_rows=settings.max_decode_rows, decode_threads=settings.decode_threads,
+            batch_schedule=settings.batch_schedule, batch_min_fill=settings.batch_min_fill,
         )  # fmt: skip
     if repository.on_batch is None:
         repository.on_batch = metrics.on_batch

@@ -2,6 +2,7 @@
 object; and the optional per-model `config.json` beside the version folders."""
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -13,6 +14,7 @@ class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     max_batch_size: int | None = Field(None, ge=1)
     max_delay_ms: float | None = Field(None, ge=0)
+    batch_schedule: Literal["length", "arrival"] | None = None
     pad_sequences: bool = True  # merge different lengths (only if padding is verified safe)
 
 
@@ -52,6 +54,12 @@ class ServerSettings(BaseSettings):
     max_batch_size: int = Field(32, ge=1, description="rows per merged call; 1 = no merging")
     max_delay_ms: float = Field(0.0, ge=0, description="wait for rows, only under load")
     batch_workers: int = Field(2, ge=1, description="threads running each model")
+    batch_schedule: Literal["length", "arrival"] = Field(
+        "length", description="merge the queued requests nearest in length, or in arrival order"
+    )
+    batch_min_fill: float = Field(
+        0.9, ge=0, le=1, description="length schedule: least share of real positions per batch"
+    )
     max_decode_rows: int = Field(
         32, ge=0, description="generation requests sharing each decode step; 0 = one at a time"
     )

@@ -110,7 +110,86 @@ def test_concurrent_callers_get_their_own_rows():
     batcher.close()
 
 
-@pytest.mark.parametrize("bad", [{"max_batch_size": 0}, {"max_delay_ms": -1}, {"workers": 0}])
+def held_queue(schedule, lengths, max_batch_size=8):
+    """A one-worker batcher whose first call (one id) is held while `lengths` (one row each,
+    ids = their length) queue behind it; returns the feeds, their futures and each call's
+    `(rows, positions, padding)` once released."""
+    model, batches = Model(), []
+    batcher = Batcher(model, max_batch_size=max_batch_size, workers=1,
+                      sequence_inputs=["token_ids"], sequence_outputs=["running"],
+                      schedule=schedule,
+                      on_batch=lambda rows, depth, cap, positions, padding:
+                      batches.append((rows, positions, padding)))  # fmt: skip
+    model.gate.clear()
+    held = batcher.submit({"token_ids": np.ones((1, 1), "int64")})
+    assert model.entered.wait(10)
+    feeds = [{"token_ids": np.full((1, n), n, "int64")} for n in lengths]
+    futures = [batcher.submit(f) for f in feeds]
+    model.gate.set()
+    held.result(timeout=10)
+    for f, future in zip(feeds, futures, strict=True):
+        got = future.result(timeout=10)
+        for name, value in expected(f["token_ids"]).items():
+            np.testing.assert_array_equal(got[name], value)
+    batcher.close()
+    return batches[1:]
+
+
+def test_length_schedule_merges_near_lengths_where_arrival_order_pads():
+    # 2, 20, 2, 20, ... behind a held call, 8 rows to a batch: by length, two batches with
+    # no padding; in arrival order, two batches of four 2s padded to 20 (4 x 18 each).
+    lengths = [2, 20] * 8
+    assert held_queue("length", lengths) == [(8, 16, 0), (8, 160, 0)]
+    assert held_queue("arrival", lengths) == [(8, 160, 72), (8, 160, 72)]
+
+
+def test_length_schedule_keeps_batches_min_fill_real():
+    # The oldest (20) takes its nearest (19, 18); a 2 would leave it 59/80 real, under 90%.
+    # Then 1 takes the other 1, but not the 2 (4 of 6 real); the 2 runs alone.
+    batches = held_queue("length", [20, 1, 19, 1, 18, 2])
+    assert batches == [(3, 60, 3), (2, 2, 0), (1, 2, 0)]
+    assert all(positions - padding >= 0.9 * positions for _, positions, padding in batches)
+
+
+def test_length_schedule_never_starves_a_request():
+    """Fairness under load: a producer keeps requests of random lengths coming while the
+    batcher runs; a request with `d` queued ahead of it runs within `d + 2` calls of its
+    arrival (every call takes the oldest queued request). Taking the shortest first would
+    leave the long ones waiting for as long as short ones keep coming."""
+    model, rng = Model(), np.random.default_rng(5)
+    order = []  # for each call, the request numbers it ran
+    batcher = Batcher(lambda feeds: (order.append(feeds["request"][:, 0].tolist()),
+                                     model(feeds))[1],
+                      max_batch_size=8, workers=1, sequence_inputs=["token_ids"],
+                      sequence_outputs=["running"])  # fmt: skip
+    bounds, futures = {}, []
+    for n in range(400):
+        length = int(rng.choice([2, 3, 4, 60])) if n % 50 else 90  # a few long ones
+        ahead, calls = batcher.queue_depth, len(order)
+        futures.append(batcher.submit({"token_ids": np.full((1, length), 1, "int64"),
+                                       "request": np.full((1, 1), n, "int64")}))  # fmt: skip
+        bounds[n] = calls + ahead + 2
+        if n % 7 == 0:
+            threading.Event().wait(0.001)
+    for future in futures:
+        future.result(timeout=30)
+    batcher.close()
+    ran_in = {n: call for call, numbers in enumerate(order, 1) for n in numbers}
+    late = {n: (ran_in[n], bounds[n]) for n in bounds if ran_in[n] > bounds[n]}
+    assert not late, late
+    assert max(model.calls) > 1  # it did merge under this load
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"max_batch_size": 0},
+        {"max_delay_ms": -1},
+        {"workers": 0},
+        {"schedule": "shortest"},
+        {"min_fill": 1.5},
+    ],
+)
 def test_bad_arguments_name_themselves(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         Batcher(lambda f: f, **bad)
@@ -143,6 +222,21 @@ def test_cap_tuner_settles_on_the_cheapest_rows(best):
     assert tuner.cap == best or tuner.trial is not None
     tail = caps[-20 * tuner.window :]
     assert tail.count(best) / len(tail) > 0.9  # trials of neighbours only now and then
+
+
+def test_cap_tuner_measures_positions_where_lengths_vary():
+    # Mixed lengths: a batch's seconds scale with its real positions, cheapest per position at
+    # 8 rows. Per row, the lengths each window drew (1-100 tokens) would drown that out.
+    rng, tuner = np.random.default_rng(3), CapTuner(32)
+    cost = {1: 4.0, 2: 3.0, 4: 2.4, 8: 2.0, 16: 2.2, 32: 2.6}
+    caps = []
+    for _ in range(60 * tuner.window):
+        rows = tuner.cap
+        caps.append(rows)
+        positions = int(rng.integers(1, 101, rows).sum())
+        tuner.record(rows, positions * cost[rows], work=positions)
+    tail = caps[-20 * tuner.window :]
+    assert tail.count(8) / len(tail) > 0.9
 
 
 def test_cap_tuner_backs_off_failed_trials_and_resets_when_the_load_changes():

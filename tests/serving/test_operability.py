@@ -107,12 +107,19 @@ def test_settings_from_flags_environment_and_defaults(root, monkeypatch):
                                "--no-verify-sha256"])  # fmt: skip
     assert (settings.port, settings.max_batch_size, settings.max_delay_ms) == (9123, 4, 2.5)
     assert settings.verify_sha256 is False and settings.request_timeout_s == 30.0
+    assert settings.batch_schedule == "length"
     with pytest.raises(SystemExit):
         parse_settings(["--model-repository", str(root), "--max-batch-size", "0"])
-    (root / "toy" / "config.json").write_text('{"max_batch_size": 3}')
+    with pytest.raises(SystemExit):
+        parse_settings(["--model-repository", str(root), "--batch-schedule", "shortest"])
+    flagged = parse_settings(["--model-repository", str(root), "--batch-schedule", "arrival"])
+    assert flagged.batch_schedule == "arrival"
+    (root / "toy" / "config.json").write_text('{"max_batch_size": 3, "batch_schedule": "arrival"}')
     try:
         _, _, batcher = ModelRepository(root).batcher("toy")
-        assert batcher.max_batch_size == 3  # per-model config.json overrides the server's
+        # per-model config.json overrides the server's
+        assert (batcher.max_batch_size, batcher.schedule) == (3, "arrival")
+        assert ModelRepository(root, batch_schedule="arrival").batching["schedule"] == "arrival"
         (root / "toy" / "config.json").write_text('{"max_batch": 3}')
         with pytest.raises(Exception, match="max_batch"):
             ModelRepository(root).batcher("toy")

