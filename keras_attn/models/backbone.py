@@ -70,6 +70,44 @@ class Backbone(ConfigModel):
 
         load_lora_weights(self, path)
 
+    @staticmethod
+    def get_layout_map(device_mesh: Any, model_parallel_dim_name: str = "model") -> Any:
+        """A `keras.distribution.LayoutMap` that shards this family's big kernels over the
+        `model_parallel_dim_name` axis of `device_mesh` (Megatron-style, keras-hub's
+        convention): the query, key and value projections by head and the attention output
+        projection by its input heads; the feed-forward's intermediate (and gate) kernels by
+        output unit and its output kernel by input unit; token embeddings by vocabulary row
+        and an untied output head by vocabulary column. Everything else is replicated. Pass
+        it to `keras.distribution.ModelParallel(layout_map=..., batch_dim_name=...)` and set
+        the distribution before building the model. The sharded sizes (heads, key/value
+        heads, intermediate size, vocabulary) must divide by that axis's size.
+
+        Example:
+            >>> import keras
+            >>> mesh = keras.distribution.DeviceMesh((1, 1), ["batch", "model"], ["cpu:0"])
+            >>> layout = Backbone.get_layout_map(mesh)
+            >>> layout["decoder_block_0/self_attention/query/kernel"].axes
+            (None, 'model', None)
+        """
+        import keras
+
+        names = list(getattr(device_mesh, "axis_names", []))
+        if model_parallel_dim_name not in names:
+            raise ValueError(
+                "`model_parallel_dim_name` must be an axis of `device_mesh` "
+                f"{names}. Received: {model_parallel_dim_name!r}"
+            )
+        model = model_parallel_dim_name
+        layout_map = keras.distribution.LayoutMap(device_mesh)
+        # Keys are regexes matched against whole variable paths (`re.fullmatch`).
+        layout_map[r".*token_embedding/embeddings"] = (model, None)
+        layout_map[r".*reverse_embeddings"] = (None, model)
+        layout_map[r".*attention/(query|key|value)/kernel"] = (None, model, None)
+        layout_map[r".*attention/attention_output/kernel"] = (model, None, None)
+        layout_map[r".*feed_forward/(intermediate|gate)/kernel"] = (None, model)
+        layout_map[r".*feed_forward/output/kernel"] = (model, None)
+        return layout_map
+
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
         lora = getattr(self, "_keras_attn_lora", None)

@@ -205,3 +205,41 @@ def test_masked_lm_preprocessor_masks_only_real_tokens_and_trains(tmp_path):
     partial = MaskedLMMaskGenerator(tokenizer.vocabulary_size(), mask_id, 4)  # only [PAD] kept
     with pytest.raises(ValueError, match=rf"Missing: \[{cls_id}, {sep}\]"):
         MaskedLMPreprocessor(tokenizer, packer, partial)
+
+
+def test_layout_map_shards_each_familys_big_kernels_and_nothing_else():
+    """`get_layout_map` (keras-hub's convention) names the projections of every family:
+    encoder, Llama-layout decoder (gate, untied head, GQA) and encoder-decoder (cross
+    attention); each layout has the variable's rank."""
+    import re
+
+    from keras_attn.models import Backbone
+
+    # A mesh is names and shape here (no backend call), so this runs on every backend.
+    mesh = keras.distribution.DeviceMesh((1, 1), ["batch", "model"], ["cpu:0"])
+    layout = Backbone.get_layout_map(mesh)
+    big = re.compile(r".*(token_embedding/embeddings|reverse_embeddings|attention/(query|key|"
+                     r"value|attention_output)/kernel|feed_forward/(intermediate|gate|output)"
+                     r"/kernel)")  # fmt: skip
+    llama = dict(normalization="rms_norm", gated_feed_forward=True, activation="silu",
+                 num_key_value_heads=1, tie_word_embeddings=False, position_encoding="rotary",
+                 attention_bias=False, feed_forward_bias=False)  # fmt: skip
+    families = [EncoderBackbone(VOCAB, 16, **SMALL), DecoderBackbone(VOCAB, 16, **SMALL, **llama),
+                Seq2SeqBackbone(VOCAB, 16, hidden_dim=16, num_heads=2)]  # fmt: skip
+    for backbone in families:
+        sharded = []
+        for variable in backbone.weights:
+            axes = layout[variable.path]
+            if axes is None:
+                continue
+            assert len(axes.axes) == len(variable.shape), variable.path
+            if "model" in axes.axes:
+                sharded.append(variable.path)
+        assert sharded == [v.path for v in backbone.weights if big.fullmatch(v.path)]
+        names = " ".join(sharded)
+        for part in ("query", "key", "value", "attention_output", "intermediate", "output"):
+            assert f"/{part}/kernel" in names, (backbone.name, part)
+    assert "gate/kernel" in " ".join(v.path for v in families[1].weights if layout[v.path])
+    assert "cross_attention" in " ".join(v.path for v in families[2].weights if layout[v.path])
+    with pytest.raises(ValueError, match="`model_parallel_dim_name` must be an axis"):
+        Backbone.get_layout_map(mesh, model_parallel_dim_name="tensor")
