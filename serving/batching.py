@@ -7,7 +7,8 @@ companions are the queued requests nearest the oldest one in length, while the b
 positions stay at least `min_fill` of those computed: mixed traffic pays little padding, and as
 every batch takes the oldest request, none waits behind more batches than there are requests
 ahead of it. `schedule="arrival"` merges the requests right behind it in arrival order instead
-(what Triton's and TF Serving's dynamic batchers do). With an empty
+(what TF Serving's batcher computes with `pad_variable_length_inputs`; Triton's dynamic
+batcher merges only requests of equal shapes). With an empty
 queue a request runs at once, alone, so light load pays no delay; `max_delay_ms` is only
 spent collecting more rows when others are already waiting (load is present). Several
 workers keep onnxruntime busy while results are split and the next batch is assembled.
@@ -18,11 +19,14 @@ batches slower than smaller ones.
 
 import collections
 import concurrent.futures
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
 
 import numpy as np
+
+log = logging.getLogger("keras_attn.serve")
 
 
 class _Request:
@@ -285,7 +289,10 @@ class Batcher:
                 self._ready.wait(remaining)
             depth = len(self._queue)
         if self._on_batch is not None:
-            self._on_batch(batch.rows, depth, cap, batch.positions, batch.padding)
+            try:  # a failing metrics callback must not kill the worker holding this batch
+                self._on_batch(batch.rows, depth, cap, batch.positions, batch.padding)
+            except Exception:
+                log.exception("the batch callback failed")
         # Under load: it merged company, or left others waiting. A lone request on an empty
         # queue says nothing about which cap serves load best.
         work = batch.real if self.sequence_inputs else None
@@ -308,25 +315,27 @@ class Batcher:
 
     def _join_nearest(self, batch: "_Batch", cap: int) -> bool:
         """Length order: every queued request of the batch's kind that fits, nearest in
-        length first, while the batch stays `min_fill` real. True if any joined."""
+        length first, while the batch stays `min_fill` real. True if any joined. Requests
+        found cancelled leave the queue."""
+        queued = list(self._queue)
+        live = [r for r in queued if not r.future.cancelled()]
         near = sorted(
             (abs((r.length or 0) - (batch.first.length or 0)), k)
-            for k, r in enumerate(self._queue)
-            if r.key == batch.key and not r.future.cancelled()
+            for k, r in enumerate(live)
+            if r.key == batch.key
         )  # fmt: skip
         taken = set()
         for _, k in near:
-            request = self._queue[k]
+            request = live[k]
             if batch.rows + request.rows <= cap and batch.fill_with(request) >= self.min_fill:
                 taken.add(k)
-                if request.future.set_running_or_notify_cancel():
+                if request.future.set_running_or_notify_cancel():  # else cancelled just now
                     batch.add(request)
                 if batch.rows >= cap:
                     break
-        if taken:
-            kept = [r for k, r in enumerate(self._queue) if k not in taken]
+        if taken or len(live) < len(queued):
             self._queue.clear()
-            self._queue.extend(kept)
+            self._queue.extend(r for k, r in enumerate(live) if k not in taken)
         return bool(taken)
 
     def _work(self):

@@ -280,6 +280,7 @@ class ModelRepository:
             ("max_batch_size", "max_batch_size"),
             ("max_delay_ms", "max_delay_ms"),
             ("batch_schedule", "schedule"),
+            ("batch_min_fill", "min_fill"),
         ):
             if getattr(config, field) is not None:
                 options[option] = getattr(config, field)
@@ -359,12 +360,17 @@ def _padding_is_safe(predictor, sequence_inputs, sequence_outputs, tolerance=1e-
     id 0), checked once on a probe: length 5 alone vs padded to 8."""
     rng = np.random.default_rng(0)
     high = min(predictor.manifest.vocabulary_size or 50, 50)
+    ranges = predictor.manifest.input_ranges
     feeds = {}
     for spec in predictor.inputs.values():
+        name = spec["name"]
         shape = [1, 5] + [d if isinstance(d, int) else 2 for d in spec["shape"][2:]]
-        low = 1 if spec["name"] in sequence_inputs and "segment" not in spec["name"] else 0
-        high_here = 2 if "segment" in spec["name"] else high
-        feeds[spec["name"]] = rng.integers(low, high_here, shape).astype(spec["dtype"])
+        # Real positions: ids and masks from 1 (0 is padding), segments and token types
+        # from 0; within the manifest's input range (an attention mask's is [0, 2): ones).
+        segment = "segment" in name or "type" in name
+        low = 1 if name in sequence_inputs and not segment else 0
+        high_here = min(ranges[name][1], 50) if name in ranges else (2 if segment else high)
+        feeds[name] = rng.integers(low, max(high_here, low + 1), shape).astype(spec["dtype"])
     padded = {
         k: np.pad(v, [(0, 0), (0, 3)] + [(0, 0)] * (v.ndim - 2)) if k in sequence_inputs else v
         for k, v in feeds.items()

@@ -15,6 +15,7 @@ class ModelConfig(BaseModel):
     max_batch_size: int | None = Field(None, ge=1)
     max_delay_ms: float | None = Field(None, ge=0)
     batch_schedule: Literal["length", "arrival"] | None = None
+    batch_min_fill: float | None = Field(None, ge=0, le=1)
     pad_sequences: bool = True  # merge different lengths (only if padding is verified safe)
 
 

@@ -151,6 +151,32 @@ def test_length_schedule_keeps_batches_min_fill_real():
     assert all(positions - padding >= 0.9 * positions for _, positions, padding in batches)
 
 
+def test_length_schedule_drops_cancelled_requests_and_merges_multi_row_ones():
+    model, batches = Model(), []
+    batcher = Batcher(model, max_batch_size=8, workers=1, sequence_inputs=["token_ids"],
+                      sequence_outputs=["running"],
+                      on_batch=lambda *counts: batches.append(counts))  # fmt: skip
+    model.gate.clear()
+    held = batcher.submit({"token_ids": np.ones((1, 1), "int64")})
+    assert model.entered.wait(10)
+    feeds = [{"token_ids": np.full((rows, n), n, "int64")}
+             for rows, n in ((2, 10), (1, 30), (3, 10), (1, 10), (2, 9))]  # fmt: skip
+    futures = [batcher.submit(f) for f in feeds]
+    assert futures[3].cancel()
+    assert batcher.queue_depth == 5
+    model.gate.set()
+    held.result(timeout=10)
+    for k, (f, future) in enumerate(zip(feeds, futures, strict=True)):
+        if k != 3:
+            np.testing.assert_array_equal(future.result(timeout=10)["running"],
+                                          expected(f["token_ids"])["running"])  # fmt: skip
+    batcher.close()
+    # Rows 2 + 3 + 2 of lengths 10, 10, 9 in one call (the cancelled one never ran), then 30.
+    assert [(rows, positions, padding) for rows, _, _, positions, padding in batches[1:]] == [
+        (7, 70, 2), (1, 30, 0)]  # fmt: skip
+    assert model.calls == [1, 7, 1]
+
+
 def test_length_schedule_never_starves_a_request():
     """Fairness under load: a producer keeps requests of random lengths coming while the
     batcher runs; a request with `d` queued ahead of it runs within `d + 2` calls of its
@@ -347,3 +373,33 @@ def test_a_cancelled_request_never_fails_the_others_in_its_batch():
         == expected(feeds[1]["token_ids"])["total"].tolist()
     )
     batcher.close()
+
+
+def test_padding_probe_feeds_masks_within_their_range():
+    """The load-time probe that decides whether requests of different lengths may be padded
+    and merged: a model taking an attention mask (range [0, 2)) is probed with ones at real
+    positions, so a model that masks passes and one that reads padding fails (before, the
+    probe sent mask values up to 49, was refused, and merging stayed off)."""
+    from types import SimpleNamespace
+
+    from keras_attn_serving.predictor import InputError
+    from keras_attn_serving.repository import _padding_is_safe
+
+    def model(masks):
+        def run(feeds):
+            mask = feeds["attention_mask"]
+            if mask.max() > 1 or (feeds["token_type_ids"].max() > 1):
+                raise InputError("outside input_ranges")
+            ids = (feeds["input_ids"] + 1) * (mask if masks else 1)  # padding counts unless masked
+            return {"hidden": np.cumsum(ids, 1)[..., None] * 1.0, "pooled": ids.sum(1) * 1.0}
+
+        return run
+
+    specs = {name: {"name": name, "dtype": "int64", "shape": ["batch", "sequence"]}
+             for name in ("input_ids", "attention_mask", "token_type_ids")}  # fmt: skip
+    ranges = {"input_ids": (0, 1000), "attention_mask": (0, 2), "token_type_ids": (0, 2)}
+    manifest = SimpleNamespace(vocabulary_size=1000, input_ranges=ranges)
+    for masks, safe in ((True, True), (False, False)):
+        predictor = SimpleNamespace(inputs=specs, manifest=manifest, run=model(masks))
+        # "pooled" sums over the sequence: padding changes it unless the mask zeroes it.
+        assert _padding_is_safe(predictor, list(specs), ["hidden"]) is safe

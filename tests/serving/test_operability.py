@@ -114,11 +114,18 @@ def test_settings_from_flags_environment_and_defaults(root, monkeypatch):
         parse_settings(["--model-repository", str(root), "--batch-schedule", "shortest"])
     flagged = parse_settings(["--model-repository", str(root), "--batch-schedule", "arrival"])
     assert flagged.batch_schedule == "arrival"
-    (root / "toy" / "config.json").write_text('{"max_batch_size": 3, "batch_schedule": "arrival"}')
+    (root / "toy" / "config.json").write_text(
+        '{"max_batch_size": 3, "batch_schedule": "arrival", "batch_min_fill": 0.5}'
+    )
     try:
         _, _, batcher = ModelRepository(root).batcher("toy")
         # per-model config.json overrides the server's
-        assert (batcher.max_batch_size, batcher.schedule) == (3, "arrival")
+        assert (batcher.max_batch_size, batcher.schedule, batcher.min_fill) == (3, "arrival", 0.5)
+        _, _, batcher = ModelRepository(root, batch_min_fill=0.7).batcher("toy")
+        assert batcher.min_fill == 0.5  # config.json still wins
+        (root / "toy" / "config.json").write_text('{"max_batch_size": 3}')
+        _, _, batcher = ModelRepository(root, batch_min_fill=0.7).batcher("toy")
+        assert (batcher.schedule, batcher.min_fill) == ("length", 0.7)
         assert ModelRepository(root, batch_schedule="arrival").batching["schedule"] == "arrival"
         (root / "toy" / "config.json").write_text('{"max_batch": 3}')
         with pytest.raises(Exception, match="max_batch"):
