@@ -3,7 +3,9 @@
 
 The same graph `keras-attn-serve` runs, with the inputs and outputs its manifest names: Triton
 batches along the leading `batch` axis (`max_batch_size`, its dynamic batcher on), every other
-axis keeps its size or is `-1` where the manifest names it (`sequence`). The ONNX files are
+axis keeps its size or is `-1` where the manifest names it (`sequence`). Triton's dynamic
+batcher merges only requests of equal shapes: requests of different lengths run apart unless
+the client pads them. The ONNX files are
 copied after their sha256 is checked against the manifest. Decode graphs and the strings-in
 graph (onnxruntime-extensions' custom operators) are not part of it: Triton runs the ids-in
 model only.
@@ -78,9 +80,14 @@ def triton_config(manifest: dict[str, Any], name: str, max_batch_size: int = 32,
                 )
             shape = spec["shape"][1:] if batched else spec["shape"]
             dims = ", ".join(str(d) if isinstance(d, int) else "-1" for d in shape)
+            # Triton needs at least one dim: a tensor that is only the batch axis (a score
+            # per row) is declared [1] and reshaped to [] for the model.
+            entry = [f"    dims: [ {dims} ]"]
+            if not shape:
+                entry = ["    dims: [ 1 ]", "    reshape { shape: [ ] }"]
             lines += [f"{kind} [", "  {", f'    name: "{spec["name"]}"',
-                      f"    data_type: {TRITON_TYPES[spec['dtype']]}",
-                      f"    dims: [ {dims} ]", "  }", "]"]  # fmt: skip
+                      f"    data_type: {TRITON_TYPES[spec['dtype']]}", *entry, "  }",
+                      "]"]  # fmt: skip
     if batched:
         lines += ["dynamic_batching {", f"  max_queue_delay_microseconds: {max_queue_delay_us}",
                   "}"]  # fmt: skip
@@ -111,7 +118,10 @@ def write_triton_model(artifact: str | Path, repository: str | Path, name: str |
     config = triton_config(manifest, name, **options)
     folder = Path(repository) / name
     (folder / str(version)).mkdir(parents=True, exist_ok=True)
-    for file in manifest["onnx"]["files"]:
+    # The served graph and its external data, if any (not the other graphs `files` lists).
+    graph = manifest["onnx"]["file"]
+    files = [graph, *(f for f in manifest["onnx"].get("files", []) if not f.endswith(".onnx"))]
+    for file in files:
         digest = hashlib.sha256((artifact / file).read_bytes()).hexdigest()
         if digest != manifest["files"].get(file):
             raise ValueError(f"`{file}` does not match its sha256 in the artifact's manifest")

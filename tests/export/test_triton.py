@@ -58,6 +58,12 @@ def test_unbatched_tensors_turn_triton_batching_off_and_odd_files_are_named():
     assert [list(t.dims) for t in (*config.input, *config.output)] == [[1, -1], [1, 7]]
     assert config.instance_group[0].count == 2
     assert set(TRITON_TYPES.values()) <= set(model_config_pb2.DataType.keys())
+    # A tensor that is only the batch axis (a score per row): dims [1], reshaped to [].
+    scores = {"onnx": {"file": "model.onnx"},
+              "inputs": [{"name": "token_ids", "dtype": "int32", "shape": ["batch", "sequence"]}],
+              "outputs": [{"name": "score", "dtype": "float32", "shape": ["batch"]}]}  # fmt: skip
+    (score,) = parse(triton_config(scores, "m")).output
+    assert list(score.dims) == [1] and score.HasField("reshape") and not score.reshape.shape
 
 
 @pytest.mark.parametrize(
