@@ -51,6 +51,12 @@ def parse_args(argv=None):
         p.error("--global-batch must be a multiple of --workers (>= 1)")
     if args.jax_processes < 1 or args.global_batch % args.jax_processes:
         p.error("--global-batch must be a multiple of --jax-processes (>= 1)")
+    chosen = [flag for flag, on in (("--workers", args.workers > 1),
+                                    ("--data-parallel", args.data_parallel),
+                                    ("--model-parallel", args.model_parallel),
+                                    ("--jax-processes", args.jax_processes > 1)) if on]  # fmt: skip
+    if len(chosen) > 1:
+        p.error(f"choose one way to use several devices; received {' and '.join(chosen)}")
     return args
 
 

@@ -108,6 +108,8 @@ def test_containers_start_the_server_with_valid_settings_and_probe_its_routes(mo
 
 
 def test_dockerfile_installs_the_serving_side_only_and_runs_the_server(monkeypatch):
+    from keras_attn_serving.routes_v2 import router
+
     steps = dockerfile()
     keywords = [k for k, _ in steps]
     assert keywords[0] == "FROM" and steps[0][1].startswith("python:3.11")
@@ -115,11 +117,21 @@ def test_dockerfile_installs_the_serving_side_only_and_runs_the_server(monkeypat
     serve = project["optional-dependencies"]["serve"]
     assert not [r for r in serve if re.match(r"(tensorflow|keras)\b", r)]
     (run,) = [arg for k, arg in steps if k == "RUN" and "pip install" in arg]
-    assert "extras['serve']" in run and "pip install --no-deps ." in run
+    assert "pip install --no-deps /src" in run
+    # The requirements step, run here on this pyproject.toml: it lists the serve extra.
+    command = shlex.split(run.split("&&")[0].split(">")[0])
+    copied = {}
     for k, arg in steps:
         if k == "COPY":
-            for source in arg.split()[:-1]:
+            *sources, target = arg.split()
+            for source in sources:
                 assert (ROOT / source).exists(), source
+                copied[target.rstrip("/") + ("/" + source if target.endswith("/") else "")] = source
+    assert copied["/src/pyproject.toml"] == "pyproject.toml"
+    script = command[2].replace("/src/pyproject.toml", str(ROOT / "pyproject.toml"))
+    listed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            check=True).stdout.split("\n")  # fmt: skip
+    assert [line for line in listed if line] == serve
     entrypoint = json.loads(dict(steps)["ENTRYPOINT"])
     assert entrypoint == ["keras-attn-serve"] and "keras-attn-serve" in project["scripts"]
     env = {}
@@ -130,5 +142,7 @@ def test_dockerfile_installs_the_serving_side_only_and_runs_the_server(monkeypat
         monkeypatch.setenv(name, value)
     settings = parse_settings(json.loads(dict(steps)["CMD"]))
     assert (settings.host, settings.port) == ("0.0.0.0", int(dict(steps)["EXPOSE"]))
-    healthcheck = dict(steps)["HEALTHCHECK"]
-    assert f"127.0.0.1:{settings.port}/v2/health/live" in healthcheck
+    # The health check asks the port the server listens on (KERAS_ATTN_PORT, else EXPOSE's).
+    probe = json.loads(dict(steps)["HEALTHCHECK"].split("CMD", 1)[1])[-1]
+    assert f"os.environ.get('KERAS_ATTN_PORT', '{settings.port}')" in probe
+    assert "/v2/health/live" in probe and "/v2/health/live" in {r.path for r in router.routes}
