@@ -13,7 +13,15 @@ text. Modes, each a `keras-attn-serve` process on loopback:
 
 - `length`: our server, the batcher merging queued requests nearest in length (the default);
 - `arrival`: the same server merging in arrival order (`--batch-schedule arrival`), padding
-  each batch to its longest row: what Triton's and TF Serving's dynamic batchers compute.
+  each batch to its longest row: what TF Serving's batcher computes with
+  `pad_variable_length_inputs` (Triton's merges only equal shapes, which clients pad to);
+- `torch` (`--modes length arrival torch`, needs the bench extra): the PyTorch -> ONNX graph
+  of `bench/onnx_vs_torch.py` behind the `length` server (its `last_hidden_state` asked for,
+  int64 ids with an attention mask, as that graph takes them).
+
+Ours is asked for `pooled_output` (384 floats) with v2, or `--output sequence` (the hidden
+states, as the torch mode returns them; use it to compare the two); `/embed` returns the
+mean-pooled embedding. Every ratio divides by raw onnxruntime on our graph.
 
 Baselines, raw onnxruntime on the same graph and the same requests, no HTTP, one caller with
 onnxruntime's default threads: `sorted` (the offline ideal: length-sorted batches of 4 to 32,
@@ -44,7 +52,9 @@ sys.path = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 import numpy as np  # noqa: E402
 
 SEQUENCE_LENGTH = 256
-MODES = {"length": "length", "arrival": "arrival"}
+# mode -> (the server's batch schedule, the model it serves)
+MODES = {"length": ("length", "minilm"), "arrival": ("arrival", "minilm"),
+         "torch": ("length", "torch")}  # fmt: skip
 
 
 def traffic(tokenizer, packer, count: int, long_share: float, seed: int = 0):
@@ -91,6 +101,43 @@ def export_minilm(folder):
                  verbose=False)  # fmt: skip
     manifest = json.loads((folder / "manifest.json").read_text())
     return tokenizer, packer, folder / manifest["onnx"]["file"]
+
+
+def torch_artifact(folder, ours):
+    """The PyTorch -> ONNX path of `bench/onnx_vs_torch.py` (`BertModel`, `torch.onnx.export`,
+    onnxruntime's transformer optimizer; the bench extra) as an artifact the same server
+    loads: our manifest with that graph's inputs and outputs."""
+    import hashlib
+    import importlib.util
+    import shutil
+
+    from keras_attn.data import checkpoint_folder
+
+    source = os.path.join(_HERE, "onnx_vs_torch.py")
+    spec = importlib.util.spec_from_file_location("onnx_vs_torch", source)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    scratch = tempfile.mkdtemp()
+    graph = module.torch_path(checkpoint_folder("all-minilm-l6-v2"), scratch)
+    folder.mkdir(parents=True)
+    shutil.copyfile(graph, folder / "model.onnx")
+    shutil.rmtree(scratch, ignore_errors=True)
+    manifest = json.loads((ours / "manifest.json").read_text())
+    ids = {"dtype": "int64", "shape": ["batch", "sequence"]}
+    manifest.update(
+        model_name="torch-minilm", task=None, labels=None, packer=None, embedding=None,
+        tokenizer=None, int8=None, quantization=None, decoding=None, text_onnx=None,
+        inputs=[{"name": name, **ids} for name in ("input_ids", "attention_mask",
+                                                    "token_type_ids")],
+        outputs=[{"name": "last_hidden_state", "dtype": "float32",
+                  "shape": ["batch", "sequence", 384]}],
+        input_ranges={"input_ids": [0, 30522], "attention_mask": [0, 2],
+                      "token_type_ids": [0, 2]},
+        onnx={"file": "model.onnx", "opset": 17, "files": ["model.onnx"],
+              "fused_ops": {"model.onnx": {}}},
+        files={"model.onnx": hashlib.sha256((folder / "model.onnx").read_bytes()).hexdigest()},
+    )  # fmt: skip
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2))
 
 
 def raw_session(graph):
@@ -142,7 +189,7 @@ def raw_schedules(session, ids, sizes=(4, 8, 16, 32)):
     return result
 
 
-def start_server(repository, schedule, clients, min_fill):
+def start_server(repository, schedule, clients, min_fill, models=("minilm",)):
     import socket
 
     import httpx
@@ -157,9 +204,9 @@ def start_server(repository, schedule, clients, min_fill):
            "KERAS_ATTN_LOG_LEVEL": "warning"}  # fmt: skip
     process = subprocess.Popen([sys.executable, "-m", "keras_attn_serving"], env=env)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
+    for _ in range(600):  # ready: each model loaded (not in the first timed round)
         try:
-            if httpx.get(f"{url}/v2/models/minilm/ready").status_code == 200:
+            if all(httpx.get(f"{url}/v2/models/{m}/ready").status_code == 200 for m in models):
                 return process, url
         except httpx.TransportError:
             pass
@@ -168,15 +215,22 @@ def start_server(repository, schedule, clients, min_fill):
     raise RuntimeError("the server did not start")
 
 
-def v2_body(ids: np.ndarray, output: str) -> tuple[bytes, dict]:
-    """A KServe v2 binary request: `token_ids` and zero `segment_ids`, `[1, length]`."""
-    raw = ids.astype("<i4").tobytes()
-    inputs = [{"name": name, "shape": [1, len(ids)], "datatype": "INT32",
-               "parameters": {"binary_data_size": len(raw)}}
-              for name in ("token_ids", "segment_ids")]  # fmt: skip
+def v2_body(ids: np.ndarray, output: str, torch: bool = False) -> tuple[bytes, dict]:
+    """A KServe v2 binary request, `[1, length]`: `token_ids` and zero `segment_ids` (INT32);
+    for the PyTorch graph `input_ids`, a ones `attention_mask` and zero `token_type_ids`
+    (INT64)."""
+    if torch:
+        tensors = {"input_ids": ids.astype("<i8"), "attention_mask": np.ones(len(ids), "<i8"),
+                   "token_type_ids": np.zeros(len(ids), "<i8")}  # fmt: skip
+    else:
+        tensors = {"token_ids": ids.astype("<i4"), "segment_ids": np.zeros(len(ids), "<i4")}
+    inputs = [{"name": name, "shape": [1, len(ids)],
+               "datatype": "INT64" if torch else "INT32",
+               "parameters": {"binary_data_size": value.nbytes}}
+              for name, value in tensors.items()]  # fmt: skip
     header = json.dumps({"inputs": inputs, "outputs": [
         {"name": output, "parameters": {"binary_data": True}}]}).encode()  # fmt: skip
-    raw += np.zeros(len(ids), "<i4").tobytes()
+    raw = b"".join(value.tobytes() for value in tensors.values())
     return header + raw, {"Inference-Header-Content-Length": str(len(header)),
                           "Content-Type": "application/octet-stream"}  # fmt: skip
 
@@ -217,19 +271,20 @@ async def load(url, clients, requests):
     return latencies, errors, seconds
 
 
-def positions(url):
-    """`(positions, padding)` the server's merged calls have computed so far."""
+def positions(url, model):
+    """`(positions, padding, rows, calls)` the server's merged calls for `model` have
+    computed so far."""
     import httpx
 
     found, wanted = {}, ("keras_attn_batch_positions_total",
-                         "keras_attn_batch_padding_positions_total")  # fmt: skip
+                         "keras_attn_batch_padding_positions_total",
+                         "keras_attn_batch_size_sum", "keras_attn_batch_size_count")  # fmt: skip
     for line in httpx.get(f"{url}/metrics").text.splitlines():
         name, _, value = line.rpartition(" ")
         for metric in wanted:
-            if name.startswith(metric + "{"):
+            if name == f'{metric}{{model="{model}"}}':
                 found[metric] = float(value)
-    return (found.get("keras_attn_batch_positions_total", 0.0),
-            found.get("keras_attn_batch_padding_positions_total", 0.0))  # fmt: skip
+    return tuple(found.get(name, 0.0) for name in wanted)
 
 
 async def served_equals_raw(url, session, ids, count=64):
@@ -238,7 +293,6 @@ async def served_equals_raw(url, session, ids, count=64):
     import aiohttp
 
     calls = batch_calls(url)
-
     bodies = [v2_body(row, "sequence_output") for row in ids[:count]]
     async with aiohttp.ClientSession() as client:
 
@@ -262,7 +316,7 @@ def batch_calls(url):
     import httpx
 
     for line in httpx.get(f"{url}/metrics").text.splitlines():
-        if line.startswith("keras_attn_batch_size_count{"):
+        if line.startswith('keras_attn_batch_size_count{model="minilm"}'):
             return float(line.rpartition(" ")[2])
     return 0.0
 
@@ -274,7 +328,11 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--long", type=float, default=0.1, help="share of long passages")
     parser.add_argument("--min-fill", type=float, default=0.9, help="the server's batch_min_fill")
-    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=["length", "arrival"],
+                        help="torch: the PyTorch -> ONNX graph behind the length server "
+                        "(needs the bench extra)")  # fmt: skip
+    parser.add_argument("--output", choices=["pooled", "sequence"], default="pooled",
+                        help="what v2 requests to ours ask for")  # fmt: skip
     parser.add_argument("--protocol", choices=["v2", "embed"], default="v2")
     parser.add_argument("--out", default="bench/results/serve_traffic.json")
     args = parser.parse_args()
@@ -288,36 +346,45 @@ def main():
     texts, ids = traffic(tokenizer, packer, args.requests, args.long)
     lengths = np.array([len(row) for row in ids])
     session = raw_session(graph)
-    output = next((o.name for o in session.get_outputs() if o.name == "pooled_output"),
-                  "sequence_output")  # fmt: skip
+    output = f"{args.output}_output"
     if args.protocol == "v2":
-        requests = [("/v2/models/minilm/infer", *v2_body(row, output)) for row in ids]
+        requests = {"minilm": [("/v2/models/minilm/infer", *v2_body(row, output)) for row in ids]}
     else:
-        requests = [("/v2/models/minilm/embed",
-                     json.dumps({"text_input": [text]}).encode(),
-                     {"Content-Type": "application/json"}) for text in texts]  # fmt: skip
-    servers = {mode: start_server(work, MODES[mode], args.clients, args.min_fill)
-               for mode in args.modes}  # fmt: skip
+        requests = {"minilm": [("/v2/models/minilm/embed",
+                                json.dumps({"text_input": [text]}).encode(),
+                                {"Content-Type": "application/json"})
+                               for text in texts]}  # fmt: skip
+    if "torch" in args.modes:
+        torch_artifact(work / "torch" / "1", work / "minilm" / "1")
+        requests["torch"] = [("/v2/models/torch/infer", *v2_body(row, "last_hidden_state", True))
+                             for row in ids]  # fmt: skip
+    served = {}  # schedule -> the models its server must have loaded
+    for mode in args.modes:
+        served.setdefault(MODES[mode][0], []).append(MODES[mode][1])
+    servers = {schedule: start_server(work, schedule, args.clients, args.min_fill, models)
+               for schedule, models in served.items()}  # fmt: skip
     rounds = []
     try:
         for _ in range(args.rounds):
             record = {}
             for name, (rate, padding, detail) in raw_schedules(session, ids).items():
                 record[name] = {"throughput": rate, "padding": padding, **detail}
-            for mode, (_, url) in servers.items():
-                before = positions(url)
-                latencies, errors, seconds = asyncio.run(load(url, args.clients, requests))
-                after = positions(url)
+            for mode in args.modes:
+                (_, url), model = servers[MODES[mode][0]], MODES[mode][1]
+                before = positions(url, model)
+                latencies, errors, seconds = asyncio.run(load(url, args.clients, requests[model]))
+                after = positions(url, model)
                 computed = after[0] - before[0]
                 record[mode] = {
                     "throughput": len(latencies) / seconds, "errors": errors,
                     "p50_ms": 1000 * statistics.median(latencies),
                     "p99_ms": 1000 * float(np.percentile(latencies, 99)),
                     "padding": (after[1] - before[1]) / computed if computed else None,
+                    "rows_per_call": (after[2] - before[2]) / max(1.0, after[3] - before[3]),
                 }  # fmt: skip
             rounds.append(record)
-        worst = {mode: asyncio.run(served_equals_raw(url, session, ids))
-                 for mode, (_, url) in servers.items()}  # fmt: skip
+        worst = {schedule: asyncio.run(served_equals_raw(url, session, ids))
+                 for schedule, (_, url) in servers.items()}  # fmt: skip
     finally:
         for process, _ in servers.values():
             process.terminate()
@@ -329,7 +396,7 @@ def main():
           f"max {lengths.max()}; {args.clients} clients ({args.protocol}); "
           f"{os.cpu_count()} CPUs, flags: {' '.join(flags) or 'none of note'}")  # fmt: skip
     print(f"{'round':<6}{'mode':<9}{'req/s':>8}{'tok/s':>9}{'p50 ms':>9}{'p99 ms':>9}"
-          f"{'padding':>9}{'÷sorted':>9}{'÷padded':>9}")  # fmt: skip
+          f"{'padding':>9}{'rows':>6}{'÷sorted':>9}{'÷padded':>9}")  # fmt: skip
     for r, record in enumerate(rounds, 1):
         for mode, row in record.items():
             rate = row["throughput"]
@@ -337,8 +404,9 @@ def main():
             p99 = f"{row['p99_ms']:.1f}" if "p99_ms" in row else "-"
             padding = "-" if row["padding"] is None else f"{100 * row['padding']:.1f}%"
             name = mode if mode in MODES else f"raw {mode}"
+            rows = f"{row['rows_per_call']:.1f}" if "rows_per_call" in row else str(row["batch"])
             print(f"{r:<6}{name:<9}{rate:>8.1f}{rate * lengths.mean():>9.0f}{p50:>9}{p99:>9}"
-                  f"{padding:>9}{rate / record['sorted']['throughput']:>9.2f}"
+                  f"{padding:>9}{rows:>6}{rate / record['sorted']['throughput']:>9.2f}"
                   f"{rate / record['padded']['throughput']:>9.2f}")  # fmt: skip
     print(
         "64 requests at once, served sequence_output vs raw onnxruntime on each alone, max "
