@@ -184,58 +184,59 @@ def free_ports(count):
     return ports
 
 
-def launch_workers(args):
-    """Starts `--workers` copies of this script, one per TensorFlow worker, each with its
-    TF_CONFIG on loopback and one CPU thread pool; returns their results."""
+def run_copies(args, count, flags_for, env_for, what):
+    """Runs `count` copies of this script, copy `index` with `flags_for(index)` and the
+    environment `env_for(index)`, each writing its results to a file; returns them."""
     import tempfile
 
-    cluster = {"worker": [f"127.0.0.1:{port}" for port in free_ports(args.workers)]}
     folder = tempfile.mkdtemp()
     processes = []
-    for index in range(args.workers):
-        env = dict(os.environ, TF_CONFIG=json.dumps(
-            {"cluster": cluster, "task": {"type": "worker", "index": index}}))  # fmt: skip
-        command = [sys.executable, __file__, "--workers", str(args.workers), "--worker-index",
-                   str(index), "--steps", str(args.steps), "--global-batch",
-                   str(args.global_batch), "--out", f"{folder}/{index}.json"]  # fmt: skip
+    for index in range(count):
+        command = [sys.executable, __file__, *flags_for(index), "--steps", str(args.steps),
+                   "--global-batch", str(args.global_batch),
+                   "--out", f"{folder}/{index}.json"]  # fmt: skip
         if args.weights_out:
             command += ["--weights-out", args.weights_out.replace(".npy", f".{index}.npy")]
-        processes.append(subprocess.Popen(command, env=env))
-    codes = [p.wait(timeout=600) for p in processes]
+        processes.append(subprocess.Popen(command, env=env_for(index)))
+    try:
+        codes = [p.wait(timeout=600) for p in processes]
+    finally:
+        for p in processes:  # none outlives a failure or a timeout
+            if p.poll() is None:
+                p.kill()
     if any(codes):
-        raise SystemExit(f"a worker failed: exit codes {codes}")
+        raise SystemExit(f"a {what} failed: exit codes {codes}")
     results = []
-    for index in range(args.workers):
+    for index in range(count):
         with open(f"{folder}/{index}.json") as f:
             results.append(json.load(f))
     return results
+
+
+def launch_workers(args):
+    """Starts `--workers` copies of this script, one per TensorFlow worker, each with its
+    TF_CONFIG on loopback and one CPU thread pool; returns their results."""
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in free_ports(args.workers)]}
+    return run_copies(
+        args, args.workers,
+        lambda index: ["--workers", str(args.workers), "--worker-index", str(index)],
+        lambda index: dict(os.environ, TF_CONFIG=json.dumps(
+            {"cluster": cluster, "task": {"type": "worker", "index": index}})),
+        "worker",
+    )  # fmt: skip
 
 
 def launch_jax_processes(args):
     """Starts `--jax-processes` copies of this script, one JAX process each with one CPU
     device, coordinated on a loopback port; returns their results."""
-    import tempfile
-
     coordinator = f"127.0.0.1:{free_ports(1)[0]}"
-    folder = tempfile.mkdtemp()
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
-    processes = []
-    for index in range(args.jax_processes):
-        command = [sys.executable, __file__, "--jax-processes", str(args.jax_processes),
-                   "--process-id", str(index), "--coordinator", coordinator,
-                   "--steps", str(args.steps), "--global-batch", str(args.global_batch),
-                   "--out", f"{folder}/{index}.json"]  # fmt: skip
-        if args.weights_out:
-            command += ["--weights-out", args.weights_out.replace(".npy", f".{index}.npy")]
-        processes.append(subprocess.Popen(command, env=env))
-    codes = [p.wait(timeout=600) for p in processes]
-    if any(codes):
-        raise SystemExit(f"a JAX process failed: exit codes {codes}")
-    results = []
-    for index in range(args.jax_processes):
-        with open(f"{folder}/{index}.json") as f:
-            results.append(json.load(f))
-    return results
+    return run_copies(
+        args, args.jax_processes,
+        lambda index: ["--jax-processes", str(args.jax_processes), "--process-id", str(index),
+                       "--coordinator", coordinator],
+        lambda index: env, "JAX process",
+    )  # fmt: skip
 
 
 def main(argv=None):
