@@ -152,7 +152,9 @@ def test_health_stays_fast_while_hostile_requests_are_in_flight(served):
     print(f"\nhealth during hostile requests: {len(latencies)} checks, p50 "
           f"{1000 * np.median(latencies):.1f} ms, p99 {1000 * p99:.1f} ms, max "
           f"{1000 * max(latencies):.1f} ms")  # fmt: skip
-    assert len(latencies) > 20 and p99 <= 0.1
+    # A liveness bound, not a benchmark: the stalls this guards against lasted 2.7-21 s. On a
+    # loaded 2-core CI run (pytest -n 2 beside it) p99 has been 10-112 ms.
+    assert len(latencies) > 20 and p99 <= 0.5
 
 
 def test_a_huge_prompt_is_refused_without_tokenizing_it_all(served):
