@@ -315,8 +315,9 @@ class Batcher:
 
     def _join_nearest(self, batch: "_Batch", cap: int) -> bool:
         """Length order: every queued request of the batch's kind that fits, nearest in
-        length first, while the batch stays `min_fill` real. True if any joined. Requests
-        found cancelled leave the queue."""
+        length first, while the batch stays `min_fill` real, in one pass. Requests found
+        cancelled leave the queue. Always False: a second pass would find nothing more until
+        new requests arrive, which `_take` waits for (the length of `max_delay_ms`)."""
         queued = list(self._queue)
         live = [r for r in queued if not r.future.cancelled()]
         near = sorted(
@@ -336,7 +337,7 @@ class Batcher:
         if taken or len(live) < len(queued):
             self._queue.clear()
             self._queue.extend(r for k, r in enumerate(live) if k not in taken)
-        return bool(taken)
+        return False
 
     def _work(self):
         while (taken := self._take()) is not None:
