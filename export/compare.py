@@ -77,13 +77,30 @@ def sweep(
     return cases
 
 
+def at_real_positions(
+    feeds: dict[str, np.ndarray], rule: dict | None, output: np.ndarray, reference: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """`(output, reference)`, for a graph that skips padding (`rule`: its
+    `keras_attn_export.optimize.padding_rule`), at the real positions alone when the output
+    has one value per position (its leading axes are the rule's input's); else whole."""
+    if rule is None:
+        return output, reference
+    real = np.asarray(feeds[rule["input"]]) != rule["pad_value"]
+    if output.ndim >= real.ndim and output.shape[: real.ndim] == real.shape:
+        return output[real], reference[real]
+    return output, reference
+
+
 def parity_rows(
     cases: Sequence[tuple[int, int, dict[str, np.ndarray], dict[str, np.ndarray]]],
     saved: "tf.types.experimental.ConcreteFunction | None",
     sessions: dict[str, "ort.InferenceSession"],
+    padding_rules: dict[str, dict] | None = None,
 ) -> list[dict[str, Any]]:
     """Max-abs differences vs Keras for each output and case of `sweep`, one column per
-    artifact (`saved` may be None; `sessions` maps an ONNX file to its session)."""
+    artifact (`saved` may be None; `sessions` maps an ONNX file to its session). A file in
+    `padding_rules` (a graph that skips padding) is compared at real positions."""
+    padding_rules = padding_rules or {}
     import tensorflow as tf
 
     rows = []
@@ -92,12 +109,15 @@ def parity_rows(
         if saved is not None:
             out = saved(**{k: tf.constant(v) for k, v in feeds.items()})
             runs["saved_model"] = {k: v.numpy() for k, v in out.items()}
+        rules = {}
         for file, session in sessions.items():
             runs[COLUMNS[file]] = run_onnx(session, feeds)
+            rules[COLUMNS[file]] = padding_rules.get(file)
         for name, ref in reference.items():
             row = {"output": name, "batch": batch, "seq": seq}
             for artifact, out in runs.items():
-                row[f"{artifact}_vs_keras"] = max_abs_diff(out[name], ref)
+                got, want = at_real_positions(feeds, rules.get(artifact), out[name], ref)
+                row[f"{artifact}_vs_keras"] = max_abs_diff(got, want)
             rows.append(row)
     return rows
 
@@ -105,15 +125,18 @@ def parity_rows(
 def quantization_drift(
     cases: Sequence[tuple[int, int, dict[str, np.ndarray], dict[str, np.ndarray]]],
     session: "ort.InferenceSession",
+    padding_rule: dict | None = None,
 ) -> dict[str, dict[str, float]]:
     """How far int8 outputs move from Keras over the `sweep` cases: per output, the largest
     absolute difference, that difference relative to the largest |Keras output|, and the
-    fraction of positions whose argmax over the last axis is unchanged."""
+    fraction of positions whose argmax over the last axis is unchanged (real positions only
+    for a graph that skips padding)."""
     report: dict[str, dict[str, Any]] = {}
     for _, _, feeds, reference in cases:
         quantized = run_onnx(session, feeds)
         for name, ref in reference.items():
-            ref, got = ref.astype("float64"), quantized[name].astype("float64")
+            got, ref = at_real_positions(feeds, padding_rule, quantized[name], ref)
+            ref, got = ref.astype("float64"), got.astype("float64")
             entry = report.setdefault(name, {"max_abs_diff": 0.0, "scale": 0.0, "same": []})
             entry["max_abs_diff"] = max(entry["max_abs_diff"], max_abs_diff(got, ref))
             entry["scale"] = max(entry["scale"], float(np.abs(ref).max()))

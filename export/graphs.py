@@ -34,20 +34,26 @@ if TYPE_CHECKING:
 
 def write_onnx_files(model: keras.Model, folder: Path, opset: int, optimize: bool) -> dict:
     """Writes `model.onnx` [+ `model.opt.onnx`]; returns the manifest's `onnx` entry with the
-    fused operators onnxruntime runs in each file (`write_int8` adds the int8 file)."""
+    fused operators onnxruntime runs in each file (`write_int8` adds the int8 file). The fused
+    file, when written, is the one served (`file`); `unpadded` names the files that skip
+    padding and which input says where it is."""
     import onnx
-    from keras_attn_export.optimize import fuse, runtime_fused_counts
+    from keras_attn_export.optimize import fuse, padding_rule, runtime_fused_counts
 
     write_onnx(model, folder / "model.onnx", opset)
-    files = ["model.onnx"]
+    files, unpadded = ["model.onnx"], {}
     if optimize:
-        onnx.save(fuse(onnx.load(folder / "model.onnx")), folder / "model.opt.onnx")
+        fused = fuse(onnx.load(folder / "model.onnx"))
+        onnx.save(fused, folder / "model.opt.onnx")
         files.append("model.opt.onnx")
+        if (rule := padding_rule(fused)) is not None:
+            unpadded["model.opt.onnx"] = rule
     return {
-        "file": "model.onnx",
+        "file": files[-1],
         "opset": opset,
         "files": files,
         "fused_ops": {file: runtime_fused_counts(folder / file) for file in files},
+        "unpadded": unpadded,
     }
 
 
@@ -77,20 +83,23 @@ def write_int8(
         time_session,
         worst_drift,
     )
-    from keras_attn_export.optimize import fuse, quantize_int8, runtime_fused_counts
+    from keras_attn_export.optimize import fuse, padding_rule, quantize_int8, runtime_fused_counts
 
     target = folder / "model.int8.onnx"
+    rule = None
     with tempfile.TemporaryDirectory() as scratch:
         source = folder / "model.onnx"
         if optimize:  # fused, with q, k, v left as three matmuls to quantize
             source = Path(scratch) / "unpacked.onnx"
-            onnx.save(fuse(onnx.load(folder / "model.onnx"), pack_qkv=False), source)
+            fused = fuse(onnx.load(folder / "model.onnx"), pack_qkv=False)
+            rule = padding_rule(fused)
+            onnx.save(fused, source)
         measured, drifts, float_matmuls = {}, {}, []
         for weights in (requested,) if requested else INT8_WEIGHTS:
             path = Path(scratch) / f"{weights}.onnx"
             float_matmuls = quantize_int8(source, path, weights)
             session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-            drifts[weights] = quantization_drift(cases, session)
+            drifts[weights] = quantization_drift(cases, session, rule)
             measured[weights] = {
                 "relative_drift": worst_drift(drifts[weights]),
                 "ms": time_session(session, largest_feeds(cases)),
@@ -101,6 +110,8 @@ def write_int8(
     quantization["float_matmuls"] = float_matmuls
     onnx_info["files"].append(target.name)
     onnx_info["fused_ops"][target.name] = runtime_fused_counts(target)
+    if rule is not None:
+        onnx_info["unpadded"][target.name] = rule
     return quantization, drifts[chosen]
 
 

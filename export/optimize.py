@@ -12,6 +12,7 @@ quantization, with signed or unsigned weights as the CPU suits.
 """
 
 import collections
+import json
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,13 +36,26 @@ FUSED_OPS = (
 )
 
 
+# Metadata of a graph whose per-position work skips padding (`keras_attn_export.unpad`).
+PADDING_KEY = "keras_attn.unpadded"
+
+
+def padding_rule(model: "onnx.ModelProto") -> dict | None:
+    """`{"input", "pad_value"}` of a graph `fuse` unpadded (positions where that input equals
+    the pad value are padding, and the outputs there are zero), else None."""
+    for prop in model.metadata_props:
+        if prop.key == PADDING_KEY:
+            return dict(json.loads(prop.value))
+    return None
+
+
 def count_ops(model: "onnx.ModelProto") -> dict[str, int]:
     """`{op_type: count}` of the fused operators (`FUSED_OPS`) in an ONNX model (proto)."""
     counts = collections.Counter(node.op_type for node in model.graph.node)
     return {op: counts[op] for op in FUSED_OPS if counts[op]}
 
 
-def fuse(model: "onnx.ModelProto", pack_qkv: bool = True) -> "onnx.ModelProto":
+def fuse(model: "onnx.ModelProto", pack_qkv: bool = True, unpad: bool = True) -> "onnx.ModelProto":
     """`model` (ONNX proto) with LayerNorm, GELU and attention patterns replaced by fused
     operators, and its shapes annotated so onnxruntime's own fusions apply.
 
@@ -97,6 +111,17 @@ def fuse(model: "onnx.ModelProto", pack_qkv: bool = True) -> "onnx.ModelProto":
     optimizer.fold_constants(ir_model)  # the packed weights and biases: one constant each
     optimizer.remove_unused_nodes(ir_model)
     TopologicalSortPass()(ir_model)  # rewrites may leave new nodes after their users
+    if unpad:  # it needs ranks: shapes again, of the fused operators' values too
+        from keras_attn_export.unpad import unpad as unpad_pass
+
+        annotated = SymbolicShapeInference.infer_shapes(ir.to_proto(ir_model), auto_merge=True)
+        ir_model = ir.from_proto(annotated)
+        rule = unpad_pass(ir_model)
+        optimizer.remove_unused_nodes(ir_model)
+        if rule is not None:  # which positions are real, read back by `padding_rule`
+            ir_model.metadata_props[PADDING_KEY] = json.dumps(
+                {"input": rule[0], "pad_value": rule[1]}
+            )
     fused = ir.to_proto(ir_model)
     # Symbolic inference can get a rank wrong (a batched Gather); onnxruntime infers again.
     del fused.graph.value_info[:]

@@ -11,7 +11,7 @@ work the PyTorch path's graph never had, removed without changing a value.
 """
 
 from collections.abc import Collection
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from keras_attn_export.patterns import constant_array
 
@@ -106,7 +106,7 @@ def mask_index(model: "ir.Model") -> int:
     return changed
 
 
-def _same_dims(a, b):
+def same_dims(a: Any, b: Any) -> bool:
     """Both shapes known to be equal: each axis the same int or the same named symbol."""
     if a is None or b is None or len(a) != len(b):
         return False
@@ -135,8 +135,8 @@ def drop_redundant_expands(model: "ir.Model") -> int:
                 continue
             if len(source.shape) > len(other.shape):
                 continue
-            same = _same_dims(result.shape, other.shape)
-            if same and _same_dims(node.outputs[0].shape, other.shape):
+            same = same_dims(result.shape, other.shape)
+            if same and same_dims(node.outputs[0].shape, other.shape):
                 node.replace_input_with(slot, source)
                 changed += 1
                 break
@@ -210,7 +210,7 @@ def embed_layer_norm(model: "ir.Model") -> int:
             continue
         # Positions 0..S-1 of a (P, H) table: the slice is as long as the ids.
         sliced, table = position.outputs[0].shape, position.inputs[0].const_value.shape
-        if sliced is None or not _same_dims(sliced, [ids[0].shape[1], table[1]]):
+        if sliced is None or not same_dims(sliced, [ids[0].shape[1], table[1]]):
             continue
         segment = (ids[1], gathers[1].inputs[0]) if len(gathers) == 2 else (None, None)
         fused = ir.node(

@@ -18,9 +18,10 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 MANIFEST = "manifest.json"
 # 2: int8 weights chosen by measurement. 3: `decoding.pad_id` is None where no id is padding,
-# and `decode_gqa.onnx` takes a per-row `index`. Format 2 artifacts are still read.
-FORMAT_VERSION = 3
-READABLE_VERSIONS = (2, 3)
+# and `decode_gqa.onnx` takes a per-row `index`. 4: `onnx.unpadded`, and `onnx.file` is the
+# fused graph when there is one. Format 2 and 3 artifacts are still read.
+FORMAT_VERSION = 4
+READABLE_VERSIONS = (2, 3, 4)
 Task = Literal["classify", "tag", "embed", "generate", "span_qa", "multiple_choice",
                "pretraining", "seq2seq"]  # fmt: skip
 TASKS = get_args(Task)
@@ -64,11 +65,21 @@ class EmbeddingSpec(_Strict):
     normalize: bool
 
 
+class PaddingRule(_Strict):
+    """Where a graph that skips padding finds it: positions where `input` is `pad_value`."""
+
+    input: str
+    pad_value: int
+
+
 class OnnxInfo(_Strict):
-    file: str
+    file: str  # the graph the server runs: the fused one when the export wrote it
     opset: int
     files: list[str]
     fused_ops: dict[str, dict[str, int]]
+    # Files whose per-position work runs on real tokens only; outputs there are zero at
+    # padding (format 4; absent before).
+    unpadded: dict[str, PaddingRule] = {}
 
 
 class SavedModelInfo(_Strict):

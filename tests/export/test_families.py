@@ -42,6 +42,11 @@ def test_every_family_exports_with_parity_in_both_formats(name, tmp_path):
         assert all(row[c] <= 1e-4 for c in columns), row
     assert {o["name"] for o in manifest["outputs"]} == {r["output"] for r in rows}
     assert manifest["onnx"]["files"] == ["model.onnx", "model.opt.onnx"]
+    assert manifest["onnx"]["file"] == "model.opt.onnx"  # served
+    # Encoders whose outputs read real positions alone skip padding (test_unpad.py); a
+    # cross-attention, a causal mask, a mean or a masked-LM gather at any position do not.
+    unpadded = name in ("classifier_cls", "token_classifier")
+    assert set(manifest["onnx"]["unpadded"]) == ({"model.opt.onnx"} if unpadded else set())
     # onnxruntime's optimizer fuses neither rotary attention nor our RMSNorm: the Llama-family
     # graph is checked for parity only (its decode graph is hand-written: decode_gqa.onnx).
     if name not in ("lstm_attention", "causal_lm_llama"):
@@ -227,6 +232,8 @@ def test_cli_exports_a_keras_file(tmp_path):
     assert code == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["onnx"]["files"] == ["model.onnx", "model.opt.onnx", "model.int8.onnx"]
+    # int8 quantizes the fused graph, padding skipped too; its drift is at real positions.
+    assert set(manifest["onnx"]["unpadded"]) == {"model.opt.onnx", "model.int8.onnx"}
     assert cli_main([str(tmp_path / "tagger.keras"), str(out), "--formats", "tflite"]) == 1
     # The console script is installed and answers --help.
     help_text = subprocess.run(

@@ -1,0 +1,238 @@
+"""Padding-free encoders: the fused graph computes its per-position work on real tokens only.
+
+A batch of mixed-length rows padded to the longest spends most of its projections, feed-forward
+and LayerNorms on padding (82% on arrival-order batches of real sentences). `unpad` rewrites a
+fused encoder (`keras_attn_export.optimize.fuse`) so that every operator that works position by
+position runs on the real tokens alone, packed as one `(1, N, width)` row, N the number of real
+tokens in the batch: the tokens are gathered once after the embeddings, scattered back into the
+padded `(B, T, width)` layout just for attention (the only step that mixes positions), gathered
+again after it, and scattered once more for the outputs. PyTorch's nested-tensor encoder and
+onnxruntime's CUDA-only `RemovePadding`/`RestorePadding` do the same; this uses standard ONNX
+operators (NonZero, CumSum, Gather, Pad), so it runs on the CPU provider.
+
+The values at real positions are unchanged; at padded positions the outputs are zero (Keras
+computes numbers there that no real token reads). The pass applies when every attention node
+takes the same 2-D padding mask index (what `passes.mask_index` writes) and no cache; otherwise
+it changes nothing.
+"""
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+from keras_attn_export.passes import same_dims
+from keras_attn_export.patterns import constant_array
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+_ATTENTION = {"Attention": 3, "MultiHeadAttention": 4}  # op -> its 2-D mask index slot
+_UNARY = {"Tanh", "Relu", "Erf", "Sigmoid", "Cast", "Sqrt", "Neg", "Identity", "Softplus"}
+_BINARY = {"Add", "Sub", "Mul", "Div"}
+_MS_POSITIONWISE = {"SkipLayerNormalization", "BiasGelu", "Gelu", "FastGelu", "FusedMatMul",
+                    "QuickGelu", "SkipSimplifiedLayerNormalization"}  # fmt: skip
+
+
+def _is_constant(value):
+    return value is not None and constant_array(value) is not None
+
+
+def _rank(value):
+    return None if value is None or value.shape is None else len(value.shape)
+
+
+def _positionwise(node, packed, positions):
+    """Whether `node` works on each position alone, so it may run on packed tokens: its
+    inputs that are not packed are constants of rank <= 1 (they broadcast along the last
+    axis) or tensors with one row per position (`(B, T, k)`, `positions` = `(B, T)`)."""
+    op, domain = node.op_type, node.domain
+    if domain == "" and op in _UNARY:
+        return True
+    if domain == "" and op == "LayerNormalization":
+        axis, rank = node.attributes.get_int("axis", -1), _rank(node.inputs[0])
+        return axis == -1 or (rank is not None and axis == rank - 1)
+    if domain == "" and op == "MatMul":
+        weight = constant_array(node.inputs[1])
+        return node.inputs[0] in packed and weight is not None and weight.ndim == 2
+    if (domain == "" and op in _BINARY) or (domain == "com.microsoft" and op in _MS_POSITIONWISE):
+        if op == "FusedMatMul":
+            weight = constant_array(node.inputs[1])
+            if node.inputs[0] not in packed or weight is None or weight.ndim != 2:
+                return False
+            return not node.attributes.get_int("transA", 0)
+        for value in node.inputs:
+            if value is None or value in packed:
+                continue
+            array = constant_array(value)
+            if array is not None:
+                if array.ndim > 1:
+                    return False
+            elif _rank(value) != 3 or not same_dims(value.shape[:2], positions):
+                return False
+        return True
+    return False
+
+
+def padding_rule(mask: "ir.Value") -> tuple[str, int] | None:
+    """`(input name, pad value)` when the bool `mask` is `input != pad value` for a graph
+    input (`Not(Equal(x, c))`, `NotEqual(x, c)`, or `Cast(x, bool)` with c = 0), else None:
+    which positions are real, for the parity check and the manifest."""
+    node = mask.producer()
+    if node is not None and node.op_type == "Cast":
+        source, pad = node.inputs[0], 0
+    else:
+        if node is not None and node.op_type == "Not":
+            node = node.inputs[0].producer() if node.inputs[0] is not None else None
+            if node is None or node.op_type != "Equal":
+                return None
+        elif node is None or node.op_type != "NotEqual":
+            return None
+        pairs = [(v, constant_array(v)) for v in node.inputs]
+        inputs = [v for v, c in pairs if c is None]
+        constants = [c for _, c in pairs if c is not None]
+        if len(inputs) != 1 or len(constants) != 1 or constants[0].size != 1:
+            return None
+        source, pad = inputs[0], int(constants[0].reshape(-1)[0])
+    if source is None or source.producer() is not None or source.name is None:
+        return None  # computed inside the graph, not a graph input
+    return source.name, pad
+
+
+def _mask_of(model):
+    """The one bool `(B, T)` padding mask every attention node reads, and those nodes."""
+    import onnx_ir as ir
+
+    nodes, masks = [], set()
+    for node in model.graph:
+        slot = _ATTENTION.get(node.op_type)
+        if slot is None or node.domain != "com.microsoft":
+            continue
+        if len(node.inputs) <= slot or any(v is not None for v in node.inputs[slot + 1 :]):
+            return None, []  # a cache, an attention bias: leave the graph alone
+        index = node.inputs[slot]
+        cast = None if index is None else index.producer()
+        if cast is None or cast.op_type != "Cast" or cast.inputs[0].dtype != ir.DataType.BOOL:
+            return None, []
+        if node.attributes.get_int("unidirectional", 0):
+            return None, []
+        masks.add(cast.inputs[0])
+        nodes.append(node)
+    if len(masks) != 1 or _rank(nodes[0].inputs[0]) != 3:
+        return None, []
+    (mask,) = masks
+    if _rank(mask) != 2 or padding_rule(mask) is None:
+        return None, []
+    return mask, nodes
+
+
+def _reads_first_position(node):
+    """`node` reads position 0 of its `(B, T, ...)` input alone (a [CLS] pooler): equal to
+    Keras whenever the first position is real, as with right padding."""
+    if node.domain != "":
+        return False
+    if node.op_type == "Gather":
+        index = constant_array(node.inputs[1])
+        return node.attributes.get_int("axis", 0) == 1 and index is not None and index.size == 1 \
+            and int(index.reshape(-1)[0]) == 0  # fmt: skip
+    if node.op_type != "Slice" or len(node.inputs) < 4:
+        return False
+    starts, ends, axes = (constant_array(v) for v in node.inputs[1:4])
+    steps = constant_array(node.inputs[4]) if len(node.inputs) > 4 else None
+    if starts is None or ends is None or axes is None or (steps is not None and (steps != 1).any()):
+        return False
+    bounds = zip(starts.reshape(-1), ends.reshape(-1), strict=True)
+    cut = dict(zip(axes.reshape(-1).tolist(), bounds, strict=True))
+    return 1 in cut and int(cut[1][0]) == 0 and int(cut[1][1]) == 1
+
+
+def _safe(graph, start, attention, positions):
+    """Whether unpadding from `start` changes no value a reader sees at a real position: every
+    node that would read scattered values (zeros at padding) is attention (padding keys are
+    masked, padded queries dropped), a first-position pooler, or a graph output."""
+    packed, gone = {start}, set()
+    for node in graph:
+        if not any(v in packed for v in node.inputs):
+            continue
+        if _positionwise(node, packed, positions):
+            packed.update(node.outputs)
+            gone.update(node.outputs)
+            continue
+        if node in attention and node.inputs[0] in packed:  # self-attention of the stream
+            packed.add(node.outputs[0])
+        elif any(v in gone for v in node.inputs) and not _reads_first_position(node):
+            return False
+    return True
+
+
+def unpad(model: "ir.Model") -> tuple[str, int] | None:
+    """Rewrites a fused encoder to compute per-position work on real tokens only (module
+    docstring); returns its `padding_rule` (which positions are real), or None when the
+    graph is left as it was."""
+    import onnx_ir as ir
+
+    mask, attention = _mask_of(model)
+    if mask is None or not _safe(model.graph, attention[0].inputs[0], attention, mask.shape):
+        return None
+    rule = padding_rule(mask)
+    graph = model.graph
+
+    def make(op, inputs, domain="", **attributes):
+        node = ir.node(op, inputs, attributes=attributes, domain=domain)
+        graph.append(node)  # placed by the topological sort at the end
+        return node.outputs[0]
+
+    def constant(array):
+        return make("Constant", [], value=ir.tensor(np.asarray(array, np.int64)))
+
+    flat_mask = make("Reshape", [mask, constant([-1])])
+    where = make("NonZero", [flat_mask])  # (1, N): the real positions of the flat batch
+    count = make("Shape", [where], start=1)  # (1,) = N
+    place = make("Sub", [make("CumSum", [make("Cast", [flat_mask], to=ir.DataType.INT64),
+                                          constant(0)]), constant([1])])  # fmt: skip
+    # Each (b, t) reads its packed row, or row N (the zero row `Pad` appends) where padding.
+    inverse = make("Reshape", [make("Where", [flat_mask, place, count]), make("Shape", [mask])])
+
+    def gather(value):  # (B, T, width) -> (1, N, width)
+        return make("Gather", [make("Flatten", [value], axis=2), where], axis=0)
+
+    def scatter(value):  # (1, N, width) -> (B, T, width), zeros at padding
+        rows = make("Pad", [make("Squeeze", [value, constant([0])]), constant([0, 0, 1, 0])])
+        return make("Gather", [rows, inverse], axis=0)
+
+    packed = {attention[0].inputs[0]: gather(attention[0].inputs[0])}
+    gone: set = set()  # values whose padded producer was rewritten away
+    padded: dict = {}  # gone value -> its scattered copy
+    for node in list(graph):
+        if not any(v in packed for v in node.inputs):
+            continue
+        if _positionwise(node, packed, mask.shape):
+            inputs = []
+            for value in node.inputs:
+                if value is not None and value not in packed and not _is_constant(value):
+                    packed[value] = gather(value)  # per position, still padded (the mask)
+                inputs.append(packed.get(value, value))
+            attributes = dict(node.attributes)
+            if node.op_type == "LayerNormalization":
+                attributes["axis"] = ir.AttrInt64("axis", -1)
+            new = ir.node(node.op_type, inputs, attributes=attributes, domain=node.domain,
+                          num_outputs=len(node.outputs))  # fmt: skip
+            graph.append(new)
+            for old, value in zip(node.outputs, new.outputs, strict=True):
+                packed[old] = value
+                gone.add(old)
+            continue
+        self_attention = node in attention and node.inputs[0] in packed
+        for slot, value in enumerate(node.inputs):
+            if value in gone:
+                if value not in padded:
+                    padded[value] = scatter(packed[value])
+                node.replace_input_with(slot, padded[value])
+        if self_attention:
+            packed[node.outputs[0]] = gather(node.outputs[0])
+    for index, value in enumerate(graph.outputs):
+        if value in gone:
+            out = padded.get(value) or scatter(packed[value])
+            name, value.name = value.name, None
+            out.name, out.type, out.shape = name, value.type, value.shape
+            graph.outputs[index] = out
+    graph.sort()
+    return rule
