@@ -78,9 +78,9 @@ def torch_path(folder, out):
 
 def ours_floor(source, target):
     """Our fused graph without what the PyTorch path does not compute: the Muls that zero the
-    attention output of padded query rows (a `(B, T, 1)` row mask, cast from bool) and the
-    `pooled_output` ([CLS] row). The same values at real positions; a floor, not a graph we
-    ship."""
+    attention output of padded query rows (a `(B, T, 1)` row mask, cast from bool, gathered
+    where the graph skips padding) and the `pooled_output` ([CLS] row). The same values at
+    real positions; a floor, not a graph we ship."""
     import onnx
     import onnx_ir as ir
     from onnxscript import optimizer
@@ -91,6 +91,8 @@ def ours_floor(source, target):
             continue
         for slot in (0, 1):
             cast = node.inputs[slot].producer()  # the row mask: a bool cast to float
+            while cast is not None and cast.op_type in ("Gather", "Flatten"):
+                cast = cast.inputs[0].producer()
             if (
                 cast is not None
                 and cast.op_type == "Cast"

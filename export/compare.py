@@ -78,17 +78,20 @@ def sweep(
 
 
 def at_real_positions(
-    feeds: dict[str, np.ndarray], rule: dict | None, output: np.ndarray, reference: np.ndarray
+    feeds: dict[str, np.ndarray],
+    rule: dict | None,
+    name: str,
+    output: np.ndarray,
+    reference: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """`(output, reference)`, for a graph that skips padding (`rule`: its
-    `keras_attn_export.optimize.padding_rule`), at the real positions alone when the output
-    has one value per position (its leading axes are the rule's input's); else whole."""
-    if rule is None:
+    """`(output, reference)` of output `name`, for a graph that skips padding (`rule`: its
+    `keras_attn_export.optimize.padding_rule`) at the positions it keeps when the rule names
+    that output (the real positions and each row's first); else whole."""
+    if rule is None or name not in rule["outputs"]:
         return output, reference
-    real = np.asarray(feeds[rule["input"]]) != rule["pad_value"]
-    if output.ndim >= real.ndim and output.shape[: real.ndim] == real.shape:
-        return output[real], reference[real]
-    return output, reference
+    kept = np.asarray(feeds[rule["input"]]) != rule["pad_value"]
+    kept[:, 0] = True
+    return output[kept], reference[kept]
 
 
 def parity_rows(
@@ -116,7 +119,7 @@ def parity_rows(
         for name, ref in reference.items():
             row = {"output": name, "batch": batch, "seq": seq}
             for artifact, out in runs.items():
-                got, want = at_real_positions(feeds, rules.get(artifact), out[name], ref)
+                got, want = at_real_positions(feeds, rules.get(artifact), name, out[name], ref)
                 row[f"{artifact}_vs_keras"] = max_abs_diff(got, want)
             rows.append(row)
     return rows
@@ -135,7 +138,7 @@ def quantization_drift(
     for _, _, feeds, reference in cases:
         quantized = run_onnx(session, feeds)
         for name, ref in reference.items():
-            got, ref = at_real_positions(feeds, padding_rule, quantized[name], ref)
+            got, ref = at_real_positions(feeds, padding_rule, name, quantized[name], ref)
             ref, got = ref.astype("float64"), got.astype("float64")
             entry = report.setdefault(name, {"max_abs_diff": 0.0, "scale": 0.0, "same": []})
             entry["max_abs_diff"] = max(entry["max_abs_diff"], max_abs_diff(got, ref))

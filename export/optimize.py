@@ -41,8 +41,9 @@ PADDING_KEY = "keras_attn.unpadded"
 
 
 def padding_rule(model: "onnx.ModelProto") -> dict | None:
-    """`{"input", "pad_value"}` of a graph `fuse` unpadded (positions where that input equals
-    the pad value are padding, and the outputs there are zero), else None."""
+    """`{"input", "pad_value", "outputs"}` of a graph `fuse` unpadded, else None: positions
+    where that input is the pad value, but for each row's first, are padding, and the
+    `outputs` are zero there."""
     for prop in model.metadata_props:
         if prop.key == PADDING_KEY:
             return dict(json.loads(prop.value))
@@ -118,10 +119,8 @@ def fuse(model: "onnx.ModelProto", pack_qkv: bool = True, unpad: bool = True) ->
         ir_model = ir.from_proto(annotated)
         rule = unpad_pass(ir_model)
         optimizer.remove_unused_nodes(ir_model)
-        if rule is not None:  # which positions are real, read back by `padding_rule`
-            ir_model.metadata_props[PADDING_KEY] = json.dumps(
-                {"input": rule[0], "pad_value": rule[1]}
-            )
+        if rule is not None:  # which positions are padding, read back by `padding_rule`
+            ir_model.metadata_props[PADDING_KEY] = json.dumps(rule)
     fused = ir.to_proto(ir_model)
     # Symbolic inference can get a rank wrong (a batched Gather); onnxruntime infers again.
     del fused.graph.value_info[:]

@@ -10,10 +10,12 @@ again after it, and scattered once more for the outputs. PyTorch's nested-tensor
 onnxruntime's CUDA-only `RemovePadding`/`RestorePadding` do the same; this uses standard ONNX
 operators (NonZero, CumSum, Gather, Pad), so it runs on the CPU provider.
 
-The values at real positions are unchanged; at padded positions the outputs are zero (Keras
-computes numbers there that no real token reads). The pass applies when every attention node
-takes the same 2-D padding mask index (what `passes.mask_index` writes) and no cache; otherwise
-it changes nothing.
+Kept are the real positions and each row's first (a [CLS] pooler reads it, so it is computed
+even where it is padding). Their values are unchanged; the outputs that are scattered are zero
+at the other positions (Keras computes numbers there that no real token reads). The pass
+applies when every attention node takes the same 2-D padding mask index (what
+`passes.mask_index` writes), no cache and no bias, and nothing but attention, a first-position
+pooler or a graph output reads a value that changed at padding; otherwise it changes nothing.
 """
 
 from typing import TYPE_CHECKING
@@ -116,23 +118,27 @@ def _mask_of(model):
             return None, []
         masks.add(cast.inputs[0])
         nodes.append(node)
-    if len(masks) != 1 or _rank(nodes[0].inputs[0]) != 3:
+    if len(masks) != 1:
         return None, []
     (mask,) = masks
-    if _rank(mask) != 2 or padding_rule(mask) is None:
+    start = nodes[0].inputs[0]
+    if _rank(mask) != 2 or padding_rule(mask) is None or _rank(start) != 3:
         return None, []
+    if not same_dims(start.shape[:2], mask.shape):
+        return None, []  # the first attention's query is not one row per masked position
     return mask, nodes
 
 
 def _reads_first_position(node):
-    """`node` reads position 0 of its `(B, T, ...)` input alone (a [CLS] pooler): equal to
-    Keras whenever the first position is real, as with right padding."""
+    """`node` reads position 0 of its `(B, T, ...)` input alone (a [CLS] pooler): position 0
+    is kept in every row, so it reads what Keras computes."""
     if node.domain != "":
         return False
     if node.op_type == "Gather":
         index = constant_array(node.inputs[1])
-        return node.attributes.get_int("axis", 0) == 1 and index is not None and index.size == 1 \
-            and int(index.reshape(-1)[0]) == 0  # fmt: skip
+        if node.attributes.get_int("axis", 0) != 1 or index is None or index.size != 1:
+            return False
+        return int(index.reshape(-1)[0]) == 0
     if node.op_type != "Slice" or len(node.inputs) < 4:
         return False
     starts, ends, axes = (constant_array(v) for v in node.inputs[1:4])
@@ -144,35 +150,48 @@ def _reads_first_position(node):
     return 1 in cut and int(cut[1][0]) == 0 and int(cut[1][1]) == 1
 
 
-def _safe(graph, start, attention, positions):
-    """Whether unpadding from `start` changes no value a reader sees at a real position: every
-    node that would read scattered values (zeros at padding) is attention (padding keys are
-    masked, padded queries dropped), a first-position pooler, or a graph output."""
-    packed, gone = {start}, set()
+def _plan(graph, start, attention, positions):
+    """The rewrite, decided before any node changes: `[(node, kind)]` in graph order for the
+    nodes that read the packed stream (kind `"positionwise"`, `"attention"` or `"reader"`),
+    or None when it would change a value some reader sees at a kept position. Values of the
+    stream change at padding (zeros there, or attention over zeros), so their readers must be
+    position-wise (rewritten), attention with this padding mask (padding keys are masked;
+    `"self-attention"`, whose queries are the stream, joins it), a first-position pooler, or
+    graph outputs."""
+    stream, plan = {start}, []
     for node in graph:
-        if not any(v in packed for v in node.inputs):
+        if not any(v in stream for v in node.inputs):
             continue
-        if _positionwise(node, packed, positions):
-            packed.update(node.outputs)
-            gone.update(node.outputs)
-            continue
-        if node in attention and node.inputs[0] in packed:  # self-attention of the stream
-            packed.add(node.outputs[0])
-        elif any(v in gone for v in node.inputs) and not _reads_first_position(node):
-            return False
-    return True
+        if _positionwise(node, stream, positions):
+            stream.update(node.outputs)
+            plan.append((node, "positionwise"))
+        elif node in attention:
+            query = node.inputs[0]
+            if query in stream and same_dims(query.shape[:2] if query.shape else None, positions):
+                stream.add(node.outputs[0])
+                plan.append((node, "self-attention"))
+            else:
+                plan.append((node, "attention"))
+        elif _reads_first_position(node):
+            plan.append((node, "reader"))
+        else:
+            return None
+    return plan
 
 
-def unpad(model: "ir.Model") -> tuple[str, int] | None:
-    """Rewrites a fused encoder to compute per-position work on real tokens only (module
-    docstring); returns its `padding_rule` (which positions are real), or None when the
-    graph is left as it was."""
+def unpad(model: "ir.Model") -> dict | None:
+    """Rewrites a fused encoder to compute per-position work on kept tokens only (module
+    docstring); returns `{"input", "pad_value", "outputs"}` (which positions are padding, and
+    the graph outputs now zero there), or None when the graph is left as it was."""
     import onnx_ir as ir
 
     mask, attention = _mask_of(model)
-    if mask is None or not _safe(model.graph, attention[0].inputs[0], attention, mask.shape):
+    if mask is None:
         return None
-    rule = padding_rule(mask)
+    start = attention[0].inputs[0]
+    plan = _plan(model.graph, start, attention, mask.shape)
+    if plan is None:
+        return None
     graph = model.graph
 
     def make(op, inputs, domain="", **attributes):
@@ -183,8 +202,12 @@ def unpad(model: "ir.Model") -> tuple[str, int] | None:
     def constant(array):
         return make("Constant", [], value=ir.tensor(np.asarray(array, np.int64)))
 
-    flat_mask = make("Reshape", [mask, constant([-1])])
-    where = make("NonZero", [flat_mask])  # (1, N): the real positions of the flat batch
+    # Kept: the real positions, and each row's first (a [CLS] pooler reads it; with left
+    # padding or a row of padding alone it is computed as Keras computes it).
+    length = make("Squeeze", [make("Shape", [mask], start=1, end=2), constant([0])])
+    first = make("Equal", [make("Range", [constant(0), length, constant(1)]), constant(0)])
+    flat_mask = make("Reshape", [make("Or", [mask, first]), constant([-1])])
+    where = make("NonZero", [flat_mask])  # (1, N): the kept positions of the flat batch
     count = make("Shape", [where], start=1)  # (1,) = N
     place = make("Sub", [make("CumSum", [make("Cast", [flat_mask], to=ir.DataType.INT64),
                                           constant(0)]), constant([1])])  # fmt: skip
@@ -198,18 +221,20 @@ def unpad(model: "ir.Model") -> tuple[str, int] | None:
         rows = make("Pad", [make("Squeeze", [value, constant([0])]), constant([0, 0, 1, 0])])
         return make("Gather", [rows, inverse], axis=0)
 
-    packed = {attention[0].inputs[0]: gather(attention[0].inputs[0])}
-    gone: set = set()  # values whose padded producer was rewritten away
+    packed = {start: gather(start)}  # stream value -> its packed value
+    side: dict = {}  # a per-position input still padded (the row mask) -> gathered
+    gone: set = set()  # stream values no longer computed padded
     padded: dict = {}  # gone value -> its scattered copy
-    for node in list(graph):
-        if not any(v in packed for v in node.inputs):
-            continue
-        if _positionwise(node, packed, mask.shape):
+    for node, kind in plan:
+        if kind == "positionwise":
             inputs = []
             for value in node.inputs:
-                if value is not None and value not in packed and not _is_constant(value):
-                    packed[value] = gather(value)  # per position, still padded (the mask)
-                inputs.append(packed.get(value, value))
+                if value is None or value in packed or _is_constant(value):
+                    inputs.append(packed.get(value, value))
+                    continue
+                if value not in side:
+                    side[value] = gather(value)
+                inputs.append(side[value])
             attributes = dict(node.attributes)
             if node.op_type == "LayerNormalization":
                 attributes["axis"] = ir.AttrInt64("axis", -1)
@@ -220,19 +245,25 @@ def unpad(model: "ir.Model") -> tuple[str, int] | None:
                 packed[old] = value
                 gone.add(old)
             continue
-        self_attention = node in attention and node.inputs[0] in packed
         for slot, value in enumerate(node.inputs):
             if value in gone:
                 if value not in padded:
                     padded[value] = scatter(packed[value])
                 node.replace_input_with(slot, padded[value])
-        if self_attention:
+        if kind == "self-attention":
             packed[node.outputs[0]] = gather(node.outputs[0])
-    for index, value in enumerate(graph.outputs):
-        if value in gone:
-            out = padded.get(value) or scatter(packed[value])
+    outputs: list[str] = []
+    for index, value in enumerate(list(graph.outputs)):
+        if value not in gone:
+            continue
+        if value not in padded:
+            padded[value] = scatter(packed[value])
+        out = padded[value]
+        if value.name is not None and value.name not in outputs:  # the first time it is listed
+            outputs.append(value.name)
             name, value.name = value.name, None
             out.name, out.type, out.shape = name, value.type, value.shape
-            graph.outputs[index] = out
+        graph.outputs[index] = out
     graph.sort()
-    return rule
+    input_name, pad_value = padding_rule(mask)  # type: ignore[misc]
+    return {"input": input_name, "pad_value": pad_value, "outputs": outputs}

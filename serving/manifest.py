@@ -66,10 +66,12 @@ class EmbeddingSpec(_Strict):
 
 
 class PaddingRule(_Strict):
-    """Where a graph that skips padding finds it: positions where `input` is `pad_value`."""
+    """Where a graph that skips padding finds it: positions where `input` is `pad_value`,
+    but for each row's first; `outputs` (one value per position) are zero there."""
 
     input: str
     pad_value: int
+    outputs: list[str]
 
 
 class OnnxInfo(_Strict):

@@ -17,12 +17,14 @@ from keras_attn.models import Encoder
 
 pytestmark = pytest.mark.tf_only
 
-# Right-padded rows of 5, 2 and 5 real tokens, a full row, and a row of padding alone.
+# Right-padded rows of 5, 2 and 5 real tokens, a full row, a row of padding alone and a
+# left-padded row.
 IDS = np.array(
     [[2, 9, 12, 7, 5, 0, 0], [4, 1, 0, 0, 0, 0, 0], [3, 3, 8, 8, 3, 0, 0],
-     [5, 6, 7, 8, 9, 10, 11], [0, 0, 0, 0, 0, 0, 0]], "int32",
+     [5, 6, 7, 8, 9, 10, 11], [0, 0, 0, 0, 0, 0, 0], [0, 0, 8, 8, 3, 4, 6]], "int32",
 )  # fmt: skip
 REAL = IDS != 0
+KEPT = REAL | (np.arange(IDS.shape[1]) == 0)  # each row's first position too
 PER_POSITION = {"MatMul", "SkipLayerNormalization", "Gelu", "BiasGelu", "FusedMatMul"}
 
 
@@ -54,7 +56,7 @@ def test_real_positions_equal_keras_and_padding_is_zero(exported, tmp_path):
     encoder, folder, manifest = exported
     assert manifest["onnx"]["file"] == "model.opt.onnx"  # the graph the server runs
     assert manifest["onnx"]["unpadded"]["model.opt.onnx"].model_dump() == {
-        "input": "token_ids", "pad_value": 0
+        "input": "token_ids", "pad_value": 0, "outputs": ["sequence_output"]
     }  # fmt: skip
     expected = encoder(_feeds(IDS))
     got = run_onnx(_session(folder / "model.opt.onnx"), _feeds(IDS))
@@ -62,13 +64,14 @@ def test_real_positions_equal_keras_and_padding_is_zero(exported, tmp_path):
     onnx.save(fuse(onnx.load(folder / "model.onnx"), unpad=False), padded)
     reference = run_onnx(_session(padded), _feeds(IDS))
     sequence = np.asarray(expected["sequence_output"])
-    np.testing.assert_allclose(got["sequence_output"][REAL], sequence[REAL], atol=1e-5)
-    np.testing.assert_allclose(got["sequence_output"][REAL], reference["sequence_output"][REAL],
+    np.testing.assert_allclose(got["sequence_output"][KEPT], sequence[KEPT], atol=1e-5)
+    np.testing.assert_allclose(got["sequence_output"][KEPT], reference["sequence_output"][KEPT],
                                atol=1e-6)  # fmt: skip
-    assert not got["sequence_output"][~REAL].any()  # zeros; Keras has numbers there
-    assert np.abs(sequence[~REAL]).min() > 0
-    # The [CLS] pooler reads position 0: equal wherever it is real (right padding).
-    np.testing.assert_allclose(got["pooled_output"][:4], expected["pooled_output"][:4], atol=1e-5)
+    assert not got["sequence_output"][~KEPT].any()  # zeros; Keras has numbers there
+    assert np.abs(sequence[~KEPT]).min() > 0
+    # The [CLS] pooler reads position 0, kept in every row: equal to Keras in each, with
+    # left padding and in a row of padding alone too.
+    np.testing.assert_allclose(got["pooled_output"], expected["pooled_output"], atol=1e-5)
 
 
 def test_per_position_operators_run_on_the_real_tokens_alone(exported, tmp_path):
@@ -82,14 +85,14 @@ def test_per_position_operators_run_on_the_real_tokens_alone(exported, tmp_path)
         if event.get("cat") == "Node" and "input_type_shape" in args:
             first = next(iter(args["input_type_shape"][0].values()))
             shapes.setdefault(args["op_name"], []).append(first)
-    real = int(REAL.sum())
-    assert real == 19  # of 35 positions
+    real = int(KEPT.sum())
+    assert real == 26  # of 42 positions: 24 real, and the first of 2 rows that start padded
     ran = [(op, shape) for op, rows in shapes.items() if op in PER_POSITION for shape in rows]
     # 2 blocks: q/k/v are packed into Attention; the attention output projection and 2 FFN
     # matmuls per block (onnxruntime may fuse some into FusedMatMul), 2 LayerNorms per block;
     # the pooler's matmul takes one row per sequence.
     per_position = [(op, shape) for op, shape in ran if len(shape) == 3]
-    assert [shape for _, shape in ran if len(shape) != 3] == [[5, 16]]
+    assert [shape for _, shape in ran if len(shape) != 3] == [[6, 16]]
     assert sum(op == "SkipLayerNormalization" for op, _ in per_position) == 4
     assert sum(op != "SkipLayerNormalization" for op, _ in per_position) >= 6
     for op, shape in per_position:
@@ -98,28 +101,58 @@ def test_per_position_operators_run_on_the_real_tokens_alone(exported, tmp_path)
     assert shapes["Attention"] == [[*IDS.shape, 16]] * 2
 
 
-def test_a_batch_of_padding_alone_runs(exported):
-    _, folder, _ = exported
+def test_a_batch_of_padding_alone_keeps_each_rows_first_position(exported):
+    encoder, folder, _ = exported
     ids = np.zeros((3, 4), "int32")
     got = run_onnx(_session(folder / "model.opt.onnx"), _feeds(ids))
-    assert got["sequence_output"].shape == (3, 4, 16) and not got["sequence_output"].any()
+    expected = encoder(_feeds(ids))
+    assert got["sequence_output"].shape == (3, 4, 16) and not got["sequence_output"][:, 1:].any()
+    np.testing.assert_allclose(got["sequence_output"][:, 0], expected["sequence_output"][:, 0],
+                               atol=1e-5)  # fmt: skip
+    np.testing.assert_allclose(got["pooled_output"], expected["pooled_output"], atol=1e-5)
 
 
 def test_padding_rule_names_the_input_and_pad_value(exported):
     _, folder, _ = exported
     assert padding_rule(onnx.load(folder / "model.opt.onnx")) == {
-        "input": "token_ids", "pad_value": 0
+        "input": "token_ids", "pad_value": 0, "outputs": ["sequence_output"]
     }  # fmt: skip
     assert padding_rule(onnx.load(folder / "model.onnx")) is None
 
 
-def test_at_real_positions_picks_per_position_outputs():
-    feeds = {"token_ids": np.array([[3, 4, 0], [5, 0, 0]])}
-    rule = {"input": "token_ids", "pad_value": 0}
+def test_at_real_positions_compares_the_named_outputs_where_kept():
+    feeds = {"token_ids": np.array([[3, 4, 0], [0, 5, 0]])}
+    rule = {"input": "token_ids", "pad_value": 0, "outputs": ["sequence_output"]}
     sequence = np.arange(12.0).reshape(2, 3, 2)
-    got, want = at_real_positions(feeds, rule, sequence, sequence + 1)
-    np.testing.assert_array_equal(got, [[0, 1], [2, 3], [6, 7]])
-    np.testing.assert_array_equal(want, [[1, 2], [3, 4], [7, 8]])
-    pooled = np.ones((2, 2))  # one value per row: compared whole
-    assert at_real_positions(feeds, rule, pooled, pooled)[0].shape == (2, 2)
-    assert at_real_positions(feeds, None, sequence, sequence)[0].shape == (2, 3, 2)
+    got, want = at_real_positions(feeds, rule, "sequence_output", sequence, sequence + 1)
+    # Row 0: positions 0 and 1; row 1: position 1, and position 0 (each row's first is kept).
+    np.testing.assert_array_equal(got, [[0, 1], [2, 3], [6, 7], [8, 9]])
+    np.testing.assert_array_equal(want, got + 1)
+    # An output the rule does not name is compared whole, even shaped (B, T) by chance.
+    square = np.ones((2, 3))
+    assert at_real_positions(feeds, rule, "pooled_output", square, square)[0].shape == (2, 3)
+    assert at_real_positions(feeds, None, "sequence_output", sequence, sequence)[0].shape == (
+        2, 3, 2
+    )  # fmt: skip
+
+
+def test_the_server_runs_the_unpadded_graph_and_merges_lengths_exactly(exported, tmp_path):
+    import shutil
+
+    from keras_attn_serving.repository import ModelRepository
+
+    encoder, folder, _ = exported
+    shutil.copytree(folder, tmp_path / "enc" / "1")
+    repository = ModelRepository(tmp_path, max_batch_size=8)
+    _, predictor, batcher = repository.batcher("enc")
+    assert predictor.session._model_path.endswith("model.opt.onnx")
+    # Rows of 2 to 7 tokens merged into batches padded to their longest: each answer equals
+    # Keras on that row alone, at every position it has.
+    rows = [row[row != 0] for row in IDS if row[0] != 0]
+    futures = [batcher.submit(_feeds(row[None])) for row in rows]
+    for row, future in zip(rows, futures, strict=True):
+        got = future.result(timeout=60)
+        alone = encoder(_feeds(row[None]))
+        np.testing.assert_allclose(got["sequence_output"], alone["sequence_output"], atol=1e-5)
+        np.testing.assert_allclose(got["pooled_output"], alone["pooled_output"], atol=1e-5)
+    repository.close()
