@@ -31,7 +31,8 @@ the best size), and `padded` (arrival-order batches of 32 padded to the longest)
 before and after the round's servers and averaged. Rounds alternate every mode so a shared
 machine's drifts hit all alike. Reports requests/s, real tokens/s, p50/p99 latency and the
 share of batch positions that were padding (the servers' `/metrics` counters; the raw ones
-counted; the fused graph computes them in attention alone), the ratios to both baselines, and
+counted; the fused graph computes them in attention alone), the ratios to both baselines, the
+server's CPU time per request in its event loop and in its other threads (Linux `/proc`), and
 checks that the served `sequence_output` equals raw onnxruntime on each text alone at every
 real position. Prints the CPU flags; writes JSON.
 """
@@ -274,6 +275,20 @@ async def load(url, clients, requests):
     return latencies, errors, seconds
 
 
+def thread_cpu(pid):
+    """`{thread id: CPU seconds}` of process `pid` (Linux `/proc`; empty elsewhere)."""
+    seconds = {}
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    for tid in os.listdir(f"/proc/{pid}/task") if os.path.isdir(f"/proc/{pid}/task") else []:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue  # the thread ended
+        seconds[int(tid)] = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+    return seconds
+
+
 def positions(url, model):
     """`(positions, padding, rows, calls)` the server's merged calls for `model` have
     computed so far."""
@@ -377,10 +392,11 @@ def main():
             record = {}
             before_servers = raw_schedules(session, ids)
             for mode in args.modes:
-                (_, url), model = servers[MODES[mode][0]], MODES[mode][1]
-                before = positions(url, model)
+                (process, url), model = servers[MODES[mode][0]], MODES[mode][1]
+                before, cpu = positions(url, model), thread_cpu(process.pid)
                 latencies, errors, seconds = asyncio.run(load(url, args.clients, requests[model]))
-                after = positions(url, model)
+                after, used = positions(url, model), thread_cpu(process.pid)
+                used = {tid: t - cpu.get(tid, 0.0) for tid, t in used.items()}
                 computed = after[0] - before[0]
                 record[mode] = {
                     "throughput": len(latencies) / seconds, "errors": errors,
@@ -388,6 +404,11 @@ def main():
                     "p99_ms": 1000 * float(np.percentile(latencies, 99)),
                     "padding": (after[1] - before[1]) / computed if computed else None,
                     "rows_per_call": (after[2] - before[2]) / max(1.0, after[3] - before[3]),
+                    # The server's CPU per request: its event loop (the main thread), the rest
+                    # (batch workers running onnxruntime, offload, ...).
+                    "loop_cpu_ms": 1000 * used.get(process.pid, 0.0) / len(latencies),
+                    "other_cpu_ms": 1000 * (sum(used.values()) - used.get(process.pid, 0.0))
+                    / len(latencies),
                 }  # fmt: skip
             # Each baseline is run before and after the servers, and their mean taken: on a
             # shared machine a drift during the round then moves both sides of a ratio.
@@ -422,6 +443,10 @@ def main():
             print(f"{r:<6}{name:<9}{rate:>8.1f}{rate * lengths.mean():>9.0f}{p50:>9}{p99:>9}"
                   f"{padding:>9}{rows:>6}{rate / record['sorted']['throughput']:>9.2f}"
                   f"{rate / record['padded']['throughput']:>9.2f}")  # fmt: skip
+    for r, record in enumerate(rounds, 1):
+        print(f"round {r}, server CPU per request (event loop + other threads): " + ", ".join(
+            f"{mode} {record[mode]['loop_cpu_ms']:.2f} + {record[mode]['other_cpu_ms']:.2f} ms"
+            for mode in args.modes))  # fmt: skip
     print(
         "64 requests at once, served sequence_output vs raw onnxruntime on each alone, max "
         "|diff| at real positions: "
