@@ -18,7 +18,7 @@ applies when every attention node takes the same 2-D padding mask index (what
 pooler or a graph output reads a value that changed at padding; otherwise it changes nothing.
 """
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from keras_attn_export.passes import same_dims
@@ -194,12 +194,12 @@ def unpad(model: "ir.Model") -> dict | None:
         return None
     graph = model.graph
 
-    def make(op, inputs, domain="", **attributes):
+    def make(op: str, inputs: list, domain: str = "", **attributes: Any) -> "ir.Value":
         node = ir.node(op, inputs, attributes=attributes, domain=domain)
         graph.append(node)  # placed by the topological sort at the end
         return node.outputs[0]
 
-    def constant(array):
+    def constant(array: object) -> "ir.Value":
         return make("Constant", [], value=ir.tensor(np.asarray(array, np.int64)))
 
     # Kept: the real positions, and each row's first (a [CLS] pooler reads it; with left
@@ -214,10 +214,10 @@ def unpad(model: "ir.Model") -> dict | None:
     # Each (b, t) reads its packed row, or row N (the zero row `Pad` appends) where padding.
     inverse = make("Reshape", [make("Where", [flat_mask, place, count]), make("Shape", [mask])])
 
-    def gather(value):  # (B, T, width) -> (1, N, width)
+    def gather(value: "ir.Value") -> "ir.Value":  # (B, T, width) -> (1, N, width)
         return make("Gather", [make("Flatten", [value], axis=2), where], axis=0)
 
-    def scatter(value):  # (1, N, width) -> (B, T, width), zeros at padding
+    def scatter(value: "ir.Value") -> "ir.Value":  # (1, N, width) -> (B, T, width), 0 at padding
         rows = make("Pad", [make("Squeeze", [value, constant([0])]), constant([0, 0, 1, 0])])
         return make("Gather", [rows, inverse], axis=0)
 

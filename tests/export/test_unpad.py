@@ -3,6 +3,7 @@ only (`keras_attn_export.unpad`): the same values at real positions, zeros at pa
 every per-position operator runs on N rows, N the real tokens of the batch."""
 
 import json
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -78,7 +79,7 @@ def test_per_position_operators_run_on_the_real_tokens_alone(exported, tmp_path)
     _, folder, _ = exported
     session = _session(folder / "model.opt.onnx", profile=tmp_path / "profile")
     session.run(None, _feeds(IDS))
-    events = json.loads(open(session.end_profiling()).read())
+    events = json.loads(Path(session.end_profiling()).read_text())
     shapes: dict[str, list] = {}
     for event in events:
         args = event.get("args", {})
