@@ -2,15 +2,11 @@
 expands, wrapped gathers and unread outputs go, lookups + LayerNorm become one node, and every
 value stays the same."""
 
-import keras
 import numpy as np
 import onnx
 import pytest
-from keras_attn_export import export_model
 from keras_attn_export.onnx import run_onnx
 from keras_attn_export.optimize import fuse
-
-from keras_attn.models import Encoder
 
 pytestmark = pytest.mark.tf_only
 
@@ -19,12 +15,8 @@ IDS = np.array([[2, 9, 12, 7, 5, 0, 0], [0, 0, 8, 8, 3, 4, 6], [0, 0, 0, 0, 0, 0
 
 
 @pytest.fixture(scope="module")
-def encoder_files(tmp_path_factory):
-    keras.utils.set_random_seed(0)
-    encoder = Encoder(50, 16, hidden_dim=16, num_layers=2, num_heads=2, activation="gelu",
-                      dropout=0.0)  # fmt: skip
-    folder = tmp_path_factory.mktemp("enc")
-    export_model(encoder, folder, formats=["onnx"], optimize=True, verbose=False)
+def encoder_files(fused_encoder):
+    encoder, folder, _ = fused_encoder  # tests/export/conftest.py
     return encoder, folder
 
 

@@ -5,16 +5,12 @@ every per-position operator runs on N rows, N the real tokens of the batch."""
 import json
 from pathlib import Path
 
-import keras
 import numpy as np
 import onnx
 import pytest
-from keras_attn_export import export_model
 from keras_attn_export.compare import at_real_positions
 from keras_attn_export.onnx import run_onnx
 from keras_attn_export.optimize import fuse, padding_rule
-
-from keras_attn.models import Encoder
 
 pytestmark = pytest.mark.tf_only
 
@@ -30,13 +26,8 @@ PER_POSITION = {"MatMul", "SkipLayerNormalization", "Gelu", "BiasGelu", "FusedMa
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    keras.utils.set_random_seed(0)
-    encoder = Encoder(50, 16, hidden_dim=16, num_layers=2, num_heads=2, activation="gelu",
-                      dropout=0.0)  # fmt: skip
-    folder = tmp_path_factory.mktemp("enc")
-    manifest = export_model(encoder, folder, formats=["onnx"], optimize=True, verbose=False)
-    return encoder, folder, manifest
+def exported(fused_encoder):
+    return fused_encoder  # tests/export/conftest.py
 
 
 def _session(path, profile=None):
