@@ -94,12 +94,13 @@ class ModelRepository:
     def versions(self, name: str) -> list[int]:
         if not isinstance(name, str) or not NAME.match(name) or ".." in name:
             raise ServingError(400, f"invalid model name {str(name)[:80]!r}")
-        folder = self.root / name
-        if not folder.is_dir():
-            raise ServingError(404, f"unknown model {name!r}")
-        versions = sorted(
-            int(p.name) for p in folder.iterdir() if _is_version(p.name) and p.is_dir()
-        )
+        try:  # (on every request: one listing, no `stat` per entry where d_type tells)
+            with os.scandir(os.path.join(self.root, name)) as entries:
+                versions = sorted(
+                    int(e.name) for e in entries if _is_version(e.name) and e.is_dir()
+                )
+        except (FileNotFoundError, NotADirectoryError):
+            raise ServingError(404, f"unknown model {name!r}") from None
         if not versions:
             raise ServingError(404, f"model {name!r} has no numbered version folders")
         return versions
