@@ -3,7 +3,7 @@ and the binary tensor extension)."""
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from keras_attn_serving.handling import predict, read_body
+from keras_attn_serving.handling import direct, predict, read_body
 from keras_attn_serving.offload import JSON_BYTES_PER_VALUE
 from keras_attn_serving.protocol import (
     NUMPY_TO_V2,
@@ -70,7 +70,7 @@ def model_ready(request: Request, name: str, version: str | None = None):
 
 @router.post("/v2/models/{name}/infer")
 @router.post("/v2/models/{name}/versions/{version}/infer")
-async def infer(name: str, request: Request, version: str | None = None):
+async def infer(request: Request, name: str, version: str | None = None):
     state = request.app.state
     # The model first: a body for an unknown model is never decoded.
     model = await state.repository.load(name, version)
@@ -98,3 +98,11 @@ async def infer(name: str, request: Request, version: str | None = None):
         media_type="application/octet-stream",
         headers={"Inference-Header-Content-Length": str(json_length)},
     )
+
+
+# The hot route, answered by the server's `Gate` itself (the routes above stay for the
+# OpenAPI document and for an app that mounts this router without the `Gate`).
+DIRECT = (
+    direct("POST", "/v2/models/{name}/infer", infer),
+    direct("POST", "/v2/models/{name}/versions/{version}/infer", infer),
+)

@@ -85,7 +85,7 @@ def create_app(
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.offload = offload
-    app.add_middleware(Gate, settings=settings, metrics=metrics, log=log)
+    app.add_middleware(Gate, settings=settings, metrics=metrics, log=log, direct=routes_v2.DIRECT)
     install_error_handlers(app)
 
     @app.get("/metrics")

@@ -353,6 +353,88 @@ def test_unexpected_error_is_a_plain_500_that_closes_the_connection(toy_artifact
     assert response.headers["connection"] == "close"
 
 
+def test_direct_infer_answers_as_the_fastapi_route(toy_artifact, tmp_path, monkeypatch):
+    """The `Gate` answers v2 `infer` itself (no FastAPI routing): every answer, good or bad,
+    is byte for byte the route's, and it is counted under the route's name."""
+    from fastapi.testclient import TestClient
+    from keras_attn_serving import routes_v2
+    from keras_attn_serving.handling import Gate
+
+    root = repository_folder(toy_artifact, tmp_path)
+    ids = np.array([[5, 9, 12, 7], [3, 4, 0, 0]], np.int32)
+    header = json.dumps({"inputs": [{"name": "token_ids", "shape": [2, 4], "datatype": "INT32",
+                                     "parameters": {"binary_data_size": ids.nbytes}}],
+                         "outputs": [{"name": "logits", "parameters": {"binary_data": True}}],
+                         "id": "b"}).encode()  # fmt: skip
+    binary = {"content": header + ids.tobytes(),
+              "headers": {"Inference-Header-Content-Length": str(len(header))}}  # fmt: skip
+    calls = [
+        ("post", "/v2/models/toy/infer", {"json": v2_request(id="a")}),
+        ("post", "/v2/models/toy/versions/1/infer", {"json": v2_request()}),
+        ("post", "/v2/models/toy/versions/3/infer", binary),
+        ("post", "/v2/models/toy/infer", {"content": b"{not json"}),
+        ("post", "/v2/models/toy/infer", {"json": v2_request(ids=[[5, 10**6]])}),
+        ("post", "/v2/models/nope/infer", {"json": v2_request()}),
+        ("post", "/v2/models/toy/versions/7/infer", {"json": v2_request()}),
+        ("post", "/v2/models/toy/versions/x/infer", {"json": v2_request()}),
+        ("post", "/v2/models/toy/extra/infer", {"json": v2_request()}),
+        ("get", "/v2/models/toy/infer", {}),
+    ]
+    answered = []
+    answer = Gate._answer
+
+    async def counted(self, route, params, *args):
+        answered.append(params)
+        await answer(self, route, params, *args)
+
+    monkeypatch.setattr(Gate, "_answer", counted)
+    answers = {}
+    for direct in (True, False):
+        if not direct:
+            assert len(answered) == 8  # every POST but the one to `/toy/extra/infer`
+            assert answered[2] == {"name": "toy", "version": "3"}
+            monkeypatch.setattr(routes_v2, "DIRECT", ())
+        client = TestClient(create_app(ModelRepository(root)))
+        answers[direct] = [
+            getattr(client, method)(path, **kwargs) for method, path, kwargs in calls
+        ]
+        metrics = client.get("/metrics").text
+        assert (
+            'keras_attn_requests_total{route="/v2/models/{name}/infer",status="200"} 1.0' in metrics
+        )
+        assert ('keras_attn_requests_total{route="/v2/models/{name}/versions/{version}/infer",'
+                'status="200"} 2.0') in metrics  # fmt: skip
+    assert len(answered) == 8  # none more without `DIRECT`
+    statuses = [r.status_code for r in answers[True]]
+    assert statuses == [200, 200, 200, 400, 400, 404, 404, 400, 404, 405]
+    for ours, routed in zip(answers[True], answers[False], strict=True):
+        assert ours.content == routed.content
+        assert ours.headers.get("content-type") == routed.headers.get("content-type")
+        assert ours.headers.get("inference-header-content-length") == routed.headers.get(
+            "inference-header-content-length"
+        )
+    assert answers[True][0].json()["id"] == "a"
+    assert answers[True][2].headers["inference-header-content-length"] is not None
+
+
+def test_unexpected_error_in_direct_infer_is_the_same_500(toy_artifact, monkeypatch):
+    from fastapi.testclient import TestClient
+
+    repository = ModelRepository(toy_artifact[0].parent)
+
+    async def broken(*args, **kwargs):
+        raise RuntimeError("/secret/path node_42 at 0x7f00deadbeef")
+
+    monkeypatch.setattr(repository, "load", broken)
+    client = TestClient(create_app(repository), raise_server_exceptions=False)
+    response = client.post("/v2/models/toy_lm/infer", json=v2_request())
+    assert response.status_code == 500
+    assert response.json() == {"error": "internal error"}
+    assert response.headers["connection"] == "close"
+    metrics = client.get("/metrics").text
+    assert 'keras_attn_errors_total{route="/v2/models/{name}/infer",status="500"} 1.0' in metrics
+
+
 def test_ready_only_with_a_servable_model(toy_artifact, tmp_path):
     from fastapi.testclient import TestClient
 
