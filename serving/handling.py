@@ -30,19 +30,34 @@ log = logging.getLogger("keras_attn.serve")
 class Direct(NamedTuple):
     """A route the `Gate` answers itself, without FastAPI's routing, dependency solving and
     exception middleware (about a quarter of the event loop's time per request on the v2
-    `infer` route): `endpoint(request, **path parameters)` returns a `Response`, and any
-    error it raises is answered as the app's exception handlers answer it."""
+    `infer` route): `endpoint(request, **parameters)` returns a `Response`, and any error it
+    raises is answered as the app's exception handlers answer it. The parameters are the
+    path's, and the `query` names the path lacks, from the query string (as FastAPI reads
+    an endpoint's other parameters)."""
 
     method: str
     template: str  # the route's path as FastAPI names it (the metrics label)
     pattern: "re.Pattern[str]"
     endpoint: "Callable[..., Awaitable[Response]]"
+    query: tuple[str, ...]
 
 
-def direct(method: str, template: str, endpoint: "Callable[..., Awaitable[Response]]") -> Direct:
+def direct(
+    method: str,
+    template: str,
+    endpoint: "Callable[..., Awaitable[Response]]",
+    query: Sequence[str] = (),
+) -> Direct:
     """`template`'s `{parameter}`s each match one path segment, as in FastAPI."""
-    pattern = re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", template)
-    return Direct(method, template, re.compile(pattern), endpoint)
+    parts = re.split(r"\{(\w+)\}", template)  # literal, name, literal, ...
+    pattern = "".join(
+        f"(?P<{part}>[^/]+)" if k % 2 else re.escape(part) for k, part in enumerate(parts)
+    )
+    path_names = set(parts[1::2])
+    return Direct(
+        method, template, re.compile(pattern), endpoint,
+        tuple(name for name in query if name not in path_names),
+    )  # fmt: skip
 
 
 class Gate:
@@ -65,9 +80,12 @@ class Gate:
         self.in_flight = 0
 
     def _direct(self, scope: "Scope") -> tuple[Direct, dict[str, str]] | None:
+        path, root = scope["path"], scope.get("root_path", "")
+        if root and path.startswith(root):  # mounted, or `--root-path`: routes see the rest
+            path = path[len(root) :]
         for route in self.direct:
             if scope["method"] == route.method:
-                match = route.pattern.fullmatch(scope["path"])
+                match = route.pattern.fullmatch(path)
                 if match is not None:
                     return route, match.groupdict()
         return None
@@ -79,6 +97,9 @@ class Gate:
         from starlette.requests import Request
 
         request = Request(scope, receive)
+        if route.query and scope["query_string"]:
+            given = request.query_params
+            params = {**params, **{name: given[name] for name in route.query if name in given}}
         try:
             response = await route.endpoint(request, **params)
         except Exception as error:
@@ -102,6 +123,7 @@ class Gate:
             await send(message)
 
         direct = self._direct(scope) if self.direct else None
+        answered: str | None = None  # the direct route's name, once it answers (not a 503)
         try:
             if limited and self.in_flight >= self.settings.max_concurrency:
                 from starlette.responses import JSONResponse
@@ -118,6 +140,7 @@ class Gate:
                     if direct is None:
                         await self.app(app_scope, receive, record_status)
                     else:
+                        answered = direct[0].template
                         await self._answer(*direct, scope, receive, record_status)
                 finally:
                     self.in_flight -= limited
@@ -126,10 +149,7 @@ class Gate:
             # Also when the route raised (the 500 is written outside this middleware): an
             # internal error is counted and logged like any answer.
             seconds = time.perf_counter() - started
-            if direct is not None:
-                route = direct[0].template
-            else:
-                route = getattr(app_scope.get("route"), "path", "unmatched")
+            route = answered or str(getattr(app_scope.get("route"), "path", "unmatched"))
             self.metrics.observe(route, status[0], seconds)
             if self.log.isEnabledFor(logging.INFO):
                 self.log.info("request", extra={"method": scope["method"], "path": path,

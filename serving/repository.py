@@ -3,6 +3,7 @@ its batcher (Triton's repository layout; VERSION is a positive integer)."""
 
 import asyncio
 import ctypes
+import errno
 import gc
 import logging
 import os
@@ -23,6 +24,19 @@ from keras_attn_serving.settings import ModelConfig
 log = logging.getLogger("keras_attn.serve")
 MAX_RETRY_S = 60.0  # the longest wait before a failed version is loaded again
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")  # a folder name, never a path
+
+
+# What `Path.is_dir` takes for "not a folder": missing, a file on the way, a symlink loop.
+NOT_A_FOLDER = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EBADF)
+
+
+def _is_folder(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError as error:
+        if error.errno not in NOT_A_FOLDER:
+            raise
+        return False
 
 
 def _is_version(text):
@@ -97,9 +111,11 @@ class ModelRepository:
         try:  # (on every request: one listing, no `stat` per entry where d_type tells)
             with os.scandir(os.path.join(self.root, name)) as entries:
                 versions = sorted(
-                    int(e.name) for e in entries if _is_version(e.name) and e.is_dir()
+                    int(e.name) for e in entries if _is_version(e.name) and _is_folder(e)
                 )
-        except (FileNotFoundError, NotADirectoryError):
+        except OSError as error:
+            if error.errno not in NOT_A_FOLDER:
+                raise
             raise ServingError(404, f"unknown model {name!r}") from None
         if not versions:
             raise ServingError(404, f"model {name!r} has no numbered version folders")

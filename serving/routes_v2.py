@@ -103,6 +103,6 @@ async def infer(request: Request, name: str, version: str | None = None):
 # The hot route, answered by the server's `Gate` itself (the routes above stay for the
 # OpenAPI document and for an app that mounts this router without the `Gate`).
 DIRECT = (
-    direct("POST", "/v2/models/{name}/infer", infer),
+    direct("POST", "/v2/models/{name}/infer", infer, query=["version"]),
     direct("POST", "/v2/models/{name}/versions/{version}/infer", infer),
 )

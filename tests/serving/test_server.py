@@ -378,7 +378,13 @@ def test_direct_infer_answers_as_the_fastapi_route(toy_artifact, tmp_path, monke
         ("post", "/v2/models/toy/versions/7/infer", {"json": v2_request()}),
         ("post", "/v2/models/toy/versions/x/infer", {"json": v2_request()}),
         ("post", "/v2/models/toy/extra/infer", {"json": v2_request()}),
+        ("post", "/v2/models/toy/infer?version=1", {"json": v2_request()}),
+        ("post", "/v2/models/toy/infer?version=x", {"json": v2_request()}),
+        ("post", "/v2/models/toy/infer?version=9", {"json": v2_request()}),
+        ("post", "/v2/models/toy/versions/1/infer?version=9", {"json": v2_request()}),
+        ("post", "/v2/models/toy/infer/", {"json": v2_request()}),
         ("get", "/v2/models/toy/infer", {}),
+        ("head", "/v2/models/toy/infer", {}),
     ]
     answered = []
     answer = Gate._answer
@@ -391,48 +397,95 @@ def test_direct_infer_answers_as_the_fastapi_route(toy_artifact, tmp_path, monke
     answers = {}
     for direct in (True, False):
         if not direct:
-            assert len(answered) == 8  # every POST but the one to `/toy/extra/infer`
-            assert answered[2] == {"name": "toy", "version": "3"}
+            # every POST but those to `/toy/extra/infer` and `/infer/`
+            assert len(answered) == 12 and answered[2] == {"name": "toy", "version": "3"}
             monkeypatch.setattr(routes_v2, "DIRECT", ())
-        client = TestClient(create_app(ModelRepository(root)))
+        client = TestClient(create_app(ModelRepository(root)), follow_redirects=False)
         answers[direct] = [
             getattr(client, method)(path, **kwargs) for method, path, kwargs in calls
         ]
         metrics = client.get("/metrics").text
         assert (
-            'keras_attn_requests_total{route="/v2/models/{name}/infer",status="200"} 1.0' in metrics
+            'keras_attn_requests_total{route="/v2/models/{name}/infer",status="200"} 2.0' in metrics
         )
         assert ('keras_attn_requests_total{route="/v2/models/{name}/versions/{version}/infer",'
-                'status="200"} 2.0') in metrics  # fmt: skip
-    assert len(answered) == 8  # none more without `DIRECT`
+                'status="200"} 3.0') in metrics  # fmt: skip
+    assert len(answered) == 12  # none more without `DIRECT`
+    monkeypatch.undo()
+    mounted = TestClient(create_app(ModelRepository(root)), root_path="/api")  # behind a proxy
+    assert mounted.post("/api/v2/models/toy/infer", json=v2_request()).status_code == 200
+    assert len(answered) == 12  # (`undo` restored `_answer`)
+    monkeypatch.setattr(Gate, "_answer", counted)
+    assert mounted.post("/api/v2/models/toy/infer", json=v2_request()).status_code == 200
+    assert len(answered) == 13
     statuses = [r.status_code for r in answers[True]]
-    assert statuses == [200, 200, 200, 400, 400, 404, 404, 400, 404, 405]
+    assert statuses == [200, 200, 200, 400, 400, 404, 404, 400, 404, 200, 400, 404, 200, 307,
+                        405, 405]  # fmt: skip
     for ours, routed in zip(answers[True], answers[False], strict=True):
-        assert ours.content == routed.content
-        assert ours.headers.get("content-type") == routed.headers.get("content-type")
-        assert ours.headers.get("inference-header-content-length") == routed.headers.get(
-            "inference-header-content-length"
-        )
+        assert (ours.status_code, ours.content) == (routed.status_code, routed.content)
+        assert dict(ours.headers) == dict(routed.headers)
     assert answers[True][0].json()["id"] == "a"
     assert answers[True][2].headers["inference-header-content-length"] is not None
 
 
-def test_unexpected_error_in_direct_infer_is_the_same_500(toy_artifact, monkeypatch):
+def test_unexpected_error_in_direct_infer_is_the_same_500(
+    toy_artifact, monkeypatch, caplog
+):  # fmt: skip
     from fastapi.testclient import TestClient
+    from keras_attn_serving import routes_v2
+    from keras_attn_serving.handling import Gate
 
-    repository = ModelRepository(toy_artifact[0].parent)
+    answered = []
+    answer = Gate._answer
+
+    async def counted(self, *args):
+        answered.append(args[1])
+        await answer(self, *args)
 
     async def broken(*args, **kwargs):
         raise RuntimeError("/secret/path node_42 at 0x7f00deadbeef")
 
-    monkeypatch.setattr(repository, "load", broken)
-    client = TestClient(create_app(repository), raise_server_exceptions=False)
-    response = client.post("/v2/models/toy_lm/infer", json=v2_request())
-    assert response.status_code == 500
-    assert response.json() == {"error": "internal error"}
-    assert response.headers["connection"] == "close"
-    metrics = client.get("/metrics").text
-    assert 'keras_attn_errors_total{route="/v2/models/{name}/infer",status="500"} 1.0' in metrics
+    monkeypatch.setattr(Gate, "_answer", counted)
+    answers = []
+    for direct in (True, False):
+        if not direct:
+            monkeypatch.setattr(routes_v2, "DIRECT", ())
+        repository = ModelRepository(toy_artifact[0].parent)
+        monkeypatch.setattr(repository, "load", broken)
+        client = TestClient(create_app(repository), raise_server_exceptions=False)
+        caplog.clear()
+        answers.append(client.post("/v2/models/toy_lm/infer", json=v2_request()))
+        logged = [r for r in caplog.records if r.getMessage().startswith("internal error")]
+        assert logged[0].getMessage() == "internal error on POST /v2/models/toy_lm/infer"
+        assert logged[0].exc_info is not None and "0x7f00deadbeef" in str(logged[0].exc_info[1])
+        metrics = client.get("/metrics").text
+        assert (
+            'keras_attn_errors_total{route="/v2/models/{name}/infer",status="500"} 1.0' in metrics
+        )
+    assert answered == [{"name": "toy_lm"}]  # the first app answered directly; the second did not
+    for response in answers:
+        assert response.status_code == 500
+        assert response.json() == {"error": "internal error"}
+        assert response.headers["connection"] == "close"
+    assert dict(answers[0].headers) == dict(answers[1].headers)
+
+
+def test_model_folders_that_are_not_folders_are_unknown(tmp_path):
+    """A missing model, a file, and a symlink loop are 404s (as `Path.is_dir` has them); a
+    version entry that is a loop or a file is not a version."""
+    from keras_attn_serving.protocol import ServingError
+
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    (tmp_path / "model" / "2").mkdir(parents=True)
+    (tmp_path / "model" / "3").symlink_to(tmp_path / "model" / "3")
+    (tmp_path / "model" / "4").write_text("x")
+    repository = ModelRepository(tmp_path)
+    for name in ("absent", "file", "loop"):
+        with pytest.raises(ServingError) as raised:
+            repository.versions(name)
+        assert raised.value.status == 404 and "unknown model" in raised.value.message
+    assert repository.versions("model") == [2]
 
 
 def test_ready_only_with_a_servable_model(toy_artifact, tmp_path):
