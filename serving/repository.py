@@ -306,7 +306,13 @@ class ModelRepository:
             sequence_inputs=sequence_inputs if pads else (),
             sequence_outputs=sequence_outputs if pads else (),
             on_batch=self.on_batch(name) if self.on_batch else None,
+            clock=self._batch_clock(),
         )  # fmt: skip
+
+    def _batch_clock(self) -> Callable[[], float]:
+        """CPU seconds where a session has one intra-op thread: its batch computes in the
+        worker's thread alone (see `Batcher`'s `clock`); wall seconds otherwise."""
+        return time.thread_time if self.num_threads == 1 else time.perf_counter
 
     def loaded(self) -> list[tuple[str, int, Predictor, Batcher]]:
         """`[(name, version, predictor, batcher)]` of the models loaded so far."""
