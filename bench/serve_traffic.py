@@ -30,8 +30,9 @@ Baselines, raw onnxruntime on the same graph and the same requests, no HTTP, one
 onnxruntime's default threads: `sorted` (the offline ideal: length-sorted batches of 4 to 32,
 the best size), and `padded` (arrival-order batches of 32 padded to the longest), each run
 before and after the round's servers and averaged. Each server first answers `--warmup`
-untimed passes of the requests (its batcher's row cap is tuned under load; a fresh server
-starts at 32 and walks down). Rounds alternate every mode so a shared machine's drifts hit all
+untimed passes of the same requests the rounds replay (its batcher's row cap is tuned under
+load; a fresh server starts at 32 and walks down); the raw session gets no such pass beyond
+its first baseline. Rounds alternate every mode so a shared machine's drifts hit all
 alike. Reports requests/s, real tokens/s, p50/p99 latency and the
 share of batch positions that were padding (the servers' `/metrics` counters; the raw ones
 counted; the fused graph computes them in attention alone), the ratios to both baselines, the
@@ -250,7 +251,8 @@ def v2_output(content: bytes, length: int) -> np.ndarray:
 
 async def load(url, clients, requests):
     """Sends `requests` (`(path, body, headers)`) from `clients` concurrent clients, each taking
-    the next one; returns the latencies, the errors and the seconds."""
+    the next one; returns the latencies, the errors, the seconds and this process's CPU
+    seconds (after a warm-up of 32 requests, not counted)."""
     import aiohttp
 
     latencies, errors, counter = [], 0, iter(requests)
@@ -272,10 +274,10 @@ async def load(url, clients, requests):
         for path, body, headers in requests[: min(clients, 32)]:  # warm-up
             async with client.post(url + path, data=body, headers=headers) as response:
                 await response.read()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         await asyncio.gather(*(worker() for _ in range(clients)))
-        seconds = time.perf_counter() - start
-    return latencies, errors, seconds
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return latencies, errors, seconds, cpu
 
 
 def run_async(coroutine):
@@ -413,9 +415,9 @@ def main():
             for mode in args.modes:
                 (process, url), model = servers[MODES[mode][0]], MODES[mode][1]
                 before, cpu = positions(url, model), thread_cpu(process.pid)
-                client = time.process_time()
-                latencies, errors, seconds = run_async(load(url, args.clients, requests[model]))
-                client = time.process_time() - client
+                latencies, errors, seconds, client = run_async(
+                    load(url, args.clients, requests[model])
+                )
                 after, used = positions(url, model), thread_cpu(process.pid)
                 used = {tid: t - cpu.get(tid, 0.0) for tid, t in used.items()}
                 computed = after[0] - before[0]

@@ -190,10 +190,10 @@ class Batcher:
         on_batch: optional callback `(rows, queue_depth, cap, positions, padding)` for
             metrics: positions computed along the sequence axis, and how many were padding.
         clock: what the cap tuner times a batch with: `time.thread_time` where `run` computes
-            in the calling thread alone (a one-thread onnxruntime session), so the CPU time a
-            batch costs, which other threads taking turns on the cores do not inflate (on 2
-            cores, beside the event loop and the clients, wall time per row swung ±10% and
-            walked the cap down to 2, 1.7 rows per call, at 4% more cost per row than 4).
+            in the calling thread alone (a one-thread onnxruntime session): the CPU time the
+            batch cost, without the time its thread waited for a core while the event loop
+            and other workers had it. It removes that one source of noise; the tuner's rule
+            (a smaller cap moves when no dearer) can still drift down on noise that remains.
     """
 
     def __init__(

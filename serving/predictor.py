@@ -72,6 +72,9 @@ class Predictor:
         if verify:
             verify_files(self.folder, self.manifest)
         options = ort.SessionOptions()
+        # Sequential (the default, stated): no inter-op pool, so one intra-op thread computes
+        # in the caller's thread alone, which the batcher's CPU-time clock relies on.
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         if num_threads:
             options.intra_op_num_threads = num_threads
         self.session = ort.InferenceSession(

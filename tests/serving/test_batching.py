@@ -406,36 +406,27 @@ def test_padding_probe_feeds_masks_within_their_range():
 
 
 def test_the_tuner_times_batches_with_the_clock_given():
-    """`time.thread_time` counts what a batch cost its thread, not the time it waited for a
-    core: a batch that sleeps 50 ms costs ~0 CPU seconds; the default clock sees the 50 ms."""
+    """`time.thread_time` counts what a batch cost its thread, not the time it waited: a
+    batch that sleeps 50 ms costs ~0 CPU seconds; the default clock sees the 50 ms."""
     import time
-
-    def sleepy(feeds):
-        time.sleep(0.05)
-        return {"out": feeds["token_ids"] * 2}
 
     timed = {}
     for name, clock in (("wall", time.perf_counter), ("cpu", time.thread_time)):
+        queued = threading.Event()
+
+        def sleepy(feeds, queued=queued):
+            queued.wait(10)  # the first call holds until the others are queued behind it
+            time.sleep(0.05)
+            return {"out": feeds["token_ids"] * 2}
+
         batcher = Batcher(sleepy, max_batch_size=4, workers=1, clock=clock)
         seen = []
         batcher.tuner.record = lambda rows, seconds, work=None, seen=seen: seen.append(seconds)
-        first = batcher.submit({"token_ids": np.ones((1, 3), "int64")})  # alone: not timed
-        rest = [batcher.submit({"token_ids": np.ones((1, 3), "int64")}) for _ in range(3)]
-        for future in (first, *rest):
+        futures = [batcher.submit({"token_ids": np.ones((1, 3), "int64")}) for _ in range(4)]
+        queued.set()
+        for future in futures:
             np.testing.assert_array_equal(future.result(timeout=10)["out"], 2 * np.ones((1, 3)))
         batcher.close()
         timed[name] = seen
     assert timed["wall"] and min(timed["wall"]) >= 0.05
     assert timed["cpu"] and max(timed["cpu"]) < 0.02
-
-
-def test_one_thread_sessions_are_timed_in_cpu_seconds(tmp_path):
-    import time
-
-    from keras_attn_serving.repository import ModelRepository
-
-    one = ModelRepository(tmp_path, num_threads=1)
-    two = ModelRepository(tmp_path, num_threads=2)
-    assert one.num_threads == 1 and two.num_threads == 2
-    assert one._batch_clock() is time.thread_time
-    assert two._batch_clock() is time.perf_counter

@@ -470,6 +470,24 @@ def test_unexpected_error_in_direct_infer_is_the_same_500(
     assert dict(answers[0].headers) == dict(answers[1].headers)
 
 
+def test_one_thread_sessions_tune_on_cpu_seconds(toy_artifact, tmp_path, monkeypatch):
+    """cores // workers = 1 (2 cores, 2 workers): each batch computes in its worker's thread
+    alone, and the tuner times it in CPU seconds; with more threads, in wall seconds."""
+    import time
+
+    from keras_attn_serving import repository as repository_module
+
+    root = repository_folder(toy_artifact, tmp_path)
+    clocks = {}
+    for cores in (2, 4):
+        monkeypatch.setattr(repository_module, "_cores", lambda cores=cores: cores)
+        repository = ModelRepository(root, workers=2)
+        *_, batcher = repository.batcher("toy")
+        clocks[cores] = (repository.num_threads, batcher._clock)
+        repository.close()
+    assert clocks == {2: (1, time.thread_time), 4: (2, time.perf_counter)}
+
+
 def test_model_folders_that_are_not_folders_are_unknown(tmp_path):
     """A missing model, a file, and a symlink loop are 404s (as `Path.is_dir` has them); a
     version entry that is a loop or a file is not a version."""
