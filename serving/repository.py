@@ -3,11 +3,9 @@ its batcher (Triton's repository layout; VERSION is a positive integer)."""
 
 import asyncio
 import ctypes
-import errno
 import gc
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -16,6 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 from keras_attn_serving.batching import Batcher
+from keras_attn_serving.folders import NAME, folder_signature, is_version, version_numbers
 from keras_attn_serving.manifest import MANIFEST, ArtifactError
 from keras_attn_serving.predictor import InputError, Predictor
 from keras_attn_serving.protocol import ServingError
@@ -23,25 +22,6 @@ from keras_attn_serving.settings import ModelConfig
 
 log = logging.getLogger("keras_attn.serve")
 MAX_RETRY_S = 60.0  # the longest wait before a failed version is loaded again
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")  # a folder name, never a path
-
-
-# What `Path.is_dir` takes for "not a folder": missing, a file on the way, a symlink loop.
-NOT_A_FOLDER = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EBADF)
-
-
-def _is_folder(entry: os.DirEntry[str]) -> bool:
-    try:
-        return entry.is_dir()
-    except OSError as error:
-        if error.errno not in NOT_A_FOLDER:
-            raise
-        return False
-
-
-def _is_version(text):
-    """A version folder's name: ASCII digits only ("²" is a digit to `str.isdigit`)."""
-    return text.isascii() and text.isdigit() and len(text) <= 18
 
 
 def _cores():
@@ -99,24 +79,14 @@ class ModelRepository:
 
     def servable(self) -> bool:
         """Whether any model has a numbered version folder (what readiness needs)."""
-        return any(
-            _is_version(p.name) and p.is_dir()
-            for name in self.names()
-            for p in (self.root / name).iterdir()
-        )
+        return any(version_numbers(self.root / name) for name in self.names())
 
     def versions(self, name: str) -> list[int]:
         if not isinstance(name, str) or not NAME.match(name) or ".." in name:
             raise ServingError(400, f"invalid model name {str(name)[:80]!r}")
-        try:  # (on every request: one listing, no `stat` per entry where d_type tells)
-            with os.scandir(os.path.join(self.root, name)) as entries:
-                versions = sorted(
-                    int(e.name) for e in entries if _is_version(e.name) and _is_folder(e)
-                )
-        except OSError as error:
-            if error.errno not in NOT_A_FOLDER:
-                raise
-            raise ServingError(404, f"unknown model {name!r}") from None
+        versions = version_numbers(os.path.join(self.root, name))
+        if versions is None:
+            raise ServingError(404, f"unknown model {name!r}")
         if not versions:
             raise ServingError(404, f"model {name!r} has no numbered version folders")
         return versions
@@ -127,7 +97,7 @@ class ModelRepository:
         if version is None or version == "":
             chosen = versions[-1]
         else:
-            if not _is_version(str(version)):
+            if not is_version(str(version)):
                 raise ServingError(400, f"invalid model version {str(version)[:40]!r}")
             chosen = int(version)
             if chosen not in versions:
@@ -152,7 +122,7 @@ class ModelRepository:
         """`batcher(name, version)` for the event loop: a loaded, unchanged version is
         answered at once; loading and hashing run in a thread."""
         chosen, folder = self.resolve(name, version)
-        ready = self._current(name, chosen, _signature(folder))
+        ready = self._current(name, chosen, folder_signature(folder))
         if ready is not None:
             return chosen, *ready
         # One thread per loading version: the other requests for it await that load
@@ -186,7 +156,7 @@ class ModelRepository:
         with self._lock:
             key_lock = self._loading.setdefault(key, threading.Lock())
         with key_lock:  # one load per version at a time: the others wait for it
-            signature = _signature(folder)
+            signature = folder_signature(folder)
             ready = self._current(name, chosen, signature)
             if ready is not None:
                 return chosen, *ready
@@ -337,21 +307,6 @@ class _Failure(NamedTuple):
     error: ServingError
     retry_at: float
     delay: float
-
-
-def _signature(folder):
-    """What changes when a version folder is replaced or its files rewritten: each file's
-    identity, size and times (a few `stat`s per request; `None` once the folder is gone)."""
-    try:
-        with os.scandir(folder) as entries:
-            files = sorted(
-                (e.name, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns)
-                for e in entries
-                for s in [e.stat(follow_symlinks=False)]
-            )
-        return (folder.stat().st_ino, *files)
-    except OSError:
-        return None
 
 
 def _retire(entries):

@@ -7,9 +7,10 @@ JSON and TF Serving REST, on onnxruntime. Never imports tensorflow or keras.
 repository layout; VERSION is a positive integer). Each file's sha256 is checked against
 its `manifest.json` before the model loads; the newest version answers when none is named.
 
-The parts: `repository` (models and their batchers), `handling` (limits, errors, the call
-through a batcher), one router per protocol (`routes_v2`, `routes_text`, `routes_tfs`) and
-`cli` (flags and `main`; `python -m keras_attn_serving` runs it).
+The parts: `repository` (models and their batchers; `folders`, what it reads on disk),
+`handling` (limits, errors, the call through a batcher), one router per protocol
+(`routes_v2`, `routes_text`, `routes_tfs`) and `cli` (flags and `main`; `python -m
+keras_attn_serving` runs it).
 """
 
 import asyncio

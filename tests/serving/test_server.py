@@ -353,13 +353,29 @@ def test_unexpected_error_is_a_plain_500_that_closes_the_connection(toy_artifact
     assert response.headers["connection"] == "close"
 
 
-def test_direct_infer_answers_as_the_fastapi_route(toy_artifact, tmp_path, monkeypatch):
+@pytest.fixture
+def answered(monkeypatch):
+    """The path parameters of each request the `Gate` answered directly (`Gate._answer`)."""
+    from keras_attn_serving.handling import Gate
+
+    seen = []
+    answer = Gate._answer
+
+    async def counted(self, route, params, *args):
+        seen.append(params)
+        await answer(self, route, params, *args)
+
+    monkeypatch.setattr(Gate, "_answer", counted)
+    return seen
+
+
+def test_direct_infer_answers_as_the_fastapi_route(toy_artifact, tmp_path, monkeypatch, answered):
     """The `Gate` answers v2 `infer` itself (no FastAPI routing): every answer, good or bad,
     is byte for byte the route's, and it is counted under the route's name."""
     from fastapi.testclient import TestClient
     from keras_attn_serving import routes_v2
-    from keras_attn_serving.handling import Gate
 
+    direct_routes = routes_v2.DIRECT
     root = repository_folder(toy_artifact, tmp_path)
     ids = np.array([[5, 9, 12, 7], [3, 4, 0, 0]], np.int32)
     header = json.dumps({"inputs": [{"name": "token_ids", "shape": [2, 4], "datatype": "INT32",
@@ -386,14 +402,6 @@ def test_direct_infer_answers_as_the_fastapi_route(toy_artifact, tmp_path, monke
         ("get", "/v2/models/toy/infer", {}),
         ("head", "/v2/models/toy/infer", {}),
     ]
-    answered = []
-    answer = Gate._answer
-
-    async def counted(self, route, params, *args):
-        answered.append(params)
-        await answer(self, route, params, *args)
-
-    monkeypatch.setattr(Gate, "_answer", counted)
     answers = {}
     for direct in (True, False):
         if not direct:
@@ -411,11 +419,8 @@ def test_direct_infer_answers_as_the_fastapi_route(toy_artifact, tmp_path, monke
         assert ('keras_attn_requests_total{route="/v2/models/{name}/versions/{version}/infer",'
                 'status="200"} 3.0') in metrics  # fmt: skip
     assert len(answered) == 12  # none more without `DIRECT`
-    monkeypatch.undo()
+    monkeypatch.setattr(routes_v2, "DIRECT", direct_routes)
     mounted = TestClient(create_app(ModelRepository(root)), root_path="/api")  # behind a proxy
-    assert mounted.post("/api/v2/models/toy/infer", json=v2_request()).status_code == 200
-    assert len(answered) == 12  # (`undo` restored `_answer`)
-    monkeypatch.setattr(Gate, "_answer", counted)
     assert mounted.post("/api/v2/models/toy/infer", json=v2_request()).status_code == 200
     assert len(answered) == 13
     statuses = [r.status_code for r in answers[True]]
@@ -429,23 +434,14 @@ def test_direct_infer_answers_as_the_fastapi_route(toy_artifact, tmp_path, monke
 
 
 def test_unexpected_error_in_direct_infer_is_the_same_500(
-    toy_artifact, monkeypatch, caplog
+    toy_artifact, monkeypatch, caplog, answered
 ):  # fmt: skip
     from fastapi.testclient import TestClient
     from keras_attn_serving import routes_v2
-    from keras_attn_serving.handling import Gate
-
-    answered = []
-    answer = Gate._answer
-
-    async def counted(self, *args):
-        answered.append(args[1])
-        await answer(self, *args)
 
     async def broken(*args, **kwargs):
         raise RuntimeError("/secret/path node_42 at 0x7f00deadbeef")
 
-    monkeypatch.setattr(Gate, "_answer", counted)
     answers = []
     for direct in (True, False):
         if not direct:
