@@ -35,7 +35,7 @@ import numpy as np
 from keras import ops
 
 import keras_attn as ka
-from keras_attn.layers.multi_head_attention import PER_HEAD_MIN_SCORES
+from keras_attn.layers.fused_attention import PER_HEAD_MIN_SCORES
 
 
 def compile_fns(layer, x, training, backend):

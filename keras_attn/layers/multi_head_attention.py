@@ -8,14 +8,13 @@ from keras import ops
 from keras_attn.checks import check_positive_int
 from keras_attn.layers.attention import (
     attend,
-    attend_heads_last,
-    attend_per_head,
     check_rank3,
     combined_mask,
     key_side_mask,
     resolve_input_masks,
 )
 from keras_attn.layers.attention_cache import KeyValueCache
+from keras_attn.layers.fused_attention import attend_scaled, per_head_is_faster
 from keras_attn.layers.initializers import fresh
 from keras_attn.layers.rotary_embedding import check_rope_scaling, inverse_frequencies, rotate
 from keras_attn.layers.scores import Score, get_score, serialize_score
@@ -23,13 +22,9 @@ from keras_attn.layers.tracing import (  # noqa: F401  (onnx_tracing: imported f
     attend_for_onnx,
     is_onnx_tracing,
     on_tensorflow,
-    on_tensorflow_cpu,
     onnx_tracing,
 )
 from keras_attn.types import Initializer, Shape, Tensor
-
-# Smallest T·S where `attend_per_head` runs instead of one batched pass (see `bench/attention.py`).
-PER_HEAD_MIN_SCORES = 1024 * 1024
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -287,7 +282,7 @@ class MultiHeadAttention(KeyValueCache, keras.layers.Layer):
             if merged is not None and attention_mask is None and not use_causal_mask:
                 padding = (query_mask, key_side_mask(value_mask, key_mask))
             return attend_for_onnx(self, query, key, value, merged, padding)
-        per_head = fused and not use_dropout and self._per_head_is_faster(query, key)
+        per_head = fused and not use_dropout and per_head_is_faster(query, key)
         # The fused kernel takes (B, T, H, d); scores take (B, H, T, d). Projecting straight
         # into the layout each path needs saves three transposes on the explicit path.
         layout = "bthk" if fused and not per_head else "bhtk"
@@ -314,20 +309,6 @@ class MultiHeadAttention(KeyValueCache, keras.layers.Layer):
             return x
         inv_freq = inverse_frequencies(self.key_dim, self.rope_max_wavelength, self.rope_scaling)
         return rotate(x, inv_freq, positions, sequence_axis)
-
-    @staticmethod
-    def _per_head_is_faster(query, key):
-        """Whether `attend_per_head` beats one batched pass: TensorFlow on a CPU (no fused
-        attention kernel there) with static lengths and T·S >= 1024², where it measured ~1.5x
-        faster; below that the loop's overhead dominates. Never on a GPU, where it was not
-        measured to win. (Grouped key/value heads are repeated to every query head before
-        either path.)"""
-        lengths = query.shape[1], key.shape[1]
-        return (
-            on_tensorflow_cpu(query)
-            and None not in lengths
-            and lengths[0] * lengths[1] >= PER_HEAD_MIN_SCORES
-        )
 
     def _attend_projected(
         self, q, k, v, query_mask, value_mask, key_mask, attention_mask, use_causal_mask,
@@ -356,22 +337,8 @@ class MultiHeadAttention(KeyValueCache, keras.layers.Layer):
             # Scale the (T, d) queries, not the (T, S) scores: on backends without a fused
             # kernel that saves a full pass over the largest tensor (~10% at seq 2048 on CPU).
             q = ops.multiply(q, ops.cast(self.score.scale_for(self.key_dim), q.dtype))
-            if per_head:
-                out = attend_per_head(q, k, v, merged)
-            elif on_tensorflow():
-                # No fused kernel there: skip `dot_product_attention`'s pass scaling the scores.
-                dropout = self.dropout_layer if use_dropout else None
-                out = attend_heads_last(q, k, v, merged, dropout=dropout, training=training)
-            elif only_causal:
-                out = ops.dot_product_attention(q, k, v, scale=1.0, is_causal=True)
-            else:
-                head_mask = None if merged is None else ops.expand_dims(merged, 1)
-                out = ops.dot_product_attention(q, k, v, mask=head_mask, scale=1.0)
-                if merged is not None:
-                    # Fused kernels average (or NaN) rows with no visible key; we promise zeros.
-                    visible = ops.any(merged, axis=-1)  # (B|1, T|1)
-                    visible = ops.expand_dims(ops.expand_dims(visible, -1), -1)
-                    out = ops.where(visible, out, ops.zeros_like(out))
+            dropout = self.dropout_layer if use_dropout else None
+            out = attend_scaled(q, k, v, merged, only_causal, per_head, dropout, training)
             weights = None
         else:
             head_mask = None if merged is None else ops.expand_dims(merged, 1)  # (B, 1, T, S)

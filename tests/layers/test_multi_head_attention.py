@@ -119,7 +119,7 @@ ON_TF = keras.backend.backend() == "tensorflow"
 def attention_spy(monkeypatch):
     """Calls of the fused scaled-dot core: `keras.ops.dot_product_attention`, or on TensorFlow
     (which has no fused kernel) the three-op `attend_heads_last` that replaces it."""
-    from keras_attn.layers import multi_head_attention as mha
+    from keras_attn.layers import fused_attention as mha
 
     calls = []
     owner, name = (mha, "attend_heads_last") if ON_TF else (keras.ops, "dot_product_attention")
@@ -353,7 +353,7 @@ def test_attend_per_head_gradient_equals_automatic_differentiation_of_batched_at
 @pytest.mark.tf_only
 @pytest.mark.parametrize("masks", ["none", "padding", "causal", "explicit", "grouped_query"])
 def test_long_sequences_take_the_per_head_path_with_the_same_values(masks, monkeypatch):
-    from keras_attn.layers import multi_head_attention as mha
+    from keras_attn.layers import fused_attention as mha
 
     kv_heads = 2 if masks == "grouped_query" else None
     layer = ka.MultiHeadAttention(4, 8, dropout=0.1, num_key_value_heads=kv_heads)
@@ -396,7 +396,7 @@ def test_long_sequences_take_the_per_head_path_with_the_same_values(masks, monke
 def test_the_per_head_path_runs_only_on_a_tensorflow_cpu(monkeypatch):
     """Issue 20: it was chosen by backend alone, so a TensorFlow GPU would take it too; it was
     measured to win on CPU only."""
-    from keras_attn.layers import multi_head_attention as mha
+    from keras_attn.layers import fused_attention as mha
     from keras_attn.layers import tracing
 
     monkeypatch.setattr(mha, "PER_HEAD_MIN_SCORES", 36)
