@@ -39,6 +39,15 @@ counted; the fused graph computes them in attention alone), the ratios to both b
 server's CPU time per request in its event loop and in its other threads (Linux `/proc`), and
 checks that the served `sequence_output` equals raw onnxruntime on each text alone at every
 real position. Prints the CPU flags; writes JSON.
+
+Each round also measures what bounds ÷sorted on these cores: onnxruntime's least CPU per
+request (two one-thread sessions, as the server runs, over the sorted batches of the best
+size, no HTTP beside them), and HTTP's own CPU per request: a bare uvicorn app (uvloop,
+httptools) answering our server's canned response after the server's median latency (so at
+its rate), loop and clients. The ceiling `CPUs / (onnxruntime's least + HTTP's) / raw sorted`
+is printed with the bare app's HTTP CPU and with each server's (event loop + clients): the
+best ÷sorted the server could reach with its workers at onnxruntime's least. The bare app runs
+on idle cores, so its figure is a lower bound of what HTTP costs beside onnxruntime.
 """
 
 import argparse
@@ -195,6 +204,104 @@ def raw_schedules(session, ids, sizes=(4, 8, 16, 32)):
             best = (count / seconds, padding, {"batch": size})
     result["sorted"] = best
     return result
+
+
+def raw_floor(graph, ids, size):
+    """`(requests/s, onnxruntime CPU ms per request)` of two one-thread sessions (what the
+    server runs) taking turns over the length-sorted batches of `size` in two threads: the
+    least CPU onnxruntime spends on these requests, with no HTTP on the cores beside it."""
+    import threading
+
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    by_length = sorted(range(len(ids)), key=lambda k: len(ids[k]))
+    batches = [by_length[s : s + size] for s in range(0, len(ids), size)]
+    sessions = [ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+                for _ in range(2)]  # fmt: skip
+    raw_run(sessions[0], ids, batches[:2])  # each session's first call plans its memory
+    raw_run(sessions[1], ids, batches[:2])
+    cpu = [0.0, 0.0]
+
+    def work(half):
+        start = time.thread_time()
+        raw_run(sessions[half], ids, batches[half::2])
+        cpu[half] = time.thread_time() - start
+
+    threads = [threading.Thread(target=work, args=(half,)) for half in range(2)]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return len(ids) / (time.perf_counter() - start), 1000 * sum(cpu) / len(ids)
+
+
+def serve_bare(port: int, canned: str) -> None:
+    """A uvicorn app (uvloop, httptools, as the server runs) that reads each request and
+    answers with one canned response: what any Python HTTP server pays per request."""
+    import uvicorn
+
+    with open(canned) as f:
+        response = json.load(f)
+    headers = [(k.encode(), v.encode()) for k, v in response["headers"]]
+    body = bytes.fromhex(response["body"])
+
+    async def app(scope, receive, send):
+        while (await receive()).get("more_body"):
+            pass
+        for name, value in scope["headers"]:
+            if name == b"x-answer-after-ms":  # the latency of the server it stands in for
+                await asyncio.sleep(float(value) / 1000)
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
+                lifespan="off")  # fmt: skip
+
+
+def start_bare(url, request, work):
+    """A `serve_bare` process answering what our server at `url` answers to `request`."""
+    import socket
+
+    import httpx
+
+    path, body, headers = request
+    answer = httpx.post(url + path, content=body, headers=headers)
+    kept = [(k, v) for k, v in answer.headers.items() if k in ("content-type",
+            "inference-header-content-length")]  # fmt: skip
+    canned = work / "canned.json"
+    canned.write_text(json.dumps({"headers": kept, "body": answer.content.hex()}))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve-bare",
+                                str(port), str(canned)])  # fmt: skip
+    bare = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            httpx.post(bare + path, content=body, headers=headers)
+            return process, bare
+        except httpx.TransportError:
+            time.sleep(0.1)
+    process.kill()
+    raise RuntimeError("the bare server did not start")
+
+
+def bare_round(bare, clients, requests, delay_ms):
+    """`load` on the bare server, each answer sent `delay_ms` after its request (so that it
+    answers at the rate of the server it stands in for): requests/s and CPU ms per request,
+    its loop and clients."""
+    process, url = bare
+    requests = [(path, body, {**headers, "X-Answer-After-Ms": f"{delay_ms:.1f}"})
+                for path, body, headers in requests]  # fmt: skip
+    cpu = sum(thread_cpu(process.pid).values())
+    latencies, _, seconds, client = run_async(load(url, clients, requests))
+    used = sum(thread_cpu(process.pid).values()) - cpu
+    return {"throughput": len(latencies) / seconds,
+            "loop_cpu_ms": 1000 * used / len(latencies),
+            "client_cpu_ms": 1000 * client / len(latencies)}  # fmt: skip
 
 
 def start_server(repository, schedule, clients, min_fill, models=("minilm",)):
@@ -403,6 +510,8 @@ def main():
         served.setdefault(MODES[mode][0], []).append(MODES[mode][1])
     servers = {schedule: start_server(work, schedule, args.clients, args.min_fill, models)
                for schedule, models in served.items()}  # fmt: skip
+    first = next(iter(servers.values()))[1]
+    bare = start_bare(first, requests["minilm"][0], work)
     rounds = []
     try:
         for _ in range(args.warmup):
@@ -434,6 +543,11 @@ def main():
                     / len(latencies),
                     "client_cpu_ms": 1000 * client / len(latencies),
                 }  # fmt: skip
+            delay = record[args.modes[0]]["p50_ms"]
+            record["bare"] = bare_round(bare, args.clients, requests["minilm"], delay)
+            size = before_servers["sorted"][2]["batch"]
+            record["floor"] = dict(zip(("throughput", "cpu_ms"), raw_floor(graph, ids, size),
+                                       strict=True), batch=size)  # fmt: skip
             # Each baseline is run before and after the servers, and their mean taken: on a
             # shared machine a drift during the round then moves both sides of a ratio.
             after_servers = raw_schedules(session, ids)
@@ -445,7 +559,7 @@ def main():
         worst = {schedule: asyncio.run(served_equals_raw(url, session, ids))
                  for schedule, (_, url) in servers.items()}  # fmt: skip
     finally:
-        for process, _ in servers.values():
+        for process, _ in [*servers.values(), bare]:
             process.terminate()
             process.wait(60)
 
@@ -457,7 +571,8 @@ def main():
     print(f"{'round':<6}{'mode':<9}{'req/s':>8}{'tok/s':>9}{'p50 ms':>9}{'p99 ms':>9}"
           f"{'padding':>9}{'rows':>6}{'÷sorted':>9}{'÷padded':>9}")  # fmt: skip
     for r, record in enumerate(rounds, 1):
-        for mode, row in sorted(record.items(), key=lambda item: item[0] in MODES):
+        for mode in ("sorted", "padded", *args.modes):
+            row = record[mode]
             rate = row["throughput"]
             p50 = f"{row['p50_ms']:.1f}" if "p50_ms" in row else "-"
             p99 = f"{row['p99_ms']:.1f}" if "p99_ms" in row else "-"
@@ -473,6 +588,23 @@ def main():
                           f"{record[mode]['other_cpu_ms']:.2f}; "
                           f"{record[mode]['client_cpu_ms']:.2f} ms"
                           for mode in args.modes))  # fmt: skip
+    for r, record in enumerate(rounds, 1):
+        floor, bare_row, rate = record["floor"], record["bare"], record["sorted"]["throughput"]
+        ceilings = {
+            name: os.cpu_count()
+            * 1000
+            / (floor["cpu_ms"] + row["loop_cpu_ms"] + row["client_cpu_ms"])
+            / rate
+            for name, row in (("bare", bare_row), *((m, record[m]) for m in args.modes))
+        }
+        print(
+            f"round {r}, ceiling of ÷sorted = {os.cpu_count()} CPUs / (onnxruntime's least "
+            f"CPU {floor['cpu_ms']:.2f} ms [two one-thread sessions, batches of "
+            f"{floor['batch']}, {floor['throughput']:.1f} req/s] + HTTP's CPU per request): "
+            + ", ".join(f"{name} {ceiling:.2f}" for name, ceiling in ceilings.items())
+            + f"; bare uvicorn {bare_row['throughput']:.0f} req/s, loop "
+            f"{bare_row['loop_cpu_ms']:.2f} + clients {bare_row['client_cpu_ms']:.2f} ms"
+        )
     print(
         "64 requests at once, served sequence_output vs raw onnxruntime on each alone, max "
         "|diff| at real positions: "
@@ -492,4 +624,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--serve-bare"]:
+        serve_bare(int(sys.argv[2]), sys.argv[3])
+    else:
+        main()
