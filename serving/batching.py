@@ -41,7 +41,7 @@ class _Request:
         self.length = lengths.pop() if len(lengths) == 1 else None
         # Requests merge when names, dtypes and every axis but batch (and sequence) agree.
         self.key = tuple(
-            (name, str(a.dtype), a.shape[2:] if name in sequence_axis_inputs else a.shape[1:])
+            (name, a.dtype, a.shape[2:] if name in sequence_axis_inputs else a.shape[1:])
             for name, a in sorted(feeds.items())
         )
 

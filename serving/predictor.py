@@ -87,6 +87,7 @@ class Predictor:
         self.output_specs = [spec.model_dump() for spec in manifest.outputs]
         self.output_names = [spec["name"] for spec in self.output_specs]
         self.max_sequence_length = manifest.max_sequence_length
+        self._plans: dict[str, tuple] = {}  # input name -> what `_checked` checks
         self.decoding = manifest.decoding.model_dump() if manifest.decoding else None
         self.decode_session: ort.InferenceSession | None = None
         if self.decoding:
@@ -150,43 +151,60 @@ class Predictor:
         return dict(zip(self.output_names, outputs, strict=True))
 
     def _checked(self, name, value):
-        spec = self.inputs[name]
+        rank, fixed, want, integer, limit, low, high = self._plan(name)
         array = value if isinstance(value, np.ndarray) else np.asarray(value)
         if array.dtype == object:
             raise InputError(
                 f"input {name!r} must be a rectangular numeric tensor of datatype "
-                f"{spec['dtype'].upper()}; received strings or ragged rows (BYTES/object)"
+                f"{self.inputs[name]['dtype'].upper()}; received strings or ragged rows "
+                "(BYTES/object)"
             )
-        if array.ndim != len(spec["shape"]):
+        if array.ndim != rank:
             raise InputError(
-                f"input {name!r} must have rank {len(spec['shape'])} {spec['shape']}; "
+                f"input {name!r} must have rank {rank} {self.inputs[name]['shape']}; "
                 f"received shape {list(array.shape)}"
             )
         if array.size == 0:  # onnxruntime fails on an empty batch or sequence
             raise InputError(f"input {name!r} has shape {list(array.shape)}: at least one row "
                              "and one position are needed")  # fmt: skip
-        for axis, (want, got) in enumerate(zip(spec["shape"], array.shape, strict=True)):
-            if isinstance(want, int) and want != got:
-                raise InputError(f"input {name!r} axis {axis} must be {want}; received {got}")
-        want = np.dtype(spec["dtype"])
-        if np.issubdtype(want, np.integer) != np.issubdtype(array.dtype, np.integer):
-            raise InputError(f"input {name!r} must be {want.name.upper()}; received "
-                             f"{array.dtype.name.upper()}")  # fmt: skip
-        cast = array.astype(want, copy=False)
-        if np.issubdtype(want, np.integer) and not np.array_equal(cast, array):
-            raise InputError(f"input {name!r} has values outside {want}")
-        limit = self.max_sequence_length
+        for axis, size in fixed:
+            if array.shape[axis] != size:
+                raise InputError(
+                    f"input {name!r} axis {axis} must be {size}; received {array.shape[axis]}"
+                )
+        if array.dtype == want:
+            cast = array
+        else:
+            if integer != (array.dtype.kind in "iu"):  # (as np.integer: bool is not one)
+                raise InputError(f"input {name!r} must be {want.name.upper()}; received "
+                                 f"{array.dtype.name.upper()}")  # fmt: skip
+            cast = array.astype(want)
+            if integer and not np.array_equal(cast, array):
+                raise InputError(f"input {name!r} has values outside {want}")
         if limit is not None and cast.ndim >= 2 and cast.shape[-1] > limit:
             raise InputError(f"input {name!r} has sequence length {cast.shape[-1]}; the model "
                              f"accepts at most {limit}")  # fmt: skip
-        low, high = self.manifest.input_ranges.get(name) or (None, None)
-        vocabulary = self.manifest.vocabulary_size
-        if high is None and vocabulary and "token" in name:  # manifests before input_ranges
-            low, high = 0, vocabulary
-        if high is not None and cast.size and (cast.min() < low or cast.max() >= high):
+        if high is not None and (cast.min() < low or cast.max() >= high):
             what = "ids" if "token" in name else "values"
             raise InputError(f"input {name!r} has {what} outside [{low}, {high})")
         return cast
+
+    def _plan(self, name):
+        """What `_checked` checks of input `name`, worked out once: its rank, fixed axes,
+        dtype, whether that is an integer type, the longest sequence and the value range."""
+        plan = self._plans.get(name)
+        if plan is None:
+            spec = self.inputs[name]
+            want = np.dtype(spec["dtype"])
+            fixed = tuple((a, d) for a, d in enumerate(spec["shape"]) if isinstance(d, int))
+            low, high = self.manifest.input_ranges.get(name) or (None, None)
+            vocabulary = self.manifest.vocabulary_size
+            if high is None and vocabulary and "token" in name:  # manifests before input_ranges
+                low, high = 0, vocabulary
+            plan = (len(spec["shape"]), fixed, want, want.kind in "iu",
+                    self.max_sequence_length, low, high)  # fmt: skip
+            self._plans[name] = plan
+        return plan
 
     def logits(self, token_ids: "ArrayLike") -> np.ndarray:
         """Logits of a single-input language model for int ids `(batch, length)`."""

@@ -3,6 +3,7 @@ cap on open connections that makes room instead of refusing health checks, HEAD,
 internal errors counted. A real uvicorn server on loopback, over an empty repository (no
 model needed)."""
 
+import asyncio
 import json
 import socket
 import time
@@ -162,3 +163,76 @@ def test_a_body_left_unread_by_an_early_answer_is_not_taken_for_headers(serve):
         while b"\r\n\r\n" not in following:
             following += sock.recv(4096)
     assert following.startswith(b"HTTP/1.1 200"), following
+
+
+@pytest.fixture
+def writes(monkeypatch):
+    """What each answer wrote to its connection: `[[bytes, ...] per response]`."""
+    from keras_attn_serving import connections
+
+    recorded: list[list[bytes]] = []
+
+    class Recorder:
+        def __init__(self, transport, calls):
+            self.transport, self.calls = transport, calls
+
+        def write(self, data):
+            self.calls.append(bytes(data))
+            self.transport.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.transport, name)
+
+    class Recorded(connections.OneWrite):
+        def __init__(self, transport, cycle):
+            recorded.append([])
+            super().__init__(Recorder(transport, recorded[-1]), cycle)
+
+    monkeypatch.setattr(connections, "OneWrite", Recorded)
+    return recorded
+
+
+def test_an_answer_of_known_length_is_one_write_with_its_headers(serve, writes):
+    """Before: uvicorn wrote the status line and headers, then the body: two system calls and
+    two loopback segments per answer, on cores onnxruntime keeps cold (issue 28)."""
+    url, _, app = serve()
+    from fastapi.responses import Response, StreamingResponse
+
+    big = b"x" * 100_000
+
+    async def chunks():
+        yield b"first "
+        await asyncio.sleep(0.05)
+        yield b"second"
+
+    app.add_api_route("/test/big", lambda: Response(big))
+    app.add_api_route("/test/stream", lambda: StreamingResponse(chunks()))
+    with httpx.Client() as client:  # one kept-alive connection for all
+        assert client.get(url + "/v2").json()["name"] == "keras-attn-serve"
+        missing = client.post(url + "/v2/models/nope/infer", content=b"{}")
+        assert missing.status_code == 404
+        head = client.head(url + "/v2")
+        assert head.status_code == 200 and head.content == b""
+        assert client.get(url + "/test/big").content == big
+        assert client.get(url + "/test/stream").content == b"first second"
+    start = len(writes) - 5
+    (ok,), (refused,), (headers_only,), big_answer, streamed = writes[start:]
+    for answer, body in ((ok, httpx.get(url + "/v2").content), (refused, missing.content)):
+        head_part, _, rest = answer.partition(b"\r\n\r\n")
+        assert head_part.startswith(b"HTTP/1.1 ") and rest == body
+    assert headers_only.endswith(b"\r\n\r\n") and b"content-length" in headers_only
+    # A body over 64 KiB follows its headers uncopied; a streamed one gets its headers first.
+    assert [len(w) for w in big_answer[1:]] == [len(big)] and big_answer[0].endswith(b"\r\n\r\n")
+    assert streamed[0].endswith(b"\r\n\r\n") and b"chunked" in streamed[0]
+    assert b"first" in streamed[1] and b"second" in streamed[2]
+
+
+def test_pipelined_requests_get_whole_answers_in_order(serve, writes):
+    _, address, _ = serve()
+    with socket.create_connection(address) as sock:
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+                     b"GET /v2 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")  # fmt: skip
+        answer = answer_of(sock)
+    first, _, second = answer.partition("HTTP/1.1 200 OK\r\n")[2].partition("HTTP/1.1 200")
+    assert first.endswith("\r\n\r\n{}") and second.endswith('"binary_tensor_data"]}')
+    assert [len(calls) for calls in writes[-2:]] == [1, 1]
