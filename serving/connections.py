@@ -166,7 +166,7 @@ class OneWrite:
             self.fresh = False
             if (
                 cycle.chunked_encoding is False and cycle.expected_content_length > 0
-                and cycle.scope["method"] != "HEAD"
+                and cycle.scope["method"] != "HEAD" and data.startswith(b"HTTP/")
             ):  # fmt: skip
                 self.held = data  # the headers: the body comes in the cycle's next write
                 return

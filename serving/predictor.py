@@ -175,7 +175,7 @@ class Predictor:
         if array.dtype == want:
             cast = array
         else:
-            if integer != (array.dtype.kind in "iu"):  # (as np.integer: bool is not one)
+            if integer != np.issubdtype(array.dtype, np.integer):
                 raise InputError(f"input {name!r} must be {want.name.upper()}; received "
                                  f"{array.dtype.name.upper()}")  # fmt: skip
             cast = array.astype(want)
@@ -201,7 +201,7 @@ class Predictor:
             vocabulary = self.manifest.vocabulary_size
             if high is None and vocabulary and "token" in name:  # manifests before input_ranges
                 low, high = 0, vocabulary
-            plan = (len(spec["shape"]), fixed, want, want.kind in "iu",
+            plan = (len(spec["shape"]), fixed, want, np.issubdtype(want, np.integer),
                     self.max_sequence_length, low, high)  # fmt: skip
             self._plans[name] = plan
         return plan
