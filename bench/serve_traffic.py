@@ -54,6 +54,7 @@ on idle cores, so its figure is a lower bound of what HTTP costs beside onnxrunt
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import platform
@@ -412,6 +413,7 @@ def drive(url, clients, requests, generator):
             "cpu_s": cpu}  # fmt: skip
 
 
+@functools.cache
 def _wrk_module():
     import importlib.util
 

@@ -87,7 +87,6 @@ class Predictor:
         self.output_specs = [spec.model_dump() for spec in manifest.outputs]
         self.output_names = [spec["name"] for spec in self.output_specs]
         self.max_sequence_length = manifest.max_sequence_length
-        self._plans: dict[str, tuple] = {}  # input name -> what `_checked` checks
         self.decoding = manifest.decoding.model_dump() if manifest.decoding else None
         self.decode_session: ort.InferenceSession | None = None
         if self.decoding:
@@ -120,6 +119,8 @@ class Predictor:
                     gqa_file, options, providers=["CPUExecutionProvider"]
                 )
             self._gqa_step = gqa_step(self.gqa_session)
+        # input name -> what `_checked` checks, worked out once
+        self._plans = {name: self._plan(name) for name in self.inputs}
         self.tokenizer = None
         if manifest.tokenizer:
             self.tokenizer = load_text_tokenizer(self.folder / manifest.tokenizer)
@@ -151,7 +152,7 @@ class Predictor:
         return dict(zip(self.output_names, outputs, strict=True))
 
     def _checked(self, name, value):
-        rank, fixed, want, integer, limit, low, high = self._plan(name)
+        rank, fixed, want, integer, limit, low, high = self._plans[name]
         array = value if isinstance(value, np.ndarray) else np.asarray(value)
         if array.dtype == object:
             raise InputError(
@@ -190,21 +191,17 @@ class Predictor:
         return cast
 
     def _plan(self, name):
-        """What `_checked` checks of input `name`, worked out once: its rank, fixed axes,
-        dtype, whether that is an integer type, the longest sequence and the value range."""
-        plan = self._plans.get(name)
-        if plan is None:
-            spec = self.inputs[name]
-            want = np.dtype(spec["dtype"])
-            fixed = tuple((a, d) for a, d in enumerate(spec["shape"]) if isinstance(d, int))
-            low, high = self.manifest.input_ranges.get(name) or (None, None)
-            vocabulary = self.manifest.vocabulary_size
-            if high is None and vocabulary and "token" in name:  # manifests before input_ranges
-                low, high = 0, vocabulary
-            plan = (len(spec["shape"]), fixed, want, np.issubdtype(want, np.integer),
-                    self.max_sequence_length, low, high)  # fmt: skip
-            self._plans[name] = plan
-        return plan
+        """What `_checked` checks of input `name`: its rank, fixed axes, dtype, whether that
+        is an integer type, the longest sequence and the value range."""
+        spec = self.inputs[name]
+        want = np.dtype(spec["dtype"])
+        fixed = tuple((a, d) for a, d in enumerate(spec["shape"]) if isinstance(d, int))
+        low, high = self.manifest.input_ranges.get(name) or (None, None)
+        vocabulary = self.manifest.vocabulary_size
+        if high is None and vocabulary and "token" in name:  # manifests before input_ranges
+            low, high = 0, vocabulary
+        return (len(spec["shape"]), fixed, want, np.issubdtype(want, np.integer),
+                self.max_sequence_length, low, high)  # fmt: skip
 
     def logits(self, token_ids: "ArrayLike") -> np.ndarray:
         """Logits of a single-input language model for int ids `(batch, length)`."""
