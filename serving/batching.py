@@ -83,17 +83,23 @@ class CapTuner:
 
     Merging more rows is not always cheaper per row: on 2 CPU cores a BERT-small batch of 32 ran
     fewer sequences/s than batches of 4 (`bench/serve_load.py`). Starting at `max_batch_size`,
-    the tuner measures the median seconds per row over `window` batches run under load (merged
-    with others, or leaving others queued), then tries the neighbouring cap (half or double,
-    within `1..max_batch_size`) for a window, and moves there if it is at least `margin` cheaper
-    (a larger cap) or no dearer (a smaller cap: less latency, and where costs are flat the walk
-    goes on toward unbatched), trying the next cap that way at once. After a failed trial it
-    tries the other side, `rest` windows later; each further failed trial doubles that wait (up
-    to `max_rest` windows), so once the cap has settled, trials of worse caps cost a shrinking
-    share of the batches. A move, or a change in the batch sizes the queue forms (the load
-    changed), resets the wait to `rest`. A cap well above the batches the queue forms is first
-    lowered to the smallest cap holding them (it changed nothing), so trials compare sizes that
-    really run. Lone requests on an empty queue say nothing about the cap and are not counted.
+    the tuner measures seconds per row over windows of `window` batches run under load (merged
+    with others, or leaving others queued). Its reference is the median over the settled cap's
+    last `pool` windows. It tries the neighbouring cap (half or double, within
+    `1..max_batch_size`) for `trial_windows` windows and moves there if the trial's median is at
+    least `margin` cheaper (a larger cap) or no dearer (a smaller cap: less latency, and where
+    costs are flat the walk goes on toward unbatched). After a move it measures the new cap for
+    `pool` windows, then tries the next cap the same way. (One window's median varies by 3-5%
+    under mixed traffic: held to one window, a cap 10% dearer passed a trial now and then, and
+    a larger cap 8% cheaper seldom did.) After a failed trial it tries the other side, `rest`
+    windows later; each further failed trial doubles that wait (up to `max_rest` windows), so
+    once the cap has settled, trials of worse caps cost a shrinking share of the batches. A
+    move, or a change in the batch sizes the queue forms (the load changed: the reference is
+    then measured afresh), resets the wait to `rest`. A cap above every batch of a window is
+    first lowered to the smallest cap holding them (it changed nothing), so trials compare
+    sizes that really run; where only the median batch fits a smaller cap, the larger ones
+    still need this one. Lone requests on an empty queue say nothing about the cap and are not
+    counted.
     """
 
     def __init__(
@@ -103,6 +109,8 @@ class CapTuner:
         margin: float = 0.05,
         rest: int = 4,
         max_rest: int = 64,
+        pool: int = 4,
+        trial_windows: int = 2,
     ) -> None:
         caps, cap = [], 1
         while cap < max_batch_size:
@@ -110,12 +118,15 @@ class CapTuner:
             cap *= 2
         self.caps = [*caps, max_batch_size]
         self.window, self.margin, self.rest, self.max_rest = window, margin, rest, max_rest
+        self.pool, self.trial_windows = pool, trial_windows
         self.backoff = rest  # windows to wait after the next failed trial
         self.typical: int | None = None  # median rows per batch, last settled window at this cap
         self.index = len(self.caps) - 1
         self.trial: int | None = None  # index of the cap on trial, if any
         self.direction = -1
         self.settled_cost: float | None = None
+        # Costs of the settled cap's last `pool` windows: the reference a trial is held to.
+        self._settled: collections.deque[float] = collections.deque(maxlen=pool * window)
         self.wait = 0  # windows before the next trial
         self._samples: list[tuple[float, int]] = []
         self._lock = threading.Lock()
@@ -132,10 +143,12 @@ class CapTuner:
             return
         with self._lock:
             self._samples.append((seconds / (work or rows), rows))
-            if len(self._samples) < self.window:
+            if len(self._samples) < self.window * (1 if self.trial is None else self.trial_windows):
                 return
-            cost = sorted(c for c, _ in self._samples)[len(self._samples) // 2]
-            typical = sorted(r for _, r in self._samples)[len(self._samples) // 2]
+            costs = [c for c, _ in self._samples]
+            cost = sorted(costs)[len(costs) // 2]
+            rows_seen = sorted(r for _, r in self._samples)
+            typical = rows_seen[len(rows_seen) // 2]
             self._samples = []
             if self.trial is not None:
                 # A larger cap must be `margin` cheaper; a smaller one only no dearer: the
@@ -144,23 +157,28 @@ class CapTuner:
                 smaller = self.trial < self.index
                 assert self.settled_cost is not None  # set by the window that began the trial
                 if cost <= self.settled_cost * (1 if smaller else 1 - self.margin):
-                    # Moved; the trial measured this cap's cost: try the next one that way.
-                    self.index, self.settled_cost = self.trial, cost
+                    # Moved. The trial's window begins this cap's reference; once `pool`
+                    # windows make it, the next cap the same way is tried.
+                    self.index, self.settled_cost, self.trial = self.trial, cost, None
+                    self._settled.clear()
+                    self._settled.extend(costs)
                     self.backoff, self.typical = self.rest, None
-                    step = self.index + self.direction
-                    self.trial = step if 0 <= step < len(self.caps) else None
+                    self.wait = self.pool - 1
                 else:
                     self.direction, self.wait = -self.direction, self.backoff
                     self.backoff = min(2 * self.backoff, self.max_rest)
                     self.trial = None
                 return
-            self.settled_cost = cost
             if self.typical is not None and not 0.5 <= typical / self.typical <= 2:
+                # The load changed: so did the cost of this cap; measure it afresh.
                 self.backoff, self.wait = self.rest, min(self.wait, self.rest)
+                self._settled.clear()
+            self._settled.extend(costs)
+            self.settled_cost = sorted(self._settled)[len(self._settled) // 2]
             self.typical = typical
             # A cap far above the batches the queue actually forms changes nothing: start
             # from the smallest cap that still holds them, so trials compare real sizes.
-            while self.index > 0 and self.caps[self.index - 1] >= typical:
+            while self.index > 0 and self.caps[self.index - 1] >= rows_seen[-1]:
                 self.index -= 1
             if self.wait:
                 self.wait -= 1

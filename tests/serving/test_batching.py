@@ -244,9 +244,9 @@ def test_cap_tuner_settles_on_the_cheapest_rows(best):
         cost = {c: 1.0 + 0.1 * c for c in cost}
     if best == 32:
         cost = {c: 5.0 / c for c in cost}
-    caps = feed(tuner, cost.get, 60)
+    caps = feed(tuner, cost.get, 100)
     assert tuner.cap == best or tuner.trial is not None
-    tail = caps[-20 * tuner.window :]
+    tail = caps[-40 * tuner.window :]
     assert tail.count(best) / len(tail) > 0.9  # trials of neighbours only now and then
 
 
@@ -256,12 +256,12 @@ def test_cap_tuner_measures_positions_where_lengths_vary():
     rng, tuner = np.random.default_rng(3), CapTuner(32)
     cost = {1: 4.0, 2: 3.0, 4: 2.4, 8: 2.0, 16: 2.2, 32: 2.6}
     caps = []
-    for _ in range(60 * tuner.window):
+    for _ in range(100 * tuner.window):
         rows = tuner.cap
         caps.append(rows)
         positions = int(rng.integers(1, 101, rows).sum())
         tuner.record(rows, positions * cost[rows], work=positions)
-    tail = caps[-20 * tuner.window :]
+    tail = caps[-40 * tuner.window :]
     assert tail.count(8) / len(tail) > 0.9
 
 
@@ -270,12 +270,15 @@ def test_cap_tuner_backs_off_failed_trials_and_resets_when_the_load_changes():
     cost = {1: 4.0, 2: 3.0, 4: 2.4, 8: 2.0, 16: 2.2, 32: 2.6}
     caps = feed(tuner, cost.get, 200)
     windows = [caps[i] for i in range(0, len(caps), tuner.window)]
-    assert windows[:5] == [32, 16, 8, 4, 8]  # two moves in a row, then a failed trial of 4
-    trials = [i for i, c in enumerate(windows) if c != 8 and i >= 3]
-    gaps = [b - a for a, b in itertools.pairwise(trials)]
+    # A trial runs two windows; after a move, `pool` windows (the trial's and three more)
+    # measure the new cap before the next trial: 16 and 8 taken, then a failed trial of 4.
+    assert windows[:16] == [32, *[16] * 6, *[8] * 6, 4, 4, 8]
+    starts = [i for i in range(13, len(windows)) if windows[i] != 8 and windows[i - 1] == 8]
+    assert all(windows[i + 1] == windows[i] != windows[i + 2] for i in starts)
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
     # Each failed trial doubles the wait before the next (4, 8, 16, 32, then 64 windows at
-    # most), plus the trial window and the window that measures the settled cap.
-    assert gaps == [6, 10, 18, 34, 66]
+    # most), plus the two trial windows and the window that measures the settled cap.
+    assert gaps == [7, 11, 19, 35, 67]
     assert tuner.backoff == tuner.max_rest
     # The queue now forms batches of 2 (lighter load): the tuner drops to 2 and waits only
     # `rest` windows again before its next trial.
@@ -300,16 +303,54 @@ def test_cap_tuner_takes_a_smaller_cap_at_equal_cost_so_a_flat_stretch_hides_not
     # (serve_load: batched 0.87-0.98x unbatched by round); a smaller cap at equal cost is taken.
     tuner = CapTuner(32)
     cost = {1: 1 / 246, 2: 1 / 257, 4: 1 / 267, 8: 1 / 241, 13: 1 / 239}
-    caps = feed(tuner, lambda rows: cost[rows], 60, queued=13)
+    caps = feed(tuner, lambda rows: cost[rows], 100, queued=13)
     windows = [caps[i] for i in range(0, len(caps), tuner.window)]
-    assert windows[:5] == [32, 8, 4, 2, 4]  # 32 forms 13-row batches: 16 holds them; try 8
-    tail = caps[-20 * tuner.window :]
+    # 32 forms 13-row batches: 16 holds them; 8 and 4 taken, a trial of 2 fails.
+    assert windows[:16] == [32, *[8] * 6, *[4] * 6, 2, 2, 4]
+    tail = caps[-40 * tuner.window :]
     assert tail.count(4) / len(tail) > 0.9
     # Larger caps still need the margin: 2% cheaper per doubling is not worth a move up.
     tuner = CapTuner(32)
     tuner.index = 0
     feed(tuner, lambda rows: 0.98 ** np.log2(rows), 40)
     assert tuner.index == 0
+
+
+def test_cap_tuner_holds_the_cheapest_cap_through_noise():
+    # Under the bench's traffic one window's median varies by 3-5% at a fixed cap (per batch,
+    # lognormal noise of about 0.1-0.15). Held against one window, a trial of a cap 10% dearer
+    # passed now and then, and a move down stuck (a move back up needs `margin`): in 4 of these
+    # 20 seeded runs the settled cap left 4, for up to 28% of the batches. Against the last
+    # `pool` windows, with trials of two windows, it stays in all 20 (here one is allowed).
+    cost = {1: 1.3, 2: 1.1, 4: 1.0, 8: 1.1, 16: 1.3, 32: 1.5}
+    left = []
+    for seed in range(20):
+        rng, tuner = np.random.default_rng(seed), CapTuner(32)
+        tuner.index = 2
+        away = 0
+        for _ in range(150 * tuner.window):
+            cap = tuner.cap
+            tuner.record(cap, cap * cost[cap] * rng.lognormal(0, 0.15))
+            away += tuner.index != 2
+        left.append(away / (150 * tuner.window))
+    assert sum(share > 0 for share in left) <= 1, left
+    assert max(left) < 0.5, left
+
+
+def test_cap_tuner_keeps_a_cap_its_larger_batches_need():
+    # At cap 8 the length schedule forms mostly 2-row batches (the fill rule) and some of
+    # 5-7: the median fits 2, but lowering the cap to 2 would split the larger ones. Only a
+    # window whose batches all fit a smaller cap lowers it without a trial.
+    tuner = CapTuner(32)
+    tuner.index = 3
+    for _ in range(3):
+        for rows in [2] * 12 + [5, 6, 7, 7]:
+            tuner.record(rows, rows * 1.0)
+        tuner.trial = None  # no trials here: only the lowering rule
+    assert tuner.cap == 8
+    for rows in [2] * 12 + [3, 3, 1, 1]:
+        tuner.record(rows, rows * 1.0)
+    assert tuner.caps[tuner.index] == 4
 
 
 def test_batcher_merges_up_to_the_tuned_cap():
