@@ -89,17 +89,19 @@ class CapTuner:
     `1..max_batch_size`) for `trial_windows` windows and moves there if the trial's median is at
     least `margin` cheaper (a larger cap) or no dearer (a smaller cap: less latency, and where
     costs are flat the walk goes on toward unbatched). After a move it measures the new cap for
-    `pool` windows, then tries the next cap the same way. (One window's median varies by 3-5%
-    under mixed traffic: held to one window, a cap 10% dearer passed a trial now and then, and
-    a larger cap 8% cheaper seldom did.) After a failed trial it tries the other side, `rest`
-    windows later; each further failed trial doubles that wait (up to `max_rest` windows), so
-    once the cap has settled, trials of worse caps cost a shrinking share of the batches. A
-    move, or a change in the batch sizes the queue forms (the load changed: the reference is
-    then measured afresh), resets the wait to `rest`. A cap above every batch of a window is
-    first lowered to the smallest cap holding them (it changed nothing), so trials compare
-    sizes that really run; where only the median batch fits a smaller cap, the larger ones
-    still need this one. Lone requests on an empty queue say nothing about the cap and are not
-    counted.
+    `pool` windows, then tries the next cap the same way. A trial whose first window is
+    `clear_gain` cheaper moves at once and the next cap is tried at once, so a steep cost curve
+    (arrival-order padding) is walked down as fast as before. (One window's median varies by
+    3-5% under mixed traffic: held to one window, a cap 10% dearer passed a trial now and then,
+    and a larger cap 8% cheaper seldom did.) After a failed trial it tries the other side,
+    `rest` windows later; each further failed trial doubles that wait (up to `max_rest`
+    windows), so once the cap has settled, trials of worse caps cost a shrinking share of the
+    batches. A move, or a change in the batch sizes the queue forms (the load changed: the
+    reference is then measured afresh), resets the wait to `rest`. A cap above every batch of a
+    window is first lowered to the smallest cap holding them (it changed nothing), so trials
+    compare sizes that really run; where only the median batch fits a smaller cap, the larger
+    ones still need this one. Lone requests on an empty queue say nothing about the cap and are
+    not counted.
     """
 
     def __init__(
@@ -111,6 +113,7 @@ class CapTuner:
         max_rest: int = 64,
         pool: int = 4,
         trial_windows: int = 2,
+        clear_gain: float = 0.15,
     ) -> None:
         caps, cap = [], 1
         while cap < max_batch_size:
@@ -118,7 +121,7 @@ class CapTuner:
             cap *= 2
         self.caps = [*caps, max_batch_size]
         self.window, self.margin, self.rest, self.max_rest = window, margin, rest, max_rest
-        self.pool, self.trial_windows = pool, trial_windows
+        self.pool, self.trial_windows, self.clear_gain = pool, trial_windows, clear_gain
         self.backoff = rest  # windows to wait after the next failed trial
         self.typical: int | None = None  # median rows per batch, last settled window at this cap
         self.index = len(self.caps) - 1
@@ -130,6 +133,10 @@ class CapTuner:
         self.wait = 0  # windows before the next trial
         self._samples: list[tuple[float, int]] = []
         self._lock = threading.Lock()
+
+    def _clearly_cheaper(self, cost: float) -> bool:
+        assert self.settled_cost is not None  # set by the window that began the trial
+        return cost <= self.settled_cost * (1 - self.clear_gain)
 
     @property
     def cap(self) -> int:
@@ -143,8 +150,14 @@ class CapTuner:
             return
         with self._lock:
             self._samples.append((seconds / (work or rows), rows))
-            if len(self._samples) < self.window * (1 if self.trial is None else self.trial_windows):
+            count = len(self._samples)
+            if count < self.window:
                 return
+            if self.trial is not None and count < self.window * self.trial_windows:
+                # A trial that is clearly cheaper after one window is not run longer.
+                first = sorted(c for c, _ in self._samples)[count // 2]
+                if count > self.window or not self._clearly_cheaper(first):
+                    return
             costs = [c for c, _ in self._samples]
             cost = sorted(costs)[len(costs) // 2]
             rows_seen = sorted(r for _, r in self._samples)
@@ -157,13 +170,18 @@ class CapTuner:
                 smaller = self.trial < self.index
                 assert self.settled_cost is not None  # set by the window that began the trial
                 if cost <= self.settled_cost * (1 if smaller else 1 - self.margin):
-                    # Moved. The trial's window begins this cap's reference; once `pool`
-                    # windows make it, the next cap the same way is tried.
+                    # Moved. The trial's windows begin this cap's reference; once `pool`
+                    # windows make it, the next cap the same way is tried, or at once after
+                    # a clear gain (a walk down a steep cost curve, arrival-order padding).
+                    clear = self._clearly_cheaper(cost)
                     self.index, self.settled_cost, self.trial = self.trial, cost, None
                     self._settled.clear()
                     self._settled.extend(costs)
                     self.backoff, self.typical = self.rest, None
                     self.wait = self.pool - 1
+                    step = self.index + self.direction
+                    if clear and 0 <= step < len(self.caps):
+                        self.trial, self.wait = step, 0
                 else:
                     self.direction, self.wait = -self.direction, self.backoff
                     self.backoff = min(2 * self.backoff, self.max_rest)

@@ -270,10 +270,11 @@ def test_cap_tuner_backs_off_failed_trials_and_resets_when_the_load_changes():
     cost = {1: 4.0, 2: 3.0, 4: 2.4, 8: 2.0, 16: 2.2, 32: 2.6}
     caps = feed(tuner, cost.get, 200)
     windows = [caps[i] for i in range(0, len(caps), tuner.window)]
-    # A trial runs two windows; after a move, `pool` windows (the trial's and three more)
-    # measure the new cap before the next trial: 16 and 8 taken, then a failed trial of 4.
-    assert windows[:16] == [32, *[16] * 6, *[8] * 6, 4, 4, 8]
-    starts = [i for i in range(13, len(windows)) if windows[i] != 8 and windows[i - 1] == 8]
+    # 16 is 15% cheaper than 32: a clear gain, taken after one window, and 8 tried at once.
+    # 8 is 9% cheaper than 16: taken after a trial of two windows, then `pool` windows (the
+    # trial's and three more) measure it before the next trial, of 4, which fails.
+    assert windows[:11] == [32, 16, *[8] * 6, 4, 4, 8]
+    starts = [i for i in range(8, len(windows)) if windows[i] != 8 and windows[i - 1] == 8]
     assert all(windows[i + 1] == windows[i] != windows[i + 2] for i in starts)
     gaps = [b - a for a, b in itertools.pairwise(starts)]
     # Each failed trial doubles the wait before the next (4, 8, 16, 32, then 64 windows at
