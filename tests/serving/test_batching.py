@@ -6,7 +6,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from keras_attn_serving.batching import Batcher, CapTuner
+from keras_attn_serving.batching import Batcher
+from keras_attn_serving.tuning import CapTuner
 
 
 class Model:
