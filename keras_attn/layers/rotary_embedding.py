@@ -9,7 +9,12 @@ from keras import ops
 
 from keras_attn.types import Shape, Tensor
 
-ROPE_TYPES = ("default", "linear", "llama3")
+# Hugging Face's rotary scaling types we compute, each with the keys it needs.
+ROPE_TYPES: dict[str, tuple[str, ...]] = {
+    "default": (),
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+}
 
 
 def check_rope_scaling(rope_scaling: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -28,17 +33,7 @@ def check_rope_scaling(rope_scaling: dict[str, Any] | None) -> dict[str, Any] | 
             f"`rope_scaling` type must be one of {list(ROPE_TYPES)}. Received: rope_type={kind!r} "
             f"in rope_scaling={rope_scaling!r}"
         )
-    needed = {
-        "default": (),
-        "linear": ("factor",),
-        "llama3": (
-            "factor",
-            "low_freq_factor",
-            "high_freq_factor",
-            "original_max_position_embeddings",
-        ),
-    }
-    for name in needed[kind]:
+    for name in ROPE_TYPES[kind]:
         value = rope_scaling.get(name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
             raise ValueError(

@@ -97,12 +97,29 @@ def load_lora_weights(model: keras.Model, path: str | os.PathLike[str]) -> None:
     target and alpha when it is not enabled yet)."""
     from safetensors import safe_open
 
-    with safe_open(os.fspath(path), framework="numpy") as f:
-        metadata = f.metadata() or {}
-        tensors = {key: f.get_tensor(key) for key in f.keys()}
+    name = os.path.basename(os.fspath(path))
+    try:
+        with safe_open(os.fspath(path), framework="numpy") as f:
+            metadata = f.metadata() or {}
+            tensors = {key: f.get_tensor(key) for key in f.keys()}
+    except FileNotFoundError:
+        raise ValueError(f"`path` does not exist. Received: path={os.fspath(path)!r}") from None
+    except Exception as error:  # SafetensorError, or an OSError from a file cut short
+        raise ValueError(f"{name} is not a valid safetensors file: {error}") from None
     if "keras_attn_lora" not in metadata:
         raise ValueError(f"`path` is not a LoRA file of ours. Received: path={os.fspath(path)!r}")
-    saved = json.loads(metadata["keras_attn_lora"])
+    try:
+        saved = json.loads(metadata["keras_attn_lora"])
+        saved = {k: saved[k] for k in ("rank", "target", "alpha")}
+    except (ValueError, TypeError, KeyError):
+        raise ValueError(
+            f"{name}'s LoRA settings are not valid: {metadata['keras_attn_lora']!r}"
+        ) from None
+    for key, value in tensors.items():
+        if value.dtype.kind != "f":
+            raise ValueError(
+                f"{name}: adapter {key} must be floating point. Received: {value.dtype}"
+            )
     if lora_config(model) not in (None, saved):
         raise ValueError(
             f"The file's adapters ({saved}) differ from the model's ({lora_config(model)})."

@@ -18,8 +18,15 @@ from typing import Any
 import keras
 import numpy as np
 
-from keras_attn.pretrained.folder import read_config, read_pooling, read_vocabulary, read_weights
-from keras_attn.pretrained.hf_config import IGNORED_SUFFIXES
+from keras_attn.pretrained.folder import (
+    FLOAT_DTYPES,
+    read_config,
+    read_header,
+    read_pooling,
+    read_vocabulary,
+    read_weights,
+)
+from keras_attn.pretrained.hf_config import IGNORED_SUFFIXES, check_keys, check_sizes
 from keras_attn.pretrained.layouts import architecture_for_config, architecture_for_model
 from keras_attn.pretrained.llama import Llama
 from keras_attn.pretrained.registry import model_class as registered_class
@@ -76,8 +83,25 @@ def load_pretrained(
             f"model_type {config.get('model_type')!r} loads into {architecture.model_class}. "
             f"Received: model_class={model_class.__name__}"
         )
+    # Everything the files say is checked against each other before anything is allocated.
+    check_keys(config, architecture.config_keys)
+    header = _strip_prefixes(read_header(folder), architecture.prefixes)
+    not_float = {
+        key: dtype
+        for key, (dtype, _) in header.items()
+        if dtype not in FLOAT_DTYPES and not key.endswith(IGNORED_SUFFIXES)
+    }
+    if not_float:
+        shown = dict(sorted(not_float.items())[:4])
+        raise ValueError(
+            f"Checkpoint weights must be floating point ({', '.join(FLOAT_DTYPES)}). "
+            f"Received: {shown}"
+        )
+    kwargs = architecture.model_kwargs(config, header)
+    check_sizes(kwargs, {key: shape for key, (_, shape) in header.items()},
+                architecture.expected_shapes(kwargs))  # fmt: skip
+    kwargs.update(overrides)
     weights = _strip_prefixes(read_weights(folder), architecture.prefixes)
-    kwargs = {**architecture.model_kwargs(config, weights), **overrides}
     model = (model_class or expected)(**kwargs)
     _copy_in(model, architecture, weights, strict)
     return model

@@ -48,23 +48,27 @@ def read_config(folder: str | os.PathLike[str]) -> dict[str, Any]:
     return _read_json(folder, CONFIG_FILE)
 
 
-def read_weights(folder: str | os.PathLike[str]) -> dict[str, np.ndarray]:
-    """Every tensor of `model.safetensors` (or of the shards its index lists), as NumPy."""
-    from safetensors.numpy import load_file
+FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
 
+
+def _weight_files(folder):
+    """The safetensors files holding the folder's weights: one, or the shards of its index."""
     if os.path.exists(_path(folder, WEIGHTS_FILE)):
-        return load_file(_path(folder, WEIGHTS_FILE))
+        return [WEIGHTS_FILE]
     if os.path.exists(_path(folder, WEIGHTS_INDEX_FILE)):
         index = _read_json(folder, WEIGHTS_INDEX_FILE)
-        shards = sorted(set(index.get("weight_map", {}).values()))
-        weights = {}
+        weight_map = index.get("weight_map", {})
+        if not isinstance(weight_map, dict) or not all(
+            isinstance(v, str) for v in weight_map.values()
+        ):
+            raise ValueError(f"{WEIGHTS_INDEX_FILE}'s weight_map must map keys to file names.")
+        shards = sorted(set(weight_map.values()))
         for shard in shards:
             if os.path.basename(shard) != shard:
                 raise ValueError(
                     f"{WEIGHTS_INDEX_FILE} names a shard outside the folder: {shard!r}"
                 )
-            weights.update(load_file(_path(folder, shard)))
-        return weights
+        return shards
     pickled = [name for name in PICKLED_FILES if os.path.exists(_path(folder, name))]
     if pickled:
         raise ValueError(
@@ -73,6 +77,47 @@ def read_weights(folder: str | os.PathLike[str]) -> dict[str, np.ndarray]:
             "`transformers`: model.save_pretrained(folder, safe_serialization=True)."
         )
     raise ValueError(f"`folder` has no {WEIGHTS_FILE}. Received: folder={os.fspath(folder)!r}")
+
+
+def read_safetensors(path: str | os.PathLike[str], header_only: bool = False) -> dict[str, Any]:
+    """The tensors of one safetensors file as NumPy arrays, or with `header_only` their
+    `(dtype, shape)` read from the header alone (nothing allocated).
+
+    Raises:
+        ValueError: naming the file, when it is missing, truncated, or not safetensors.
+    """
+    from safetensors import safe_open
+    from safetensors.numpy import load_file
+
+    name = os.path.basename(os.fspath(path))
+    try:
+        if not header_only:
+            return load_file(os.fspath(path))
+        with safe_open(os.fspath(path), framework="np") as f:
+            return {
+                key: (f.get_slice(key).get_dtype(), tuple(f.get_slice(key).get_shape()))
+                for key in f.keys()
+            }
+    except FileNotFoundError:
+        raise ValueError(f"{name} is missing from the folder.") from None
+    except Exception as error:  # SafetensorError, or an OSError from a file cut short
+        raise ValueError(f"{name} is not a valid safetensors file: {error}") from None
+
+
+def read_header(folder: str | os.PathLike[str]) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Each tensor's `(dtype, shape)` in the folder's weights, from the headers alone."""
+    header = {}
+    for name in _weight_files(folder):
+        header.update(read_safetensors(_path(folder, name), header_only=True))
+    return header
+
+
+def read_weights(folder: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+    """Every tensor of `model.safetensors` (or of the shards its index lists), as NumPy."""
+    weights = {}
+    for name in _weight_files(folder):
+        weights.update(read_safetensors(_path(folder, name)))
+    return weights
 
 
 def write_folder(

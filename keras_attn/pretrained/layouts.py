@@ -25,6 +25,25 @@ from keras_attn.pretrained.tensors import (
     table,
 )
 
+BERT_KEYS = (
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+    "max_position_embeddings", "position_embedding_type", "hidden_dropout_prob",
+    "attention_probs_dropout_prob", "type_vocab_size", "hidden_act", "layer_norm_eps",
+    "pad_token_id", "tie_word_embeddings",
+)  # fmt: skip
+DISTILBERT_KEYS = (
+    "vocab_size", "dim", "n_layers", "n_heads", "hidden_dim", "max_position_embeddings",
+    "sinusoidal_pos_embds", "dropout", "attention_dropout", "activation", "pad_token_id",
+    "qa_dropout", "seq_classif_dropout", "tie_word_embeddings", "tie_weights_",
+)  # fmt: skip
+GPT2_KEYS = (
+    "vocab_size", "n_embd", "n_layer", "n_head", "n_inner", "n_positions", "n_ctx",
+    "activation_function", "resid_pdrop", "embd_pdrop", "attn_pdrop", "layer_norm_epsilon",
+    "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn",
+    "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
+    "summary_first_dropout", "tie_word_embeddings", "pad_token_id",
+)  # fmt: skip
+
 
 def _encoder_kwargs(config, names, **rest):
     """`Encoder` sizes (see `sizes`) with its padding id, plus `rest`."""
@@ -37,6 +56,7 @@ class Bert:
     model_types: tuple[str, ...] = ("bert",)
     prefixes: tuple[str, ...] = ("bert.",)
     model_class = "EncoderBackbone"
+    config_keys = BERT_KEYS
 
     def model_kwargs(self, config: dict[str, Any], weights: dict[str, Any]) -> dict[str, Any]:
         kind = config.get("position_embedding_type", "absolute")
@@ -86,6 +106,18 @@ class Bert:
             "pad_token_id": model.pad_token_id,
             "position_embedding_type": "absolute",
         }
+
+    def expected_shapes(self, kwargs: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+        """Checkpoint tensors (key -> shape) that config.json's sizes imply."""
+        hidden, last = kwargs["hidden_dim"], self._block_names(kwargs["num_layers"] - 1)
+        shapes: dict[str, tuple[int, ...]] = {
+            "embeddings.word_embeddings.weight": (kwargs["vocabulary_size"], hidden),
+            "embeddings.position_embeddings.weight": (kwargs["max_sequence_length"], hidden),
+            f"{last['intermediate']}.weight": (kwargs["intermediate_dim"], hidden),
+        }
+        if kwargs.get("num_segments"):
+            shapes["embeddings.token_type_embeddings.weight"] = (kwargs["num_segments"], hidden)
+        return shapes
 
     def _block_names(self, i):
         layer = f"encoder.layer.{i}"
@@ -139,6 +171,16 @@ class DistilBert:
     model_types = ("distilbert",)
     prefixes = ("distilbert.",)
     model_class = "EncoderBackbone"
+    config_keys = DISTILBERT_KEYS
+
+    def expected_shapes(self, kwargs: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+        """Checkpoint tensors (key -> shape) that config.json's sizes imply."""
+        hidden, last = kwargs["hidden_dim"], kwargs["num_layers"] - 1
+        return {
+            "embeddings.word_embeddings.weight": (kwargs["vocabulary_size"], hidden),
+            "embeddings.position_embeddings.weight": (kwargs["max_sequence_length"], hidden),
+            f"transformer.layer.{last}.ffn.lin1.weight": (kwargs["intermediate_dim"], hidden),
+        }
 
     def model_kwargs(self, config: dict[str, Any], weights: dict[str, Any]) -> dict[str, Any]:
         if config.get("sinusoidal_pos_embds"):
@@ -211,6 +253,16 @@ class Gpt2:
     prefixes = ("transformer.",)
     model_class = "DecoderBackbone"
     tied = (("lm_head.weight", "wte.weight"),)  # (key, the key it must equal)
+    config_keys = GPT2_KEYS
+
+    def expected_shapes(self, kwargs: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+        """Checkpoint tensors (key -> shape) that config.json's sizes imply."""
+        hidden, last = kwargs["hidden_dim"], kwargs["num_layers"] - 1
+        return {
+            "wte.weight": (kwargs["vocabulary_size"], hidden),
+            "wpe.weight": (kwargs["max_sequence_length"], hidden),
+            f"h.{last}.mlp.c_fc.weight": (hidden, kwargs["intermediate_dim"]),
+        }
 
     def model_kwargs(self, config: dict[str, Any], weights: dict[str, Any]) -> dict[str, Any]:
         # `n_inner` is optional in GPT-2's config.json (a missing `n_embd` is named by `sizes`).

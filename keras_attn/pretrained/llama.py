@@ -3,12 +3,98 @@
 
 from typing import Any
 
+from keras_attn.layers.rotary_embedding import ROPE_TYPES, check_rope_scaling
 from keras_attn.pretrained.hf_config import activation, check_exportable, sizes
 from keras_attn.pretrained.tensors import Tensor, flatten, linear, table
 
 LLAMA_ARCHITECTURES = {
     "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
 }  # fmt: skip
+LLAMA_KEYS = (
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+    "max_position_embeddings", "hidden_act", "attention_bias", "mlp_bias", "num_key_value_heads",
+    "head_dim", "attention_dropout", "rms_norm_eps", "rope_theta", "rope_scaling",
+    "rope_parameters", "tie_word_embeddings", "pad_token_id", "sliding_window",
+    "use_sliding_window", "max_window_layers", "layer_types",
+)  # fmt: skip
+
+
+def rope(config: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """`rope_theta` and the scaling dict (None for plain rotary) of a `config.json`, written
+    by `transformers` 5 (`rope_parameters: {rope_type, rope_theta, ...}`) or 4 (top-level
+    `rope_theta`, `rope_scaling`). A key present is never replaced by a default; scaling types
+    other than linear and llama3 are refused by `check_rope_scaling`."""
+    parameters = config.get("rope_parameters")
+    legacy_theta, legacy_scaling = config.get("rope_theta"), config.get("rope_scaling")
+    if parameters is None:
+        theta = 10000.0 if legacy_theta is None else legacy_theta
+        scaling = legacy_scaling
+    else:
+        if not isinstance(parameters, dict):
+            raise ValueError(
+                f"config.json's rope_parameters must be an object. Received: {parameters!r}"
+            )
+        if "rope_theta" not in parameters and legacy_theta is None:
+            raise ValueError(f"config.json's rope_parameters lacks rope_theta: {parameters!r}")
+        theta = parameters.get("rope_theta", legacy_theta)
+        for name, value in (("rope_theta", legacy_theta), ("rope_scaling", legacy_scaling)):
+            if value is not None and name == "rope_theta" and value != theta:
+                raise ValueError(
+                    f"config.json gives two rope_theta values: rope_theta={value!r} and "
+                    f"rope_parameters.rope_theta={theta!r}"
+                )
+            if value is not None and name == "rope_scaling" and value != parameters:
+                raise ValueError(
+                    "config.json gives both rope_scaling and rope_parameters; they disagree: "
+                    f"rope_scaling={value!r}, rope_parameters={parameters!r}"
+                )
+        scaling = {k: v for k, v in parameters.items() if k != "rope_theta"}
+    if isinstance(theta, bool) or not isinstance(theta, int | float) or not theta > 0:
+        raise ValueError(f"config.json's rope_theta must be a positive number. Received: {theta!r}")
+    if isinstance(scaling, dict):
+        kind = str(scaling.get("rope_type", scaling.get("type", "default")))
+        extra = set(scaling) - {"rope_type", "type"} - set(ROPE_TYPES.get(kind, ()))
+        if kind in ROPE_TYPES and extra:
+            raise ValueError(
+                f"config.json's rope settings have keys rope_type {kind!r} does not use: "
+                f"{sorted(extra)}"
+            )
+        if kind == "default":
+            scaling = None
+    return float(theta), check_rope_scaling(scaling)
+
+
+def attention_window(config: dict[str, Any], positions: int) -> int | None:
+    """The sliding window every layer uses, or None for full attention; a mix of sliding and
+    full layers is refused. Qwen2 slides only with `use_sliding_window`."""
+    window = config.get("sliding_window")
+    kind = config.get("model_type")
+    layer_types = config.get("layer_types")
+    if layer_types is not None:
+        kinds = set(layer_types) if isinstance(layer_types, list) else {repr(layer_types)}
+        if not kinds <= {"full_attention", "sliding_attention"} or len(kinds) > 1:
+            raise ValueError(
+                "config.json's layer_types must be all 'full_attention' or all "
+                f"'sliding_attention'. Received: layer_types={layer_types!r}"
+            )
+        if len(layer_types) != config.get("num_hidden_layers"):
+            raise ValueError(
+                f"config.json's layer_types has {len(layer_types)} entries for "
+                f"num_hidden_layers={config.get('num_hidden_layers')!r}"
+            )
+        if kinds == {"full_attention"}:
+            return None
+    elif kind == "qwen2" and not config.get("use_sliding_window", False):
+        return None
+    if window is None:
+        if layer_types is not None:
+            raise ValueError("config.json's layer_types slide, but sliding_window is null.")
+        return None
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+        raise ValueError(
+            f"config.json's sliding_window must be a positive integer. Received: {window!r}"
+        )
+    return window if window < positions else None
 
 
 class Llama:
@@ -20,6 +106,20 @@ class Llama:
     prefixes = ("model.",)
     model_class = "DecoderBackbone"
     tied = (("lm_head.weight", "embed_tokens.weight"),)
+    config_keys = LLAMA_KEYS
+
+    def expected_shapes(self, kwargs: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+        """Checkpoint tensors (key -> shape) that config.json's sizes imply."""
+        hidden, heads = kwargs["hidden_dim"], kwargs["num_heads"]
+        head_dim = kwargs.get("head_dim") or hidden // heads
+        kv = kwargs.get("num_key_value_heads") or heads
+        layer = f"layers.{kwargs['num_layers'] - 1}"
+        return {
+            "embed_tokens.weight": (kwargs["vocabulary_size"], hidden),
+            f"{layer}.self_attn.q_proj.weight": (heads * head_dim, hidden),
+            f"{layer}.self_attn.k_proj.weight": (kv * head_dim, hidden),
+            f"{layer}.mlp.up_proj.weight": (kwargs["intermediate_dim"], hidden),
+        }
 
     def model_kwargs(self, config: dict[str, Any], weights: dict[str, Any]) -> dict[str, Any]:
         names = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -32,11 +132,10 @@ class Llama:
             )
         qkv_bias = kind == "qwen2" or bool(config.get("attention_bias", False))
         # A sliding window only changes sequences longer than it: cap the context there.
-        window = config.get("sliding_window")
-        if kind == "qwen2" and not config.get("use_sliding_window", False):
-            window = None
-        if isinstance(window, int) and 0 < window < kwargs["max_sequence_length"]:
+        window = attention_window(config, kwargs["max_sequence_length"])
+        if window is not None:
             kwargs["max_sequence_length"] = window
+        theta, scaling = rope(config)
         return {
             **kwargs,
             "num_key_value_heads": config.get("num_key_value_heads") or heads,
@@ -52,8 +151,8 @@ class Llama:
             "attention_bias": qkv_bias,
             "attention_output_bias": False if kind == "qwen2" else qkv_bias,
             "feed_forward_bias": bool(config.get("mlp_bias", False)),
-            "rope_max_wavelength": float(config.get("rope_theta", 10000.0)),
-            "rope_scaling": config.get("rope_scaling"),
+            "rope_max_wavelength": theta,
+            "rope_scaling": scaling,
             "tie_word_embeddings": bool(config.get("tie_word_embeddings", False)),
         }
 
@@ -96,8 +195,11 @@ class Llama:
             "max_position_embeddings": model.max_sequence_length,
             "hidden_act": "silu",
             "rms_norm_eps": model.layer_norm_epsilon,
-            "rope_theta": model.rope_max_wavelength,
-            "rope_scaling": model.rope_scaling,
+            # transformers 5's form; it also reads the older top-level rope_theta/rope_scaling.
+            "rope_parameters": {
+                **(model.rope_scaling or {"rope_type": "default"}),
+                "rope_theta": model.rope_max_wavelength,
+            },
             "tie_word_embeddings": model.tie_word_embeddings,
             "attention_dropout": model.dropout,
             "torch_dtype": "float32",

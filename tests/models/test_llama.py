@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from keras_attn.layers.rotary_embedding import check_rope_scaling
 from keras_attn.models import CausalLM, DecoderBackbone
 from keras_attn.pretrained import load_pretrained
 from keras_attn.pretrained.layouts import architecture_for_model
@@ -64,10 +65,14 @@ def test_layout_matches_the_float64_forward_and_round_trips_exactly(case, tmp_pa
         np.testing.assert_array_equal(written[key], value, err_msg=key)
     config_out = json.loads((tmp_path / "out" / "config.json").read_text())
     fields = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-              "num_attention_heads", "num_key_value_heads", "rms_norm_eps", "rope_theta",
+              "num_attention_heads", "num_key_value_heads", "rms_norm_eps",
               "tie_word_embeddings", "max_position_embeddings")  # fmt: skip
     assert {k: config_out[k] for k in fields} == {k: config[k] for k in fields}
     assert config_out.get("head_dim", 8) == config.get("head_dim", 8)
+    # Rotary settings in transformers 5's form, whichever form was read.
+    scaling = check_rope_scaling(config["rope_scaling"]) or {"rope_type": "default"}
+    assert config_out["rope_parameters"] == {**scaling, "rope_theta": config["rope_theta"]}
+    assert "rope_theta" not in config_out and "rope_scaling" not in config_out
     again = CausalLM.from_pretrained(tmp_path / "out")
     np.testing.assert_array_equal(to_numpy(again(token_ids)), to_numpy(lm(token_ids)))
     # Rewriting the folder with fewer shards, then as one file, leaves no earlier shard.

@@ -76,6 +76,13 @@ def test_adapters_save_and_load_alone(tmp_path):
     with pytest.raises(ValueError, match=r"intermediate/lora_kernel_a has shape \(32, 4\)"):
         wrong.backbone.load_lora_weights(tmp_path / "adapters.safetensors")
     assert adapted(wrong) == []  # refused before anything was enabled
+    # A truncated file, or one whose settings are not ours, is named, not a SafetensorError.
+    data = (tmp_path / "adapters.safetensors").read_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(data[:-10])
+    with pytest.raises(ValueError, match=r"cut\.safetensors is not a valid safetensors file"):
+        other.backbone.load_lora_weights(tmp_path / "cut.safetensors")
+    with pytest.raises(ValueError, match="does not exist"):
+        other.backbone.load_lora_weights(tmp_path / "missing.safetensors")
 
 
 def test_keras_file_keeps_the_adapters_and_their_freezing(tmp_path):

@@ -335,7 +335,7 @@ def test_shape_mismatch_names_the_key_and_both_shapes(tmp_path):
     with pytest.raises(
         ValueError,
         match=r"'encoder\.layer\.1\.intermediate\.dense\.weight' has shape \(33, 16\); "
-        r"the model needs \(32, 16\)",
+        r".*need \(32, 16\)",
     ):
         Encoder.from_pretrained(tmp_path)
 
