@@ -8,10 +8,9 @@ same prompt. Every bad value is a `ServingError` 400 naming the parameter.
 """
 
 import dataclasses
-import math
 from typing import Any
 
-from keras_attn_serving.protocol import ServingError, shown
+from keras_attn_serving.protocol import ServingError, finite_number, shown
 from keras_attn_serving.sampling import Sampler
 
 MAX_STOP_STRINGS = 16
@@ -32,9 +31,7 @@ def _integer(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _number(value: Any) -> bool:
-    return (isinstance(value, int | float) and not isinstance(value, bool)
-            and math.isfinite(value))  # fmt: skip
+_number = finite_number
 
 
 def _refuse(name: str, rule: str, value: Any) -> ServingError:

@@ -231,18 +231,24 @@ def _tensor_header(tensor, inputs, max_rows):
     return name, datatype, dtype, shape
 
 
+def finite_number(value: Any) -> bool:
+    """A JSON number (not a bool) that is finite as a float: a huge integer is not (and does
+    not raise, as `math.isfinite` does past float range)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
 def client_timeout_s(timeout_us: Any) -> float | None:
     """A request's `parameters.timeout` (tritonclient's, in microseconds) in seconds: None when
     absent or 0 (the server's own timeout applies), else a `ServingError` 400 unless it is a
     finite non-negative number (a negative or infinite one used to surface as a 504)."""
     if timeout_us is None or (type(timeout_us) in (int, float) and timeout_us == 0):
         return None
-    if (
-        isinstance(timeout_us, bool)
-        or not isinstance(timeout_us, int | float)
-        or not math.isfinite(timeout_us)
-        or timeout_us < 0
-    ):
+    if not finite_number(timeout_us) or timeout_us < 0:
         raise _bad(
             "`parameters.timeout` must be a non-negative number of microseconds; received "
             f"{shown(timeout_us)}"[:200]

@@ -30,6 +30,7 @@ def top_p_filter(logits: np.ndarray, p: float) -> np.ndarray:
     probs = np.exp(log_softmax(ordered))
     before = np.cumsum(probs, -1) - probs
     keep_sorted = before < p - 1e-9  # a set that reaches p up to rounding is complete
+    keep_sorted[..., 0] = True  # however small `p` is
     keep = np.zeros_like(keep_sorted)
     np.put_along_axis(keep, order, keep_sorted, -1)
     return np.where(keep, logits, -np.inf)
@@ -72,7 +73,13 @@ class Sampler:
 
     def filtered(self, logits: np.ndarray) -> np.ndarray:
         """Logits after temperature, top-k and top-p; excluded tokens are -inf."""
-        logits = logits / self.temperature
+        with np.errstate(over="ignore"):
+            scaled = logits / self.temperature
+        # A temperature so small that finite logits overflow is its limit, greedy: only the
+        # top logit of such a row stays (never NaN probabilities, which would pick id 0).
+        overflow = (np.isinf(scaled) & np.isfinite(logits)).any(-1, keepdims=True)
+        top = np.where(logits >= logits.max(-1, keepdims=True), 0.0, -np.inf)
+        logits = np.where(overflow, top, scaled)
         if self.top_k is not None:
             logits = top_k_filter(logits, self.top_k)
         if self.top_p is not None:

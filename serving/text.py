@@ -13,6 +13,7 @@ from collections.abc import AsyncGenerator, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from keras_attn_serving.detokenizer import Detokenizer
 from keras_attn_serving.protocol import ServingError, shown
 
 if TYPE_CHECKING:
@@ -323,42 +324,46 @@ class _Deltas:
     """A generation's text, token by token: `push(id)` returns the `(id, text delta)` pairs
     ready to send, holding back text that could begin a stop string (each pair then goes one
     token late); `stopped` once the text holds a stop string (it is cut before it); `rest()`
-    the last pair when the ids end."""
+    the last pair when the ids end. The text grows through one `Detokenizer`: each character
+    is sent once, and the deltas join into the final text."""
 
     def __init__(self, model: TextModel, prompt: list[int], stops: list[str]) -> None:
-        self.model, self.prompt, self.stops = model, prompt, stops
-        self.prompt_text = model.words.decode(prompt)
+        self.stops = stops
+        self.words = Detokenizer(model.words.decode, prompt)
         self.hold = max(map(len, stops), default=1) - 1
-        self.new: list[int] = []
-        self.shown, self.text = "", ""
+        self.shown, self.text = 0, ""  # characters of `text` sent so far
         self.held: tuple[int, str] | None = None  # the last pair, not sent yet
         self.stopped = False
 
+    def _add(self, piece: str) -> int | None:
+        """Appends `piece`; the index of the first stop string it completes, if any (only the
+        tail that `piece` can reach is searched)."""
+        start = max(0, len(self.text) - max(map(len, self.stops), default=0) + 1)
+        self.text += piece
+        found = (i for i in (self.text.find(stop, start) for stop in self.stops) if i >= 0)
+        return min(found, default=None) if piece else None
+
     def push(self, token: int) -> list[tuple[int, str]]:
-        self.new.append(token)
-        text = self.text = self.model.continuation(self.prompt, self.new, self.prompt_text)
-        found = (i for i in (text.find(stop) for stop in self.stops) if i >= 0)
-        cut = min(found, default=None)
+        cut = self._add(self.words.push(token))
         ready = [] if self.held is None else [self.held]
         self.held = None
         if cut is not None:
             self.stopped = True
-            return [*ready, (token, _delta(text[:cut], self.shown))]
-        safe = text[: len(text) - self.hold]
-        pair, self.shown = (token, _delta(safe, self.shown)), safe
-        if self.hold:
+            return [*ready, (token, self.text[self.shown : max(cut, self.shown)])]
+        safe = max(self.shown, len(self.text) - self.hold)
+        pair = (token, self.text[self.shown : safe])
+        self.shown = safe
+        if self.hold or self.words.pending:  # the text still to come rides on the last pair
             self.held = pair
         else:
             ready.append(pair)
         return ready
 
     def rest(self) -> list[tuple[int, str]]:
-        if self.held is None:
+        cut = self._add(self.words.flush())
+        end = len(self.text) if cut is None else max(cut, self.shown)
+        tail = self.text[self.shown : end]
+        self.shown = end
+        if self.held is None:  # nothing was held, so nothing is left: the text is all sent
             return []
-        return [(self.held[0], self.held[1] + self.text[len(self.shown) :])]
-
-
-def _delta(text: str, shown: str) -> str:
-    """What `text` adds to the text already sent (all of it if the decoding of earlier
-    tokens changed)."""
-    return text[len(shown) :] if text.startswith(shown) else text
+        return [(self.held[0], self.held[1] + tail)]

@@ -465,3 +465,47 @@ def test_the_inputs_of_issue_26(client, path, body):
     response = client.post(path, content=body)
     check(client, response)
     assert response.status_code in (200, 400, 404, 413), response.text
+
+
+HUGE = b"1" + b"0" * 400  # a JSON integer past float range
+
+
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/v2/models/lm/generate",
+         b'{"text_input": "to", "parameters": {"temperature": ' + HUGE + b"}}"),
+        ("/v2/models/lm/generate", b'{"text_input": "to", "parameters": {"top_p": ' + HUGE + b"}}"),
+        ("/v2/models/lm/generate",
+         b'{"text_input": "to", "parameters": {"temperature": -' + HUGE + b"}}"),
+        ("/v2/models/lm/infer", b'{"inputs": [], "parameters": {"timeout": ' + HUGE + b"}}"),
+    ],
+)  # fmt: skip
+def test_numbers_past_float_range_are_a_400_naming_the_field(client, path, body):
+    response = client.post(path, content=body)
+    check(client, response)
+    assert response.status_code == 400, response.text
+    assert any(name in response.json()["error"] for name in ("temperature", "top_p", "timeout"))
+
+
+@pytest.mark.parametrize(
+    "parameters",
+    [
+        {"temperature": 1e-308},
+        {"temperature": 5e-324},
+        {"top_p": 1e-12},
+        {"top_p": 1e-9, "temperature": 2.0},
+    ],
+)
+def test_vanishing_temperature_or_top_p_is_greedy_not_id_zero(client, parameters):
+    plain = client.post("/v2/models/lm/generate", json={
+        "text_input": "to be", "parameters": {"max_tokens": 6}})  # fmt: skip
+    check(client, plain)
+    greedy = plain.json()["token_ids"]
+    response = client.post(
+        "/v2/models/lm/generate",
+        json={"text_input": "to be", "parameters": {"max_tokens": 6, "seed": 3, **parameters}},
+    )
+    check(client, response)
+    assert response.json()["token_ids"] == greedy
+    assert 0 not in greedy
