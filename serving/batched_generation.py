@@ -28,6 +28,7 @@ request waiting on the queue.
 
 import asyncio
 import queue
+import sys
 import threading
 import time
 from collections import deque
@@ -106,6 +107,11 @@ def _raised(item: Any) -> int:
     return item
 
 
+def _fail(request: "_Request", error: Exception) -> None:
+    request.out.put(error)
+    request.out.put(_END)
+
+
 def _deliver(items: list[tuple[asyncio.Queue[Any], Any]]) -> None:
     for queue_, item in items:
         queue_.put_nowait(item)
@@ -140,6 +146,8 @@ class DecodeBatcher:
             raise ValueError(f"`max_rows` must be a positive integer. Received: {max_rows!r}")
         self.session, self.spec, self.pad_id = session, spec, pad_id
         self.max_length = int(spec["max_length"])
+        width = session.get_outputs()[0].shape[-1]  # the logits' width: ids the model embeds
+        self.vocabulary_size = width if isinstance(width, int) else None
         self.cache = _Cache(session, spec, max_rows)
         self.prefill = _Cache(session, spec, min(max_rows, PREFILL_ROWS))
         self.max_rows = max_rows
@@ -206,6 +214,7 @@ class DecodeBatcher:
         prompt = [int(t) for t in prompt]
         if not prompt:
             raise ValueError("`prompt` must be a non-empty list of ids.")
+        self._check_ids(prompt)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or (
             max_new_tokens < 0
         ):  # fmt: skip
@@ -252,15 +261,17 @@ class DecodeBatcher:
                     if request.cancelled:
                         request.out.put(_END)
                 for start in range(0, len(live), PREFILL_ROWS):
-                    self._admit(live[start : start + PREFILL_ROWS])
+                    self._admit_each(live[start : start + PREFILL_ROWS])
                 _flush(self.pending)  # first ids of prompts prefilled whole, before the step
                 self._drop_cancelled()
                 if self.active:
-                    self._step()
-            except Exception as error:  # every request in flight gets it
+                    try:
+                        self._step()
+                    except Exception as error:  # only the rows at fault, if any is
+                        self._fail_step(error)
+            except Exception as error:  # a failure of the loop itself: every request gets it
                 for request in [*self.active, *(r for r in live if r not in self.active)]:
-                    request.out.put(error)
-                    request.out.put(_END)
+                    _fail(request, error)
                 self.active.clear()
             _flush(self.pending)
         closed = RuntimeError("the decode batcher was closed")
@@ -268,6 +279,42 @@ class DecodeBatcher:
             request.out.put(closed)
             request.out.put(_END)
         _flush(self.pending)
+
+    def _check_ids(self, prompt: list[int]) -> None:
+        """Ids the model has no embedding for are refused before they join a shared step."""
+        vocabulary = self.vocabulary_size
+        if vocabulary is not None and not 0 <= min(prompt) <= max(prompt) < vocabulary:
+            bad = sorted({t for t in prompt if not 0 <= t < vocabulary})
+            raise ValueError(f"`prompt` has ids outside [0, {vocabulary}): {bad[:5]}")
+
+    def _admit_each(self, requests: list[_Request]) -> None:
+        """`_admit`, with rows isolated: when a prefill run fails, each of its prompts is
+        tried alone, and only a prompt that fails alone gets the error."""
+        try:
+            self._admit(requests)
+            return
+        except Exception as error:
+            left = [r for r in requests if not any(r is a for a in self.active)]
+            if len(requests) == 1 or len(left) < len(requests):
+                for request in left:  # alone, or failed past the run: these get the error
+                    _fail(request, error)
+                return
+        for request in requests:
+            self._admit_each([request])
+
+    def _fail_step(self, error: Exception) -> None:
+        """A failed step ends the rows whose inputs are at fault (an id past the vocabulary,
+        a position past the cache); only when none is, every row gets the error."""
+        vocabulary = self.vocabulary_size or sys.maxsize
+        faulty = [
+            row for row, r in enumerate(self.active)
+            if not 0 <= r.next_token < vocabulary or not 0 <= r.position < self.max_length
+        ]  # fmt: skip
+        rows = faulty or list(range(len(self.active)))
+        for row in sorted(rows, reverse=True):  # backwards: a finished row takes the last one
+            request = self.active[row]
+            request.out.put(error)
+            self._finish(row)
 
     def _run(self, cache: _Cache, rows: int, token_ids: np.ndarray, index: np.ndarray
              ) -> np.ndarray:  # fmt: skip

@@ -190,6 +190,15 @@ class Predictor:
             raise InputError(f"input {name!r} has {what} outside [{low}, {high})")
         return cast
 
+    @property
+    def token_limit(self) -> int | None:
+        """Ids the model has embeddings for are `[0, token_limit)`: the range of its token
+        input (the manifest's vocabulary), None when the manifest gives none."""
+        for name, plan in self._plans.items():
+            if "token" in name and plan[6] is not None:
+                return int(plan[6])
+        return None
+
     def _plan(self, name):
         """What `_checked` checks of input `name`: its rank, fixed axes, dtype, whether that
         is an integer type, the longest sequence and the value range."""

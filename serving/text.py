@@ -163,6 +163,7 @@ class TextModel:
             ids = ids[:room]  # truncated as the packer truncates
             packed.append(([start] if start is not None else []) + ids +
                           ([end] if end is not None else []))  # fmt: skip
+        self.check_ids([i for ids in packed for i in ids], "text_input")
         width = self.fixed_length or max(1, max(len(ids) for ids in packed))
         token_ids = np.zeros((len(packed), width), np.int32)
         for row, ids in enumerate(packed):
@@ -264,7 +265,23 @@ class TextModel:
                 400, f"the prompt has more than {keep - 1} tokens; the model takes at most "
                      f"{limit} positions, prompt and new tokens together",
             )  # fmt: skip
-        return ([start] if start is not None else []) + ids
+        ids = ([start] if start is not None else []) + ids
+        if not ids:
+            raise ServingError(400, "`text_input` has no tokens: give a non-empty prompt")
+        self.check_ids(ids, "text_input")
+        return ids
+
+    def check_ids(self, ids: list[int], field: str) -> None:
+        """A `ServingError` 400 when an id is past the model's vocabulary (a tokenizer with
+        tokens the model has no embedding for): refused before it joins a shared batch."""
+        limit = self.predictor.token_limit
+        bad = sorted({i for i in ids if limit is not None and not 0 <= i < limit})
+        if bad:
+            tokens = [self.words.vocabulary[i] for i in bad[:3] if i < self.words.vocabulary_size]
+            raise ServingError(
+                400, f"`{field}` has tokens {tokens} (ids {bad[:3]}) that the model has no "
+                     f"embedding for: its ids are [0, {limit})",
+            )  # fmt: skip
 
     def continuation(
         self, prompt: list[int], new: list[int], prompt_text: str | None = None

@@ -87,6 +87,41 @@ def test_shared_steps_give_each_request_its_ids_alone(predictor):
     assert batcher.rows_stepped > 2 * batcher.steps > 0
 
 
+def test_a_row_the_runtime_fails_on_fails_alone(predictor, monkeypatch):
+    """Ids past the vocabulary that got past the check (forced here) fail their own request
+    only, in a prefill run (a long bad prompt) and in a shared step (a bad last id), while 8
+    streams decode beside them."""
+    vocab = predictor.gqa_session.get_outputs()[0].shape[-1]
+    requests = _requests(vocab, 8, seed=5)
+    alone = [predictor.generate_ids([r["prompt"]], r["max_new_tokens"], sampler=r["sampler"]())[0]
+             for r in requests]  # fmt: skip
+    batcher = DecodeBatcher(predictor.gqa_session, predictor.gqa, predictor.pad_id, max_rows=8)
+    monkeypatch.setattr(batcher, "_check_ids", lambda prompt: None)
+    bad = [[vocab + 7, 3, 4], [5, 6, vocab + 1]]
+    results: list = [None] * (len(requests) + len(bad))
+    start = threading.Barrier(len(results))
+
+    def run(i):
+        prompt, n, sampler = (
+            (requests[i]["prompt"], requests[i]["max_new_tokens"], requests[i]["sampler"]())
+            if i < len(requests) else (bad[i - len(requests)], 10, None)
+        )  # fmt: skip
+        start.wait()
+        try:
+            results[i] = list(batcher.stream(prompt, n, sampler=sampler))
+        except Exception as error:  # noqa: BLE001 - the test looks at which requests fail
+            results[i] = error
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(results))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    batcher.close()
+    assert results[: len(requests)] == alone
+    assert all(isinstance(e, Exception) for e in results[len(requests) :]), results[-2:]
+
+
 def test_a_stream_closed_early_frees_its_row(predictor):
     batcher = DecodeBatcher(predictor.gqa_session, predictor.gqa, predictor.pad_id, max_rows=1)
     first = batcher.stream([3, 4, 5], 15)
@@ -235,6 +270,10 @@ def test_bad_requests_are_value_errors(predictor):
         list(batcher.stream([1] * limit, 1))
     with pytest.raises(ValueError, match="prompt"):
         list(batcher.stream([], 3))
+    vocab = batcher.vocabulary_size
+    assert vocab == predictor.gqa_session.get_outputs()[0].shape[-1]
+    with pytest.raises(ValueError, match=rf"ids outside \[0, {vocab}\): \[{vocab + 2}\]"):
+        list(batcher.stream([1, vocab + 2], 3))
     assert list(batcher.stream([1, 2], 0)) == []
     batcher.close()
     with pytest.raises(RuntimeError, match="closed"):

@@ -427,3 +427,47 @@ def test_generate_past_the_request_timeout_is_a_504(toy_artifact, tmp_path):
             assert answer.json() == {"error": "generation timed out after 1e-09 s"}
     with TestClient(create_app(tmp_path)) as client:
         assert len(client.post("/v2/models/lm/generate", json=body).json()["token_ids"]) == 8
+
+
+def test_prompt_ids_past_the_model_vocabulary_are_a_400_and_streams_beside_go_on(
+    toy_artifact, toy_tokenizer, tmp_path
+):
+    """Issue 41 item 1: a served tokenizer.json with 5 added tokens past the model's ids; one
+    prompt with such a token used to end every stream decoding beside it (500 and error
+    events). It is now a 400 naming the token, and the 8 streams beside it finish whole."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fastapi.testclient import TestClient
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    folder = tmp_path / "lm" / "1"
+    shutil.copytree(toy_artifact[0], folder)
+    vocabulary = toy_tokenizer.get_vocabulary()
+    words = Tokenizer(models.WordPiece({t: i for i, t in enumerate(vocabulary)}, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    words.decoder = decoders.WordPiece()
+    words.add_tokens([f"<extra_{i}>" for i in range(5)])
+    (folder / "tokenizer" / "tokenizer.json").write_text(words.to_str())
+    body = {"text_input": "to be", "parameters": {"max_tokens": 12}}
+    with TestClient(create_app(ModelRepository(tmp_path, verify=False, decode_rows=16))) as client:
+        expected = client.post("/v2/models/lm/generate", json=body).json()["text_output"]
+        start = threading.Barrier(10)
+
+        def one(i: int) -> object:
+            start.wait()
+            if i < 2:
+                bad = {"text_input": "to be <extra_2>", "parameters": {"max_tokens": 12}}
+                return client.post(f"/v2/models/lm/{['generate', 'generate_stream'][i]}",
+                                   json=bad)  # fmt: skip
+            answer = client.post("/v2/models/lm/generate_stream", json=body)
+            events = [json.loads(line[6:]) for line in answer.text.splitlines()
+                      if line.startswith("data: ")]  # fmt: skip
+            return "".join(e.get("text_output", "<error>") for e in events)
+
+        with ThreadPoolExecutor(10) as pool:
+            answers = list(pool.map(one, range(10)))
+    for refused in answers[:2]:
+        assert refused.status_code == 400, refused.text
+        assert "<extra_2>" in refused.json()["error"]
+        assert f"[0, {len(vocabulary)})" in refused.json()["error"]
+    assert answers[2:] == [expected] * 8
