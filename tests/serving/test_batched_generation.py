@@ -109,7 +109,7 @@ def test_a_row_the_runtime_fails_on_fails_alone(predictor, monkeypatch):
         start.wait()
         try:
             results[i] = list(batcher.stream(prompt, n, sampler=sampler))
-        except Exception as error:  # noqa: BLE001 - the test looks at which requests fail
+        except Exception as error:
             results[i] = error
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(results))]
