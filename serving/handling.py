@@ -117,9 +117,11 @@ class Gate:
             # headers without the body.
             app_scope = {**scope, "method": "GET"}
 
+        begun = [False]  # the response has started: an error can no longer be answered
+
         async def record_status(message: "Message") -> None:
             if message["type"] == "http.response.start":
-                status[0] = message["status"]
+                status[0], begun[0] = message["status"], True
             await send(message)
 
         direct = self._direct(scope) if self.direct else None
@@ -142,6 +144,12 @@ class Gate:
                     else:
                         answered = direct[0].template
                         await self._answer(*direct, scope, receive, record_status)
+                except (Exception, asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+                    raise
+                except BaseException as error:  # a native library's panic (pyo3)
+                    if begun[0]:
+                        raise
+                    await _internal_error(scope, receive, record_status, error)
                 finally:
                     self.in_flight -= limited
                     self.metrics.in_flight.set(self.in_flight)
@@ -155,6 +163,17 @@ class Gate:
                 self.log.info("request", extra={"method": scope["method"], "path": path,
                                                 "status": status[0],
                                                 "ms": round(1000 * seconds, 3)})  # fmt: skip
+
+
+async def _internal_error(scope: "Scope", receive: "Receive", send: "Send", error: BaseException
+                          ) -> None:  # fmt: skip
+    """A JSON 500 for an error that escaped every `except Exception` (uvicorn would send a
+    plain-text one)."""
+    from starlette.requests import Request
+
+    await error_response(Request(scope, receive), RuntimeError(type(error).__name__))(
+        scope, receive, send
+    )
 
 
 def error_response(request: "Request", error: Exception) -> "Response":

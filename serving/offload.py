@@ -21,7 +21,7 @@ import multiprocessing
 import pickle
 import threading
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
@@ -122,3 +122,47 @@ class Offload:
 
 def dumps(value: Any) -> bytes:
     return json.dumps(value).encode()
+
+
+class Tokenizing:
+    """Tokenization off the event loop, in `threads` threads of its own, answered within
+    `timeout_s`: a text whose cost grows with its length (a tokenizer's backtracking regex)
+    holds one of these threads, never the loop nor the default executor. Texts queue for a
+    thread as usual; a thread cannot be stopped, so a text past its deadline keeps its thread
+    until it ends (`stuck`), and while every thread is held so, new texts get a 503 at once.
+
+    Args:
+        threads: tokenizing threads (`tokenizers` releases the GIL while it works).
+        timeout_s: the longest a caller waits, queued and running (then a `ServingError`:
+            400 for a text still being tokenized, 503 for one that never got a thread).
+    """
+
+    def __init__(self, threads: int = 2, timeout_s: float = 10.0) -> None:
+        if threads < 1:
+            raise ValueError(f"`threads` must be >= 1. Received: threads={threads}")
+        self.threads, self.timeout_s, self.stuck = threads, timeout_s, 0
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="tokenize")
+
+    async def run(self, function: Callable[..., T], *args: Any) -> T:
+        if self.stuck >= self.threads:
+            raise ServingError(503, "every tokenizing thread is busy with a slow text; retry")
+        future = self._pool.submit(function, *args)
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await asyncio.shield(asyncio.wrap_future(future))
+        except TimeoutError:
+            if future.cancel():  # it never started: the server is busy, the text may be fine
+                raise ServingError(503, "no tokenizing thread was free in time; retry") from None
+            self.stuck += 1
+            loop = asyncio.get_running_loop()
+            future.add_done_callback(lambda _: loop.call_soon_threadsafe(self._unstuck))
+            raise ServingError(
+                400, f"tokenizing the text took over {self.timeout_s:g} s: the model's "
+                     "tokenizer is too slow on it",
+            ) from None  # fmt: skip
+
+    def _unstuck(self) -> None:
+        self.stuck -= 1
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -123,7 +123,10 @@ class Predictor:
         self._plans = {name: self._plan(name) for name in self.inputs}
         self.tokenizer = None
         if manifest.tokenizer:
-            self.tokenizer = load_text_tokenizer(self.folder / manifest.tokenizer)
+            try:
+                self.tokenizer = load_text_tokenizer(self.folder / manifest.tokenizer)
+            except (ValueError, KeyError, OSError) as error:  # named: the file and the reason
+                raise ArtifactError(f"{manifest.tokenizer}/: {str(error)[:300]}") from None
 
     def _onnx_file(self):
         if self.manifest.onnx is None:

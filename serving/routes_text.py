@@ -16,6 +16,7 @@ from keras_attn_serving.handling import json_body, log, predict, request_timeout
 from keras_attn_serving.offload import JSON_BYTES_PER_VALUE, dumps
 from keras_attn_serving.protocol import ServingError, shown
 from keras_attn_serving.text import TEXT_PARAMETERS, TextModel
+from keras_attn_serving.tokenizer import TokenizerError
 
 router = APIRouter()
 
@@ -79,12 +80,13 @@ async def json_answer(
     return Response(content, media_type="application/json")
 
 
-async def off_loop(chars: int, function: Any, *args: Any) -> Any:
-    """`function(*args)` in a thread when it is given more than a few thousand characters
-    to tokenize (the tokenizer lets go of the GIL), else here."""
-    if chars < 16_384:
-        return function(*args)
-    return await asyncio.to_thread(function, *args)
+async def tokenized(request: Request, function: Any, *args: Any) -> Any:
+    """`function(*args)`, which tokenizes, off the event loop and under the server's time
+    limit for it (`Tokenizing`): a tokenizer's cost can grow with the text without bound."""
+    try:
+        return await request.app.state.tokenizing.run(function, *args)
+    except TokenizerError as error:
+        raise ServingError(400, str(error)) from None
 
 
 async def text_outputs(
@@ -92,7 +94,7 @@ async def text_outputs(
 ) -> tuple[dict[str, str], TextModel, dict[str, "np.ndarray"], list[list[int]], dict[str, Any]]:
     chosen, model, payload, parameters = await text_task(request, name, version, task)
     texts = capped_texts(request, payload)
-    feeds, packed = await off_loop(sum(map(len, texts)), model.encode, texts)
+    feeds, packed = await tokenized(request, model.encode, texts)
     assert model.batcher is not None  # text_task built it with the server's batcher
     _, outputs = await predict(request, (chosen, model.predictor, model.batcher), feeds)
     header = {"model_name": name, "model_version": str(chosen)}
@@ -144,7 +146,7 @@ async def generation(
         )
     checked = generation_request(parameters, model.words.vocabulary_size)
     header = {"model_name": name, "model_version": str(chosen)}
-    prompt = await off_loop(len(text), model.prompt, text)
+    prompt = await tokenized(request, model.prompt, text)
     return header, model, prompt, checked
 
 

@@ -44,7 +44,7 @@ def create_app(
     from fastapi.responses import Response
     from keras_attn_serving import routes_repository, routes_text, routes_tfs, routes_v2
     from keras_attn_serving.observability import Metrics
-    from keras_attn_serving.offload import Offload
+    from keras_attn_serving.offload import Offload, Tokenizing
 
     root = repository.root if isinstance(repository, ModelRepository) else repository
     if settings is None:
@@ -63,6 +63,7 @@ def create_app(
         repository.on_batch = metrics.on_batch
 
     offload = Offload(settings.offload_processes, timeout_s=settings.request_timeout_s)
+    tokenizing = Tokenizing(settings.tokenize_threads, settings.tokenize_timeout_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: "FastAPI") -> AsyncIterator[None]:
@@ -76,6 +77,7 @@ def create_app(
         # queued batches finish before the process exits.
         await asyncio.to_thread(repository.close)
         await asyncio.to_thread(offload.close)
+        tokenizing.close()
         log.info("drained")
 
     docs: dict[str, Any] = (
@@ -86,6 +88,7 @@ def create_app(
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.offload = offload
+    app.state.tokenizing = tokenizing
     app.add_middleware(Gate, settings=settings, metrics=metrics, log=log, direct=routes_v2.DIRECT)
     install_error_handlers(app)
 

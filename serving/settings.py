@@ -7,13 +7,18 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+# A batch waits for rows at most this long; past it the wait is a misconfiguration (a batch
+# waiting out the request timeout answers 504).
+MAX_DELAY_MS = 1000.0
+MAX_BATCH_SIZE = 4096
+
 
 class ModelConfig(BaseModel):
     """`DIR/NAME/config.json` (optional): batching for that model, overriding the server's."""
 
-    model_config = ConfigDict(extra="forbid")
-    max_batch_size: int | None = Field(None, ge=1)
-    max_delay_ms: float | None = Field(None, ge=0)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    max_batch_size: int | None = Field(None, ge=1, le=MAX_BATCH_SIZE)
+    max_delay_ms: float | None = Field(None, ge=0, le=MAX_DELAY_MS)
     batch_schedule: Literal["length", "arrival"] | None = None
     batch_min_fill: float | None = Field(None, ge=0, le=1)
     pad_sequences: bool = True  # merge different lengths (only if padding is verified safe)
@@ -52,8 +57,16 @@ class ServerSettings(BaseSettings):
         2.0, gt=0, description="how often removed version folders are looked for and unloaded"
     )
     request_timeout_s: float = Field(30.0, gt=0, description="per request; then 504")
-    max_batch_size: int = Field(32, ge=1, description="rows per merged call; 1 = no merging")
-    max_delay_ms: float = Field(0.0, ge=0, description="wait for rows, only under load")
+    tokenize_timeout_s: float = Field(
+        10.0, gt=0, le=3600, description="to tokenize one request's texts; then 400"
+    )
+    tokenize_threads: int = Field(2, ge=1, le=64, description="threads that tokenize texts")
+    max_batch_size: int = Field(
+        32, ge=1, le=MAX_BATCH_SIZE, description="rows per merged call; 1 = no merging"
+    )
+    max_delay_ms: float = Field(
+        0.0, ge=0, le=MAX_DELAY_MS, allow_inf_nan=False, description="wait for rows, under load"
+    )
     batch_workers: int = Field(2, ge=1, description="threads running each model")
     batch_schedule: Literal["length", "arrival"] = Field(
         "length", description="merge the queued requests nearest in length, or in arrival order"

@@ -211,7 +211,7 @@ class TextModel:
                     continue
                 best = int(probabilities[row, position].argmax())
                 tokens.append({
-                    "token": self.words.vocabulary[token], "label": self.label(best),
+                    "token": self.words.token(token), "label": self.label(best),
                     "label_id": best, "score": float(probabilities[row, position, best]),
                 })  # fmt: skip
             answers.append(tokens)
@@ -277,7 +277,7 @@ class TextModel:
         limit = self.predictor.token_limit
         bad = sorted({i for i in ids if limit is not None and not 0 <= i < limit})
         if bad:
-            tokens = [self.words.vocabulary[i] for i in bad[:3] if i < self.words.vocabulary_size]
+            tokens = [self.words.token(i) for i in bad[:3] if i < self.words.vocabulary_size]
             raise ServingError(
                 400, f"`{field}` has tokens {tokens} (ids {bad[:3]}) that the model has no "
                      f"embedding for: its ids are [0, {limit})",

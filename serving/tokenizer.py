@@ -17,15 +17,16 @@ of the default corpus and on 10,000 random-Unicode lines per case setting (teste
 
 import functools
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Self, overload
+from typing import Any, Self, TypeVar, overload
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 # Code points the two runtimes' Unicode tables treat differently, and what the in-graph
 # tokenizer does with each (built by `python -m tests.tokenizers.unicode_table`).
 UNICODE_TABLE_FILE = Path(__file__).with_name("wordpiece_unicode.json")
+T = TypeVar("T")
 WORD_STANDIN = "\ua000"  # a letter to both, in no BERT vocabulary: its word becomes [UNK]
 
 
@@ -42,6 +43,25 @@ def _translation(lowercase):
     return translation
 
 
+class TokenizerError(ValueError):
+    """The tokenizer failed on a text (e.g. a Rust panic in its regex engine)."""
+
+
+def native(call: Callable[..., T], *args: Any) -> T:
+    """`call(*args)` into the `tokenizers` library, with a Rust panic (pyo3's
+    `PanicException`, a `BaseException` that escapes every `except Exception`) raised as a
+    `TokenizerError` carrying its first line."""
+    try:
+        return call(*args)
+    except Exception:
+        raise
+    except BaseException as error:
+        if isinstance(error, KeyboardInterrupt | SystemExit | GeneratorExit):
+            raise
+        first = (str(error).splitlines() or [type(error).__name__])[0][:200]
+        raise TokenizerError(f"the tokenizer failed on this text: {first}") from None
+
+
 class TextTokenizer:
     """What the server asks of a tokenizer: `encode`, `decode` and the `vocabulary`."""
 
@@ -50,6 +70,10 @@ class TextTokenizer:
     @property
     def vocabulary_size(self) -> int:
         return len(self.vocabulary)
+
+    def token(self, token_id: int) -> str:
+        """The token of one id in `[0, vocabulary_size)`."""
+        return self.vocabulary[token_id]
 
     @overload
     def encode(self, texts: str) -> list[int]: ...
@@ -66,9 +90,10 @@ class TextTokenizer:
 
     def _checked(self, ids: Iterable[int]) -> list[int]:
         ids = [int(i) for i in ids]
-        bad = [i for i in ids if not 0 <= i < len(self.vocabulary)]
+        size = self.vocabulary_size
+        bad = [i for i in ids if not 0 <= i < size]
         if bad:
-            raise ValueError(f"`ids` must be in [0, {len(self.vocabulary)}). Received: {bad[:5]}")
+            raise ValueError(f"`ids` must be in [0, {size}). Received: {bad[:5]}")
         return ids
 
 
@@ -176,24 +201,64 @@ class JsonTextTokenizer(TextTokenizer):
         tokenizer.no_truncation()  # the in-graph tokenizer neither truncates nor pads
         tokenizer.no_padding()
         self._tokenizer = tokenizer
-        size = tokenizer.get_vocab_size(with_added_tokens=True)
-        self.vocabulary = [tokenizer.id_to_token(i) or "" for i in range(size)]
+        self._size = tokenizer.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def vocabulary_size(self) -> int:
+        return self._size
+
+    def token(self, token_id: int) -> str:
+        return self._tokenizer.id_to_token(token_id) or ""
+
+    @functools.cached_property
+    def vocabulary(self) -> list[str]:  # type: ignore[override]  # built only when asked for
+        return [self.token(i) for i in range(self._size)]
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> Self:
         return cls(Tokenizer.from_file(str(Path(folder) / "tokenizer.json")))
 
     def _encode_all(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self._tokenizer.encode_batch(texts, add_special_tokens=False)]
+        encoded = native(self._tokenizer.encode_batch, texts, False)  # no special tokens
+        return [e.ids for e in encoded]
 
     def decode(self, ids: Iterable[int]) -> str:
         """Ids to text, special tokens dropped."""
-        return self._tokenizer.decode(self._checked(ids), skip_special_tokens=True)
+        return native(self._tokenizer.decode, self._checked(ids), True)  # skip special
+
+
+# A tokenizer.json past these is refused before it is parsed or built: the largest real ones
+# are ~35 MB (Gemma 3) and hold a few thousand added tokens at most.
+MAX_TOKENIZER_BYTES = 64 << 20
+MAX_ADDED_TOKENS = 65_536
+SETTINGS_BYTES = 1 << 20  # our WordPiece settings file is a few hundred bytes
 
 
 def load_text_tokenizer(folder: str | Path) -> "WordPieceTextTokenizer | JsonTextTokenizer":
-    """The reader an exported `tokenizer/` folder needs (see the module docstring)."""
-    config = json.loads((Path(folder) / "tokenizer.json").read_text(encoding="utf-8"))
-    if isinstance(config, dict) and isinstance(config.get("model"), dict):
-        return JsonTextTokenizer.from_folder(folder)
-    return WordPieceTextTokenizer.from_folder(folder)
+    """The reader an exported `tokenizer/` folder needs (see the module docstring).
+
+    Raises:
+        ValueError: naming `tokenizer.json` and what is wrong with it (too large, not JSON,
+            a model or regex `tokenizers` refuses, too many added tokens).
+    """
+    path = Path(folder) / "tokenizer.json"
+    size = path.stat().st_size
+    if size > MAX_TOKENIZER_BYTES:
+        raise ValueError(f"tokenizer.json has {size} bytes; at most {MAX_TOKENIZER_BYTES} are read")
+    data = path.read_text(encoding="utf-8")
+    if size <= SETTINGS_BYTES:
+        try:
+            config = json.loads(data)
+        except ValueError as error:
+            raise ValueError(f"tokenizer.json is not valid JSON: {error}") from None
+        if not (isinstance(config, dict) and isinstance(config.get("model"), dict)):
+            return WordPieceTextTokenizer.from_folder(folder)
+    try:  # parsed once, by `tokenizers` (its errors name the problem: JSON, model, regex)
+        tokenizer = native(Tokenizer.from_str, data)
+    except Exception as error:
+        first = (str(error).splitlines() or [type(error).__name__])[0][:200]
+        raise ValueError(f"tokenizer.json could not be read by `tokenizers`: {first}") from None
+    added = tokenizer.get_vocab_size(True) - tokenizer.get_vocab_size(False)
+    if added > MAX_ADDED_TOKENS:
+        raise ValueError(f"tokenizer.json has {added} added tokens; at most {MAX_ADDED_TOKENS}")
+    return JsonTextTokenizer(tokenizer)

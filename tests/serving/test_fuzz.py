@@ -11,6 +11,7 @@ its own process (`keras-attn-serve`), over loopback.
 """
 
 import collections
+import hashlib
 import json
 import os
 import re
@@ -46,7 +47,17 @@ LEAK = re.compile(
 )
 STATUSES = collections.Counter()  # of the fuzzed requests (readiness checks not counted)
 SENT = collections.Counter()  # every request this suite sends, health checks included
-BROKEN = ["no_manifest", "empty", "tampered", "garbled", "bad_config"]  # version folders
+BROKEN = [
+    "no_manifest",
+    "empty",
+    "tampered",
+    "garbled",
+    "bad_config",
+    "infinite_delay",
+    "huge_delay",
+    "tokenizer_not_json",
+    "tokenizer_bad_regex",
+]  # version folders
 # The server's RSS is taken as its baseline once this many fuzzed requests have warmed it
 # (onnxruntime's arenas grow to the shapes served, then stay): a leak grows with the requests,
 # a warm server does not (measured: +10 MB over the bounded pass's 642 requests, +12 MB over
@@ -83,6 +94,21 @@ def client(toy_artifact, toy_tokenizer, tmp_path_factory):
     (root / "tampered" / "1" / "model.onnx").write_bytes(b"tampered")
     (root / "garbled" / "1" / "manifest.json").write_text("{not json")
     (root / "bad_config" / "config.json").write_text('{"max_batch_size": -1}')
+    (root / "infinite_delay" / "config.json").write_text('{"max_delay_ms": Infinity}')
+    (root / "huge_delay" / "config.json").write_text('{"max_delay_ms": 1e308}')
+    # Operator files the manifest's hashes still vouch for: re-hashed, so the tokenizer's
+    # own loading is what refuses them.
+    for name, text in (("tokenizer_not_json", "{not json"), ("tokenizer_bad_regex", json.dumps(
+        {"model": {"type": "WordLevel", "vocab": {"a": 0}, "unk_token": "a"},
+         "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "("},
+                           "behavior": "Isolated", "invert": False}}))):  # fmt: skip
+        tokenizer = root / name / "1" / "tokenizer" / "tokenizer.json"
+        tokenizer.write_text(text)
+        manifest = json.loads((root / name / "1" / "manifest.json").read_text())
+        manifest["files"]["tokenizer/tokenizer.json"] = hashlib.sha256(
+            tokenizer.read_bytes()
+        ).hexdigest()
+        (root / name / "1" / "manifest.json").write_text(json.dumps(manifest))
     # `keras-attn-serve` in its own process, over loopback: its memory and its event loop are
     # measured apart from hypothesis's (which grows this process by ~10% in a long run).
     port = free_port()
@@ -509,3 +535,16 @@ def test_vanishing_temperature_or_top_p_is_greedy_not_id_zero(client, parameters
     check(client, response)
     assert response.json()["token_ids"] == greedy
     assert 0 not in greedy
+
+
+@pytest.mark.parametrize(
+    "name, words",
+    [("infinite_delay", "max_delay_ms"), ("huge_delay", "max_delay_ms"),
+     ("tokenizer_not_json", "tokenizer.json"), ("tokenizer_bad_regex", "tokenizer.json")],
+)  # fmt: skip
+def test_operator_files_are_refused_naming_the_file_and_reason(client, name, words):
+    response = client.post(f"/v2/models/{name}/infer", content=dumps({"inputs": [IDS_1X1]}))
+    check(client, response)
+    assert 400 <= response.status_code < 500, response.text
+    error = response.json()["error"]
+    assert words in error and "(Exception)" not in error and "JSONDecodeError" not in error, error
