@@ -17,6 +17,8 @@ and body in one system call, where uvicorn makes two.
 
 import json
 import resource
+import socket
+import struct
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -30,9 +32,12 @@ REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large",
 
 
 def guarded_protocol(
-    max_connections: int, max_header_bytes: int, header_timeout_s: float
-) -> type[HttpToolsProtocol]:
-    """A uvicorn `http=` protocol class with these limits."""
+    max_connections: int, max_header_bytes: int, header_timeout_s: float,
+    send_timeout_s: float = 30.0,
+) -> type[HttpToolsProtocol]:  # fmt: skip
+    """A uvicorn `http=` protocol class with these limits. A client that reads none of an
+    answer for `send_timeout_s` while the socket's buffers are full is cut off: the bytes
+    held for it are dropped."""
 
     class GuardedHttp(HttpToolsProtocol):
         # in_request: from a request's complete headers to its answer's end.
@@ -43,6 +48,7 @@ def guarded_protocol(
         def connection_made(self, transport: "asyncio.Transport") -> None:  # type: ignore[override]
             super().connection_made(transport)
             self.header_timer: asyncio.TimerHandle | None = None
+            self.send_timer: asyncio.TimerHandle | None = None
             self.in_request, self.receiving = False, False
             self.served, self.heard = False, False
             self._count_headers()
@@ -123,8 +129,34 @@ def guarded_protocol(
             if not self.in_request and not self.transport.is_closing():
                 self._wait()
 
+        def pause_writing(self) -> None:
+            """The socket's buffers are full: the client must read within the deadline."""
+            super().pause_writing()
+            self._cancel_send()
+            self.send_timer = self.loop.call_later(send_timeout_s, self._send_late)
+
+        def resume_writing(self) -> None:
+            self._cancel_send()
+            super().resume_writing()
+
+        def _cancel_send(self) -> None:
+            if self.send_timer is not None:
+                self.send_timer.cancel()
+                self.send_timer = None
+
+        def _send_late(self) -> None:
+            # A reset, not a close: the kernel drops what its send buffer holds for the
+            # client too (a close would go on sending it). uvicorn's connection_lost then
+            # wakes the answer's pending send, which ends.
+            self.send_timer = None
+            sock = self.transport.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.transport.abort()
+
         def connection_lost(self, exc: Exception | None) -> None:
             self._cancel()
+            self._cancel_send()
             super().connection_lost(exc)
 
         def refuse(self, status: int, message: str) -> None:
@@ -215,6 +247,9 @@ def uvicorn_options(settings: Any) -> dict[str, Any]:
     raise_open_files_limit(settings.max_connections + 256)
     return {
         "http": guarded_protocol(
-            settings.max_connections, settings.max_header_bytes, settings.header_timeout_s
+            settings.max_connections,
+            settings.max_header_bytes,
+            settings.header_timeout_s,
+            settings.send_timeout_s,
         )
     }

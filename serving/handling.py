@@ -66,6 +66,7 @@ class Gate:
     Starlette's `BaseHTTPMiddleware` costs about a millisecond per request.)"""
 
     UNLIMITED = ("/metrics", "/v2/health/live", "/v2/health/ready")
+    SLICE_ABOVE, SLICE_BYTES = 1 << 20, 256 << 10  # bodies past 1 MiB go out in 256 KiB
 
     def __init__(
         self,
@@ -122,7 +123,16 @@ class Gate:
         async def record_status(message: "Message") -> None:
             if message["type"] == "http.response.start":
                 status[0], begun[0] = message["status"], True
-            await send(message)
+            body = message.get("body", b"")
+            if message["type"] != "http.response.body" or len(body) <= self.SLICE_ABOVE:
+                return await send(message)
+            # A large body in slices: each waits for the socket (uvicorn's flow control), so
+            # the request stays in flight, under --max-concurrency, until its bytes are out.
+            view, more = memoryview(body), message.get("more_body", False)
+            for start in range(0, len(view), self.SLICE_BYTES):
+                end = start + self.SLICE_BYTES
+                await send({"type": "http.response.body", "body": bytes(view[start:end]),
+                            "more_body": more or end < len(view)})  # fmt: skip
 
         direct = self._direct(scope) if self.direct else None
         answered: str | None = None  # the direct route's name, once it answers (not a 503)

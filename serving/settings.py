@@ -50,6 +50,9 @@ class ServerSettings(BaseSettings):
     header_timeout_s: float = Field(
         10.0, gt=0, description="to send the request line and headers; then closed"
     )
+    send_timeout_s: float = Field(
+        30.0, gt=0, le=3600, description="for a client to read any of an answer; then cut off"
+    )
     offload_processes: int = Field(
         1, ge=1, description="processes parsing large bodies and encoding large answers"
     )

@@ -236,3 +236,42 @@ def test_pipelined_requests_get_whole_answers_in_order(serve, writes):
     first, _, second = answer.partition("HTTP/1.1 200 OK\r\n")[2].partition("HTTP/1.1 200")
     assert first.endswith("\r\n\r\n{}") and second.endswith('"binary_tensor_data"]}')
     assert [len(calls) for calls in writes[-2:]] == [1, 1]
+
+
+def test_a_client_that_never_reads_a_big_answer_is_counted_then_cut_off(serve):
+    """Issue 41 item 6: an 8 MB answer to a client that reads nothing used to leave the
+    request's count at once (the whole body sat in the transport's buffer, uncounted, for
+    as long as the client liked). It now stays in flight, under --max-concurrency, until its
+    bytes are out, and a client that reads nothing for send_timeout_s is cut off."""
+    from fastapi.responses import Response
+
+    url, address, app = serve(max_concurrency=1, send_timeout_s=1.0)
+    app.add_api_route("/test/big", lambda: Response(b"x" * (8 << 20)))
+    gauge = "keras_attn_in_flight_requests"
+    with socket.create_connection(address) as silent:
+        silent.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        silent.sendall(b"GET /test/big HTTP/1.1\r\nHost: x\r\n\r\n")
+        held = None
+        for _ in range(100):  # the answer is being written: one request in flight
+            metrics = httpx.get(url + "/metrics").text
+            if f"{gauge} 1.0" in metrics:
+                held = httpx.get(url + "/test/big")
+                break
+            time.sleep(0.05)
+        assert held is not None and held.status_code == 503, metrics
+        cut = None
+        for _ in range(200):  # cut off after about a second without a read
+            if f"{gauge} 0.0" in httpx.get(url + "/metrics").text:
+                cut = True
+                break
+            time.sleep(0.05)
+        assert cut
+        silent.settimeout(5)
+        received = 0
+        try:
+            while chunk := silent.recv(1 << 20):
+                received += len(chunk)
+        except (ConnectionResetError, TimeoutError):
+            pass
+        assert received < 2 << 20  # what the buffers held; the rest was dropped (a reset)
+    assert httpx.get(url + "/test/big").status_code == 200
