@@ -220,6 +220,8 @@ class CausalLM(HoldsBackbone, CachedCausalLM, Task):
         (16, 16)
     """
 
+    fine_tuning_rate = 2e-5  # `compile(optimizer="auto")` on a pretrained backbone
+
     config_args = ("backbone",)
     nested_models = ("backbone",)
 

@@ -156,15 +156,25 @@ class Task(ConfigModel):
         preprocessor = getattr(self, "preprocessor", None)
         return [layer for layer in super().layers if layer is not preprocessor]
 
+    # Adam's rate for `optimizer="auto"` on a backbone loaded from a checkpoint: a fine-tuning
+    # rate, as keras-hub's tasks use (1e-3 undoes what the checkpoint learned).
+    fine_tuning_rate = 5e-5
+
     def compile(
         self,
-        optimizer: Any = "adam",
+        optimizer: Any = "auto",
         loss: Any = None,
         jit_compile: bool | str = "auto",
         **kwargs: Any,
     ) -> None:
         """`keras.Model.compile`, with `loss` defaulting to the model's `default_loss()` and
-        `jit_compile="auto"` resolved by `resolve_jit_compile`."""
+        `jit_compile="auto"` resolved by `resolve_jit_compile`. `optimizer="auto"` is Adam at
+        `fine_tuning_rate` (5e-5; 2e-5 for a language model) when the backbone came from
+        `from_pretrained`, else Adam at Keras's 1e-3."""
+        if isinstance(optimizer, str) and optimizer == "auto":
+            backbone = getattr(self, "backbone", self)
+            pretrained = getattr(backbone, "from_checkpoint", False)
+            optimizer = keras.optimizers.Adam(self.fine_tuning_rate) if pretrained else "adam"
         super().compile(
             optimizer=optimizer,
             loss=self.default_loss() if loss is None else loss,

@@ -104,6 +104,7 @@ def load_pretrained(
     weights = _strip_prefixes(read_weights(folder), architecture.prefixes)
     model = (model_class or expected)(**kwargs)
     _copy_in(model, architecture, weights, strict)
+    model.from_checkpoint = True  # a task's compile() then defaults to a fine-tuning rate
     return model
 
 

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from keras_attn.tokenizers import bpe_ops
 from keras_attn.tokenizers.base import Tokenizer
-from keras_attn.tokenizers.json_plan import Plan, added_token_pattern, plan_of
+from keras_attn.tokenizers.json_plan import Plan, plan_of
 
 TOKENIZER_FILE = "tokenizer.json"
 
@@ -131,9 +131,8 @@ class JsonTokenizer(Tokenizer):
     def _tokenize(self, strings):
         self._check_json()
         plan = self._plan
-        if plan.added:
-            pattern = added_token_pattern(plan.added_specs)
-            segments = bpe_ops.regex_pieces(strings, pattern)
+        if plan.added_pattern is not None:
+            segments = bpe_ops.regex_pieces(strings, plan.added_pattern)
         else:
             segments = tf.RaggedTensor.from_tensor(strings[:, tf.newaxis])
         flat = segments.flat_values

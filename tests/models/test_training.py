@@ -140,3 +140,22 @@ def test_numpy_ids_past_the_tables_are_a_value_error_after_the_first_trace():
         model.fit(np.array([[1, -1]]), np.array([[1, 1]]), verbose=0)
     with pytest.raises(ValueError, match="ids outside"):
         model.evaluate({"token_ids": np.array([[50, 1]])}, np.array([[1, 1]]), verbose=0)
+
+
+def test_compile_defaults_to_a_fine_tuning_rate_on_a_pretrained_backbone():
+    """Issue 41 item 11: Adam at 1e-3 undid the packaged MiniLM (loss 1.28 -> 1.92 -> 1.00,
+    0.64 training accuracy in the README's tour); keras-hub's tasks default to 5e-5."""
+    from keras_attn.data import checkpoint_folder
+    from keras_attn.models import EncoderBackbone
+
+    tuned = SequenceClassifier.from_pretrained(checkpoint_folder(), num_classes=2,
+                                               sequence_length=16)  # fmt: skip
+    tuned.compile()
+    assert float(keras.ops.convert_to_numpy(tuned.optimizer.learning_rate)) == pytest.approx(5e-5)
+    scratch = SequenceClassifier(EncoderBackbone(vocabulary_size=50, max_sequence_length=8,
+                                                 hidden_dim=8, num_layers=1, num_heads=2),
+                                 num_classes=2)  # fmt: skip
+    scratch.compile()
+    assert float(keras.ops.convert_to_numpy(scratch.optimizer.learning_rate)) == pytest.approx(1e-3)
+    scratch.compile(optimizer=keras.optimizers.SGD(0.1))  # a given optimizer is kept
+    assert isinstance(scratch.optimizer, keras.optimizers.SGD)
