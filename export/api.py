@@ -234,11 +234,17 @@ def _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantiz
     elif preprocessor is not None:
         tokenizer, packer = preprocessor.tokenizer, preprocessor.packer
     if tokenizer is not None and packer is None and len(model.inputs) > 1:
+        advice = (
+            "Give the task its preprocessor (`model.preprocessor = TextPreprocessor(tokenizer, "
+            "SegmentPacker(...))`, as `from_pretrained` does) or pass `packer`."
+            if hasattr(model, "preprocessor") else
+            "Pass `packer` (e.g. `SegmentPacker(start_value=cls_id, end_value=sep_id, "
+            "sequence_length=128)`); from the command line, export the Hugging Face folder "
+            "itself (`keras-attn-export FOLDER OUT --task embed`)."
+        )  # fmt: skip
         raise ValueError(
             f"`model` takes {[t.name for t in model.inputs]}: a `tokenizer` without the packer "
-            "the model was trained with would serve ids without its special tokens. Give the "
-            "task its preprocessor (`model.preprocessor = TextPreprocessor(tokenizer, "
-            "SegmentPacker(...))`, as `from_pretrained` does) or pass `packer`."
+            f"the model was trained with would serve ids without its special tokens. {advice}"
         )
     if tokenizer is not None and not isinstance(tokenizer, WordPieceTokenizer | JsonTokenizer):
         raise ValueError(

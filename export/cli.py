@@ -8,7 +8,7 @@ import re
 import sys
 import zipfile
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from keras_attn_export.parity import ParityError
 
@@ -31,7 +31,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "SavedModel and/or ONNX, parity-checked against Keras, optionally optimized and "
         "quantized.",
     )
-    parser.add_argument("model", help="path to a .keras file")
+    parser.add_argument(
+        "model",
+        help="path to a .keras file, or a Hugging Face folder (config.json, model.safetensors "
+        "and its tokenizer): an encoder is exported with its pooling and `[CLS] text [SEP]` "
+        "packing (--task embed serves sentence embeddings)",
+    )
+    parser.add_argument(
+        "--sequence-length", type=int, default=None,
+        help="for a Hugging Face encoder folder: the length texts are packed to (default: the "
+        "longest the encoder takes)",
+    )  # fmt: skip
     parser.add_argument("out_dir", help="artifact folder to write (replaced if it exists)")
     parser.add_argument(
         "--formats", default="saved_model,onnx", help="comma-separated: saved_model,onnx"
@@ -116,6 +126,26 @@ def load_tokenizer(path: str | None) -> "Tokenizer | None":
     return WordPieceTokenizer(path)
 
 
+def load_folder(path: str, sequence_length: int | None) -> tuple["keras.Model", Any, Any]:
+    """`(model, tokenizer, packer)` of a Hugging Face folder: an encoder with the folder's
+    pooling, tokenizer and `[CLS] text [SEP]` packer; a causal LM with its own preprocessor
+    (tokenizer and packer None)."""
+    from keras_attn.models import CausalLM, EncoderBackbone
+    from keras_attn.models.heads import folder_preprocessor
+    from keras_attn.pretrained.folder import read_config
+    from keras_attn.pretrained.layouts import architecture_for_config
+
+    kind = architecture_for_config(read_config(path)).model_class
+    if kind == "DecoderBackbone":
+        return CausalLM.from_pretrained(path), None, None
+    model = EncoderBackbone.from_pretrained(path)
+    length = sequence_length or model.max_sequence_length - model.position_offset
+    preprocessor = folder_preprocessor(path, length)
+    if preprocessor is None:
+        return model, None, None
+    return model, preprocessor.tokenizer, preprocessor.packer
+
+
 def load_model(path: str) -> "keras.Model":
     """`keras.saving.load_model`, its unknown-class error turned into a hint at `--import`."""
     import keras
@@ -173,12 +203,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         import_modules(args.imports)
         labels = parse_labels(args.labels)
-        tokenizer = load_tokenizer(args.tokenizer)
-        model = load_model(args.model)
+        tokenizer, packer = load_tokenizer(args.tokenizer), None
+        if os.path.isdir(args.model):
+            if tokenizer is not None:
+                raise ValueError("a Hugging Face folder brings its tokenizer: drop --tokenizer")
+            model, tokenizer, packer = load_folder(args.model, args.sequence_length)
+        else:
+            model = load_model(args.model)
         manifest = export_model(
             model,
             args.out_dir,
             tokenizer=tokenizer,
+            packer=packer,
             formats=[f.strip() for f in args.formats.split(",") if f.strip()],
             opset=args.opset,
             optimize=args.optimize,

@@ -46,3 +46,30 @@ def check_renamed(kwargs: dict[str, Any], names: Iterable[str] = tuple(RENAMED))
         if old in kwargs:
             new = RENAMED[old]
             raise TypeError(f"`{old}` is now called `{new}`. Received: {old}={kwargs[old]!r}")
+
+
+# Hugging Face's names for arguments that have another name here.
+HF_NAMES = {
+    "do_sample": "sampler='sample' (or 'greedy')",
+    "eos_token_id": "stop_token_ids=[...]",
+    "max_length": "max_new_tokens",
+    "num_labels": "num_classes",
+    "id2label": "labels= at export",
+}
+
+
+def check_hf_names(kwargs: dict[str, Any]) -> None:
+    """`ValueError` naming our argument for any of Hugging Face's names in `kwargs`."""
+    for old, new in HF_NAMES.items():
+        if old in kwargs:
+            raise ValueError(
+                f"`{old}` is Hugging Face's name; here pass {new}. Received: {old}={kwargs[old]!r}"
+            )
+
+
+def check_known(kwargs: dict[str, Any], known: Collection[str], what: str) -> None:
+    """`ValueError` listing the accepted names when `kwargs` has others."""
+    check_hf_names(kwargs)
+    unknown = sorted(set(kwargs) - set(known))
+    if unknown:
+        raise ValueError(f"{what} does not take {unknown}; it takes {sorted(known)}")

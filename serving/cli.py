@@ -3,6 +3,7 @@
 import argparse
 from collections.abc import Sequence
 
+from keras_attn_serving.repository import repository_problem
 from keras_attn_serving.settings import ServerSettings
 
 
@@ -24,9 +25,21 @@ def parse_settings(argv: Sequence[str] | None = None) -> ServerSettings:
             parser.add_argument(flag, default=None, metavar=name.upper(), help=help_text)
     args = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
     try:
-        return ServerSettings(**args)
+        settings = ServerSettings(**args)
     except pydantic.ValidationError as error:
-        parser.error(str(error))
+        problems = []
+        for item in error.errors():
+            name = str(item["loc"][0]) if item["loc"] else "?"
+            flag = "--" + name.replace("_", "-")
+            if item["type"] == "missing":
+                problems.append(f"{flag} is required (or KERAS_ATTN_{name.upper()})")
+            else:
+                problems.append(f"{flag}: {item['msg']} (received {item.get('input')!r})")
+        parser.error("; ".join(problems))
+    problem = repository_problem(settings.model_repository)
+    if problem:
+        parser.error(f"--model-repository {settings.model_repository}: {problem}")
+    return settings
 
 
 def main(argv: Sequence[str] | None = None) -> None:

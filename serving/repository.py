@@ -29,6 +29,18 @@ def _cores():
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
+def repository_problem(root: Path) -> str | None:
+    """Why `root` cannot be a model repository, or None."""
+    if not root.is_dir():
+        return "no such folder"
+    if (root / MANIFEST).is_file():
+        return (
+            "this is one exported artifact (it holds manifest.json); a repository holds "
+            f"NAME/VERSION/ folders: mkdir -p REPO/NAME && mv {root} REPO/NAME/1, then serve REPO"
+        )
+    return None
+
+
 class ModelRepository:
     """The models under `root`, loaded on first use and kept; names and versions are checked
     before they touch the file system, so no request reaches outside `root`.
@@ -52,8 +64,9 @@ class ModelRepository:
         batch_min_fill: float = 0.9,
     ) -> None:
         self.root = Path(root).resolve()
-        if not self.root.is_dir():
-            raise ValueError(f"`model_repository` must be a folder. Received: {root}")
+        problem = repository_problem(self.root)
+        if problem:
+            raise ValueError(f"`model_repository` {root}: {problem}")
         self.verify = verify
         # Each of the `workers` threads runs its own batch: together they fill the cores, so
         # onnxruntime's thread pools do not contend for them (2 workers x 2 threads on 2 cores

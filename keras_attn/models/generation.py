@@ -1,12 +1,13 @@
 """Generation for causal LMs: a `CausalLM`, or a user's functional causal LM of our layers
 (`keras_attn.models.cached.FunctionalCausalLM`)."""
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
 import keras
 
-from keras_attn.checks import check_renamed
+from keras_attn.checks import check_known, check_renamed
 from keras_attn.decoding import Runner, decode
 from keras_attn.models.cached import cached_causal_lm, model_inputs
 from keras_attn.types import Tensor
@@ -30,6 +31,13 @@ def causal_runner(model: keras.Model) -> Runner:
 
     vocabulary = lm.token_embedding.vocabulary_size
     return Runner(model, step, full, initial_state, vocabulary, lm.max_length)
+
+
+# What `generate` passes on to `keras_attn.decoding.decode`.
+_DECODE_ARGUMENTS = tuple(
+    name for name in inspect.signature(decode).parameters
+    if name not in ("runner", "prompts", "max_new_tokens")
+)  # fmt: skip
 
 
 def generate(
@@ -57,6 +65,7 @@ def generate(
     and every id can be generated (GPT-2's end of text is its last id).
     """
     check_renamed(kwargs, ("pad_id",))
+    check_known(kwargs, _DECODE_ARGUMENTS, "`generate`")
     text = isinstance(prompts, str) or (
         isinstance(prompts, (list, tuple)) and bool(prompts)
         and all(isinstance(p, str) for p in prompts)

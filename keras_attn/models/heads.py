@@ -8,7 +8,13 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_attn.checks import check_choice, check_positive_ints, check_rate, check_renamed
+from keras_attn.checks import (
+    check_choice,
+    check_hf_names,
+    check_positive_ints,
+    check_rate,
+    check_renamed,
+)
 from keras_attn.layers.masks import mask_value
 from keras_attn.losses import SparseCrossEntropy
 from keras_attn.models.encoder import EncoderBackbone, encoder_inputs
@@ -59,6 +65,7 @@ class Head(Task):
             (64, (1, 3))
         """
         check_renamed(kwargs, ("encoder_kwargs",))
+        check_hf_names(kwargs)  # `num_labels`, before the backbone is loaded
         backbone = EncoderBackbone.from_pretrained(folder, strict=strict, **(backbone_kwargs or {}))
         if "preprocessor" not in kwargs:
             kwargs["preprocessor"] = folder_preprocessor(

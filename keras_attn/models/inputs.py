@@ -33,6 +33,18 @@ def complete_inputs(model: keras.Model, inputs: dict[str, Any]) -> dict[str, Any
     return inputs
 
 
+def check_not_empty(x: Any, argument: str = "x") -> None:
+    """`ValueError` for an empty batch: no text and no row (Keras fails deep inside)."""
+    empty = (
+        (isinstance(x, list | tuple) and len(x) == 0)
+        or (isinstance(x, np.ndarray) and x.size == 0)
+        or (isinstance(x, dict) and any(np.size(v) == 0 for v in x.values()
+                                        if isinstance(v, np.ndarray | list | tuple)))
+    )  # fmt: skip
+    if empty:
+        raise ValueError(f"`{argument}` is empty: pass at least one text or one row of ids.")
+
+
 def is_text(x: Any) -> bool:
     """Whether `x` is raw text: a string, a list or tuple of strings, a NumPy array of strings,
     or a string tensor."""
@@ -138,6 +150,14 @@ def check_id_arrays(model: keras.Model, x: Any, argument: str) -> None:
     length = max((p.sequence_length for p in layers if isinstance(p, PositionEmbedding)),
                  default=None)  # fmt: skip
     for name, array in x.items():
+        if isinstance(array, list | tuple):
+            array = np.asarray(array)
+        if isinstance(array, np.ndarray) and array.dtype.kind in "USO" and _int_input(model, name):
+            raise ValueError(
+                f"`{argument}[{name!r}]` must hold integer ids; received strings "
+                f"({array.dtype}). Raw text goes in as a list of strings to a task with a "
+                "preprocessor (`from_pretrained` gives one)."
+            )
         if not isinstance(array, np.ndarray) or array.ndim != 2 or array.size == 0:
             continue
         if not np.issubdtype(array.dtype, np.integer):
@@ -171,6 +191,15 @@ def check_label_array(model: keras.Model, y: Any) -> None:
     """`ValueError` when NumPy integer labels fall outside the classes of a model with one
     output `(..., classes)` (the head's `ignore_label`, or the loss's ignored id, excepted):
     Keras's sparse cross-entropy trains on them silently (label 5 of 2 classes: loss 0.46)."""
+    if isinstance(y, list | tuple) and y:
+        y = np.asarray(y)
+    if isinstance(y, np.ndarray) and y.dtype.kind in "USO" and y.size:
+        example = str(y.flat[0])
+        raise ValueError(
+            f"`y` holds strings (e.g. {example!r}); labels are class ids 0..n-1: "
+            "`names, y = np.unique(labels, return_inverse=True)` makes them (export's "
+            "`labels=` then names the classes)"
+        )
     if not isinstance(y, np.ndarray) or y.size == 0 or not np.issubdtype(y.dtype, np.integer):
         return
     if isinstance(model.output, dict) or len(model.outputs) != 1:

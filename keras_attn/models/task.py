@@ -9,6 +9,7 @@ from keras_attn.hardware import native_low_precision
 from keras_attn.models.inputs import (
     check_id_arrays,
     check_label_array,
+    check_not_empty,
     complete_inputs,
     preprocess_text,
     training_text,
@@ -187,6 +188,7 @@ class Task(ConfigModel):
     # is unknown, and ids outside the table or a sequence past the position table would
     # surface as a TensorFlow op error (`GatherV2`, `Slice`) instead of a ValueError.
     def fit(self, x: Any = None, y: Any = None, *args: Any, **kwargs: Any) -> Any:
+        check_not_empty(x)
         x, y, kwargs = training_text(self, x, y, kwargs)
         x = preprocess_text(self, x)
         check_id_arrays(self, x, "x")
@@ -194,6 +196,7 @@ class Task(ConfigModel):
         return super().fit(x, y, *args, **kwargs)
 
     def evaluate(self, x: Any = None, y: Any = None, *args: Any, **kwargs: Any) -> Any:
+        check_not_empty(x)
         x, y, kwargs = training_text(self, x, y, kwargs)
         x = preprocess_text(self, x)
         check_id_arrays(self, x, "x")
@@ -201,6 +204,7 @@ class Task(ConfigModel):
         return super().evaluate(x, y, *args, **kwargs)
 
     def predict(self, x: Any, *args: Any, **kwargs: Any) -> Any:
+        check_not_empty(x)
         x = preprocess_text(self, x)
         check_id_arrays(self, x, "x")
         return super().predict(x, *args, **kwargs)

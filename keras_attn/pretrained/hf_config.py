@@ -20,7 +20,10 @@ ACTIVATIONS = {  # Hugging Face's name -> ours
     "silu": "swish",
     "swish": "swish",
 }
-HF_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "swish": "silu"}
+HF_ACTIVATIONS = {
+    "gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "swish": "silu", "silu": "silu",
+}  # fmt: skip
+SAME_ACTIVATION = {"silu": "swish"}  # Keras's two names of one function
 
 
 def activation(name: str) -> str:
@@ -69,7 +72,10 @@ def sizes(config: dict[str, Any], names: Sequence[str], **rest: Any) -> dict[str
 def check_exportable(model: Any, **expected: Any) -> None:
     """`save_pretrained` writes only what the architecture can express."""
     for name, value in expected.items():
-        if getattr(model, name) != value:
+        found = getattr(model, name)
+        if name == "activation":
+            found = SAME_ACTIVATION.get(found, found)
+        if found != value:
             raise ValueError(
                 f"This model cannot be written as a Hugging Face checkpoint: `{name}` must be "
                 f"{value!r}. Received: {name}={getattr(model, name)!r}"

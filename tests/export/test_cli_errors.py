@@ -87,3 +87,36 @@ def test_cli_names_unconvertible_ops_in_one_line(tmp_path):
     assert "Erfinv, Lgamma" in ours[0] and "tf2onnx cannot convert" in ours[0]
     assert not (tmp_path / "out").exists()
     assert sorted(os.listdir(tmp_path)) == ["lgamma.keras", "lgamma_layer.py"]
+
+
+def test_cli_exports_a_hugging_face_encoder_folder_as_an_embedding_model(tmp_path):
+    """Issue 41 item 12: the packaged MiniLM could not be exported as an embedding model
+    from the command line (no way to give a packer). Its folder now exports with its pooling
+    and `[CLS] text [SEP]` packing, and the artifact embeds as Keras does."""
+    from keras_attn_export.cli import main
+    from keras_attn_serving import Predictor
+    from keras_attn_serving.text import TextModel
+
+    from keras_attn.data import checkpoint_folder
+    from keras_attn.models import EncoderBackbone
+
+    out = tmp_path / "minilm"
+    argv = [str(checkpoint_folder()), str(out), "--task", "embed", "--formats", "onnx",
+            "--sequence-length", "32"]  # fmt: skip
+    assert main(argv) == 0
+    predictor = Predictor(out)
+    assert predictor.manifest.task == "embed"
+    assert predictor.manifest.packer["start_value"] == 101  # [CLS]
+    texts = ["A man is eating food.", "short"]
+    model = TextModel(predictor)
+    feeds, packed = model.encode(texts)
+    served = model.embed(predictor.run(feeds), packed, "mean", True)
+    keras_model = EncoderBackbone.from_pretrained(checkpoint_folder())
+    tokens = np.asarray(feeds["token_ids"])
+    sequence = keras.ops.convert_to_numpy(
+        keras_model({"token_ids": tokens, "segment_ids": np.zeros_like(tokens)})["sequence_output"]
+    )
+    real = (tokens != 0)[..., None]
+    expected = (sequence * real).sum(1) / real.sum(1)  # the folder's pooling: mean, normalized
+    expected /= np.linalg.norm(expected, axis=-1, keepdims=True)
+    np.testing.assert_allclose(np.asarray(served), expected, atol=1e-5)

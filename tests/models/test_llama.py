@@ -221,3 +221,21 @@ def test_cross_attention_keeps_no_rotary_and_gpt2_refuses_llama_arguments(tmp_pa
     lm = CausalLM(40, 16, hidden_dim=16, num_heads=2, num_key_value_heads=1)
     with pytest.raises(ValueError, match="num_key_value_heads"):
         lm.save_pretrained(tmp_path)  # GPT-2's fused c_attn holds equal q, k, v widths
+
+
+def test_silu_is_swish_when_writing_a_checkpoint(tmp_path):
+    """Issue 41 item 14: the docstring's `activation="silu"` built but `save_pretrained`
+    refused it (only "swish" was known); both names are Keras's one function."""
+    kwargs = dict(
+        vocabulary_size=64, max_sequence_length=16, hidden_dim=16, num_layers=1, num_heads=2,
+        position_encoding="rotary", normalization="rms_norm", gated_feed_forward=True,
+        normalize_first=True, mask_zero=False, num_key_value_heads=1, attention_bias=False,
+        feed_forward_bias=False, tie_word_embeddings=False, rope_max_wavelength=10000.0,
+    )  # fmt: skip
+    keras.utils.set_random_seed(0)
+    lm = CausalLM(DecoderBackbone(activation="silu", **kwargs))
+    lm.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["hidden_act"] == "silu"
+    again = CausalLM.from_pretrained(tmp_path)
+    ids = np.array([[3, 9, 27, 5]], "int32")
+    np.testing.assert_allclose(to_numpy(again(ids)), to_numpy(lm(ids)), atol=1e-6)

@@ -393,3 +393,35 @@ def test_encoder_fills_one_segment_and_names_hugging_face_inputs():
         r"token_ids; `padding_mask` needs a model built with `padding_mask_inp",
     ):
         encoder({"input_ids": ids, "attention_mask": np.ones_like(ids)})
+
+
+def test_errors_a_new_user_meets_name_the_problem():
+    """Issue 41 item 13: each of these surfaced as an internal error (a KeyError from Keras,
+    a TensorFlow cast error, `Invalid dtype: str96`, "decode() got an unexpected keyword
+    argument", "missing num_classes")."""
+    from keras_attn.data import checkpoint_folder
+    from keras_attn.models import CausalLM, EncoderBackbone, SequenceClassifier
+
+    backbone = EncoderBackbone(vocabulary_size=50, max_sequence_length=8, hidden_dim=8,
+                               num_layers=1, num_heads=2)  # fmt: skip
+    classifier = SequenceClassifier(backbone, num_classes=2)
+    with pytest.raises(ValueError, match="`x` is empty"):
+        classifier.predict([])
+    with pytest.raises(
+        ValueError, match=r"`x\['token_ids'\]` must hold integer ids; received strings"
+    ):
+        classifier.predict({"token_ids": np.array([["1", "2"]]), "segment_ids": np.zeros((1, 2))})
+    ids = {"token_ids": np.ones((2, 4), "int32"), "segment_ids": np.zeros((2, 4), "int32")}
+    classifier.compile()
+    with pytest.raises(ValueError, match=r"`y` holds strings \(e.g. 'pos'\).*np.unique"):
+        classifier.fit(ids, np.array(["pos", "neg"]), epochs=1, verbose=0)
+    lm = CausalLM(vocabulary_size=20, max_sequence_length=8, hidden_dim=8, num_layers=1,
+                  num_heads=2)  # fmt: skip
+    with pytest.raises(ValueError, match=r"`do_sample` is Hugging Face's name; here pass sampler="):
+        lm.generate([[1, 2]], max_new_tokens=2, do_sample=True)
+    with pytest.raises(ValueError, match=r"`eos_token_id` .* stop_token_ids"):
+        lm.generate([[1, 2]], max_new_tokens=2, eos_token_id=3)
+    with pytest.raises(ValueError, match=r"does not take \['beam_width'\]; it takes"):
+        lm.generate([[1, 2]], max_new_tokens=2, beam_width=3)
+    with pytest.raises(ValueError, match=r"`num_labels` .* num_classes"):
+        SequenceClassifier.from_pretrained(checkpoint_folder(), num_labels=2)

@@ -213,3 +213,23 @@ def test_session_threads_default_to_the_cores_shared_among_the_workers(root, wor
     _, predictor, _ = ModelRepository(root, num_threads=num_threads, workers=workers).batcher("toy")
     expected = num_threads or max(1, cores // workers)
     assert predictor.session.get_session_options().intra_op_num_threads == expected
+
+
+def test_the_command_line_names_what_is_wrong_with_the_repository(tmp_path, capsys, monkeypatch):
+    """Issue 41 item 13: no repository gave a pydantic dump, a missing one a traceback, and
+    one artifact folder a server answering 503 with no hint."""
+    monkeypatch.delenv("KERAS_ATTN_MODEL_REPOSITORY", raising=False)
+    (tmp_path / "artifact").mkdir()
+    (tmp_path / "artifact" / "manifest.json").write_text("{}")
+    cases = [
+        ([], "--model-repository is required (or KERAS_ATTN_MODEL_REPOSITORY)"),
+        (["--model-repository", str(tmp_path / "nope")], "no such folder"),
+        (["--model-repository", str(tmp_path / "artifact")], "mkdir -p REPO/NAME && mv"),
+        (["--model-repository", str(tmp_path), "--max-delay-ms", "inf"], "--max-delay-ms: "),
+    ]
+    for argv, words in cases:
+        with pytest.raises(SystemExit):
+            parse_settings(argv)
+        err = capsys.readouterr().err
+        assert words in err, err
+        assert "pydantic" not in err and "Traceback" not in err and "errors.pydantic" not in err
