@@ -11,7 +11,12 @@ loopback, and runs each probe while a thread checks `/v2/health/live` every 10 m
 - `13 MB text`: one /classify body of 1,000 texts of 13 KB;
 - `slowloris`: `--connections` half-sent requests held open for `--hold-s` seconds;
 - `version churn`: `--versions` version folders added, each loaded by a request, then
-  removed; the server's threads and RSS (from /proc) before, at the peak and after.
+  removed; the server's threads and RSS (from /proc) before, at the peak and after;
+- round three (issue 41), on copies of the classifier whose operator files are hostile:
+  `regex panic` (a tokenizer.json Split pattern `(a+)+$` and a text that makes the regex
+  engine panic), `regex backtrack` (a text it backtracks on for seconds), `70 MB tokenizer`
+  (a tokenizer.json past the size read), `Infinity delay` (`max_delay_ms: Infinity` in the
+  model's config.json).
 
 Prints the CPU flags, each probe's answer and health p50/p99/max and failures; writes JSON.
 Loopback only; every loop is bounded.
@@ -57,6 +62,40 @@ def export_classifier(folder):
         tokenizer=tokenizer, packer=StartEndPacker(128, start_value=101, end_value=102),
         labels=["no", "yes"], verbose=False,
     )  # fmt: skip
+
+
+def hostile_copies(root):
+    """Copies of `cls/1` whose files a hostile or careless operator wrote, re-hashed so that
+    only their content is wrong; returns their names."""
+    import hashlib
+
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+
+    def rehash(folder):
+        manifest = json.loads(open(f"{folder}/manifest.json").read())
+        for rel in manifest["files"]:
+            with open(f"{folder}/{rel}", "rb") as f:
+                manifest["files"][rel] = hashlib.sha256(f.read()).hexdigest()
+        with open(f"{folder}/manifest.json", "w") as f:
+            json.dump(manifest, f)
+
+    vocabulary = open(f"{root}/cls/1/tokenizer/vocab.txt", encoding="utf-8").read().split("\n")
+    words = Tokenizer(models.WordPiece({w: i for i, w in enumerate(vocabulary) if w},
+                                       unk_token="[UNK]"))  # fmt: skip
+    words.pre_tokenizer = pre_tokenizers.Split(Regex("(a+)+$"), "isolated")
+    shutil.copytree(f"{root}/cls/1", f"{root}/regex/1")
+    with open(f"{root}/regex/1/tokenizer/tokenizer.json", "w") as f:
+        f.write(words.to_str())
+    rehash(f"{root}/regex/1")
+    shutil.copytree(f"{root}/cls/1", f"{root}/big/1")
+    with open(f"{root}/big/1/tokenizer/tokenizer.json", "w") as f:
+        f.write('{"model": {"type": "WordLevel", "unk_token": "a", "vocab": {"a": 0')
+        f.write("".join(f', "t{i:07d}": {i}' for i in range(1, 3_500_000)) + "}}}")
+    rehash(f"{root}/big/1")
+    shutil.copytree(f"{root}/cls/1", f"{root}/delay/1")
+    with open(f"{root}/delay/config.json", "w") as f:
+        f.write('{"max_delay_ms": Infinity}')
+    return ["regex", "big", "delay"]
 
 
 def proc_status(pid):
@@ -156,6 +195,7 @@ def main():
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, args.connections + 512), hard))
     root = tempfile.mkdtemp(prefix="hostile_")
     export_classifier(f"{root}/cls/1")
+    hostile_copies(root)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -211,6 +251,19 @@ def main():
             )
 
         probe("version churn", url, churn, results)
+
+        def classify_with(name, text):
+            def action():
+                response = httpx.post(f"{url}/v2/models/{name}/classify",
+                                      json={"text_input": text}, timeout=120)  # fmt: skip
+                return f"{response.status_code} {response.json()['error'][:60]!r}"
+
+            return action
+
+        probe("regex panic", url, classify_with("regex", "a" * 30 + "!"), results)
+        probe("regex backtrack", url, classify_with("regex", ("a" * 21 + "!") * 40), results)
+        probe("70 MB tokenizer", url, classify_with("big", "to be"), results)
+        probe("Infinity delay", url, classify_with("delay", "to be"), results)
     finally:
         server.terminate()
         server.wait(30)

@@ -108,8 +108,10 @@ def _raised(item: Any) -> int:
 
 
 def _fail(request: "_Request", error: Exception) -> None:
-    request.out.put(error)
-    request.out.put(_END)
+    if not request.done:
+        request.done = True
+        request.out.put(error)
+        request.out.put(_END)
 
 
 def _deliver(items: list[tuple[asyncio.Queue[Any], Any]]) -> None:
@@ -127,6 +129,7 @@ class _Request:
         self.next_token = 0
         self.produced = 0
         self.cancelled = False
+        self.done = False  # its end (_END) was sent
 
 
 class DecodeBatcher:
@@ -259,6 +262,7 @@ class DecodeBatcher:
             try:
                 for request in newcomers:
                     if request.cancelled:
+                        request.done = True
                         request.out.put(_END)
                 for start in range(0, len(live), PREFILL_ROWS):
                     self._admit_each(live[start : start + PREFILL_ROWS])
@@ -276,8 +280,7 @@ class DecodeBatcher:
             _flush(self.pending)
         closed = RuntimeError("the decode batcher was closed")
         for request in [*self.active, *self.waiting]:
-            request.out.put(closed)
-            request.out.put(_END)
+            _fail(request, closed)
         _flush(self.pending)
 
     def _check_ids(self, prompt: list[int]) -> None:
@@ -294,7 +297,7 @@ class DecodeBatcher:
             self._admit(requests)
             return
         except Exception as error:
-            left = [r for r in requests if not any(r is a for a in self.active)]
+            left = [r for r in requests if not r.done and not any(r is a for a in self.active)]
             if len(requests) == 1 or len(left) < len(requests):
                 for request in left:  # alone, or failed past the run: these get the error
                     _fail(request, error)
@@ -312,8 +315,7 @@ class DecodeBatcher:
         ]  # fmt: skip
         rows = faulty or list(range(len(self.active)))
         for row in sorted(rows, reverse=True):  # backwards: a finished row takes the last one
-            request = self.active[row]
-            request.out.put(error)
+            self.active[row].out.put(error)
             self._finish(row)
 
     def _run(self, cache: _Cache, rows: int, token_ids: np.ndarray, index: np.ndarray
@@ -402,6 +404,7 @@ class DecodeBatcher:
     def _finish(self, row: int) -> None:
         """Ends the request in `row`; the last active request moves into its row."""
         request = self.active[row]
+        request.done = True
         request.out.put(_END)
         last = len(self.active) - 1
         if row != last:

@@ -31,13 +31,21 @@ REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large",
            503: b"Service Unavailable"}  # fmt: skip
 
 
+# A client reading an answer must take at least this many bytes a second, checked every
+# `send_timeout_s` while the buffers are full; a drain of asyncio's buffers (from its high
+# mark, 64 KiB, to its low one, 16 KiB) counts as this many.
+MIN_SEND_RATE = 4 << 10
+DRAIN_BYTES = 48 << 10
+
+
 def guarded_protocol(
     max_connections: int, max_header_bytes: int, header_timeout_s: float,
     send_timeout_s: float = 30.0,
 ) -> type[HttpToolsProtocol]:  # fmt: skip
-    """A uvicorn `http=` protocol class with these limits. A client that reads none of an
-    answer for `send_timeout_s` while the socket's buffers are full is cut off: the bytes
-    held for it are dropped."""
+    """A uvicorn `http=` protocol class with these limits. A client that reads less than
+    `MIN_SEND_RATE` bytes a second of an answer (none at all, or a trickle), measured over
+    `send_timeout_s` while the socket's buffers are full, is cut off: the bytes held for it
+    are dropped."""
 
     class GuardedHttp(HttpToolsProtocol):
         # in_request: from a request's complete headers to its answer's end.
@@ -49,6 +57,7 @@ def guarded_protocol(
             super().connection_made(transport)
             self.header_timer: asyncio.TimerHandle | None = None
             self.send_timer: asyncio.TimerHandle | None = None
+            self.drains = 0
             self.in_request, self.receiving = False, False
             self.served, self.heard = False, False
             self._count_headers()
@@ -130,13 +139,14 @@ def guarded_protocol(
                 self._wait()
 
         def pause_writing(self) -> None:
-            """The socket's buffers are full: the client must read within the deadline."""
+            """The socket's buffers are full: the client must read, and keep reading."""
             super().pause_writing()
-            self._cancel_send()
-            self.send_timer = self.loop.call_later(send_timeout_s, self._send_late)
+            if self.send_timer is None:
+                self.drains = 0
+                self.send_timer = self.loop.call_later(send_timeout_s, self._send_check)
 
         def resume_writing(self) -> None:
-            self._cancel_send()
+            self.drains += 1  # the client read the buffer down to its low mark
             super().resume_writing()
 
         def _cancel_send(self) -> None:
@@ -144,11 +154,21 @@ def guarded_protocol(
                 self.send_timer.cancel()
                 self.send_timer = None
 
-        def _send_late(self) -> None:
+        def _send_check(self) -> None:
+            """Every `send_timeout_s` while an answer waits on the client: it must have read
+            at least `MIN_SEND_RATE` bytes a second meanwhile (each drain of the buffers is
+            about `DRAIN_BYTES`), or it is cut off. A client trickling a byte at a time
+            would otherwise hold its answer, and a request slot, for as long as it liked."""
+            self.send_timer = None
+            if self.transport.is_closing() or not self.flow.write_paused:
+                return  # caught up: the next full buffer starts the clock again
+            if self.drains * DRAIN_BYTES >= MIN_SEND_RATE * send_timeout_s:
+                self.drains = 0
+                self.send_timer = self.loop.call_later(send_timeout_s, self._send_check)
+                return
             # A reset, not a close: the kernel drops what its send buffer holds for the
             # client too (a close would go on sending it). uvicorn's connection_lost then
             # wakes the answer's pending send, which ends.
-            self.send_timer = None
             sock = self.transport.get_extra_info("socket")
             if sock is not None:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))

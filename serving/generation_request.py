@@ -31,9 +31,6 @@ def _integer(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-_number = finite_number
-
-
 def _refuse(name: str, rule: str, value: Any) -> ServingError:
     return ServingError(400, f"`{name}` must be {rule}; received {shown(value)}"[:300])
 
@@ -76,13 +73,13 @@ def generation_request(parameters: dict[str, Any], vocabulary_size: int) -> Gene
 
 def _sampler(parameters: dict[str, Any]) -> Sampler:
     temperature = parameters.get("temperature", 1.0)
-    if not _number(temperature) or temperature <= 0:
+    if not finite_number(temperature) or temperature <= 0:
         raise _refuse("temperature", "a finite number > 0", temperature)
     top_k = parameters.get("top_k")
     if top_k is not None and (not _integer(top_k) or top_k < 1):
         raise _refuse("top_k", "an integer >= 1", top_k)
     top_p = parameters.get("top_p")
-    if top_p is not None and (not _number(top_p) or not 0 < top_p <= 1):
+    if top_p is not None and (not finite_number(top_p) or not 0 < top_p <= 1):
         raise _refuse("top_p", "a number in (0, 1]", top_p)
     seed = parameters.get("seed")
     if seed is not None and (not _integer(seed) or not 0 <= seed < 2**63):

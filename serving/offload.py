@@ -15,13 +15,15 @@ that cannot start is logged once, and the work then runs in threads.
 """
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import multiprocessing
 import pickle
+import queue
 import threading
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
@@ -130,6 +132,7 @@ class Tokenizing:
     holds one of these threads, never the loop nor the default executor. Texts queue for a
     thread as usual; a thread cannot be stopped, so a text past its deadline keeps its thread
     until it ends (`stuck`), and while every thread is held so, new texts get a 503 at once.
+    The threads are daemons: one held by such a text never keeps the process from exiting.
 
     Args:
         threads: tokenizing threads (`tokenizers` releases the GIL while it works).
@@ -141,28 +144,49 @@ class Tokenizing:
         if threads < 1:
             raise ValueError(f"`threads` must be >= 1. Received: threads={threads}")
         self.threads, self.timeout_s, self.stuck = threads, timeout_s, 0
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="tokenize")
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        for i in range(threads):
+            threading.Thread(target=self._work, name=f"tokenize-{i}", daemon=True).start()
+
+    def _work(self) -> None:
+        while (item := self._queue.get()) is not None:
+            future, function, args = item
+            if not future.set_running_or_notify_cancel():
+                continue  # its caller gave up while it waited
+            try:
+                future.set_result(function(*args))
+            except BaseException as error:  # delivered to the caller, who answers it
+                future.set_exception(error)
 
     async def run(self, function: Callable[..., T], *args: Any) -> T:
         if self.stuck >= self.threads:
             raise ServingError(503, "every tokenizing thread is busy with a slow text; retry")
-        future = self._pool.submit(function, *args)
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._queue.put((future, function, args))
+        waiting = asyncio.wrap_future(future)
         try:
             async with asyncio.timeout(self.timeout_s):
-                return await asyncio.shield(asyncio.wrap_future(future))
+                return await asyncio.shield(waiting)
         except TimeoutError:
+            if future.done():
+                return future.result()
             if future.cancel():  # it never started: the server is busy, the text may be fine
                 raise ServingError(503, "no tokenizing thread was free in time; retry") from None
             self.stuck += 1
             loop = asyncio.get_running_loop()
+            waiting.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved
             future.add_done_callback(lambda _: loop.call_soon_threadsafe(self._unstuck))
             raise ServingError(
                 400, f"tokenizing the text took over {self.timeout_s:g} s: the model's "
                      "tokenizer is too slow on it",
             ) from None  # fmt: skip
+        except asyncio.CancelledError:
+            future.cancel()  # not started yet: never runs
+            raise
 
     def _unstuck(self) -> None:
         self.stuck -= 1
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        for _ in range(self.threads):
+            self._queue.put(None)

@@ -283,21 +283,13 @@ class TextModel:
                      f"embedding for: its ids are [0, {limit})",
             )  # fmt: skip
 
-    def continuation(
-        self, prompt: list[int], new: list[int], prompt_text: str | None = None
-    ) -> str:
-        """The text the `new` ids add after `prompt`'s text, without a leading space."""
-        shown = self.words.decode(prompt) if prompt_text is None else prompt_text
-        full = self.words.decode(prompt + new)
-        return (full[len(shown) :] if full.startswith(shown) else full).lstrip()
-
     def stream(self, prompt: list[int], request: "GenerationRequest") -> Iterator[tuple[int, str]]:
         """The continuation of prompt ids (greedy, or sampled as `request` says), yielded as
-        `(token id, text delta)` pairs as tokens are chosen; the deltas join into
-        `continuation(prompt, new ids)`, cut before the first of `request.stop_strings`
-        (the token that completes it is the last one). With stop strings, text that could be
-        the start of one is held back, and each pair is sent one token late (the last one
-        carries the rest of the text)."""
+        `(token id, text delta)` pairs as tokens are chosen; the deltas join into the text
+        the new ids add after the prompt's (`Detokenizer`), cut before the first of
+        `request.stop_strings` (the token that completes it is the last one). With stop
+        strings, text that could be the start of one is held back, and each pair is sent one
+        token late (the last one carries the rest of the text)."""
         deltas = _Deltas(self, prompt, request.stop_strings)
         tokens = self.predictor.stream_ids(
             prompt, request.max_tokens, request.stop_ids, sampler=request.sampler

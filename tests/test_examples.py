@@ -1,18 +1,44 @@
-"""Each example runs a short version of itself; README code blocks run as written."""
+"""Each example runs a short version of itself; README code blocks run as written.
 
+Each example runs in a process of its own (`run_example`): run one after another in a pytest
+worker, they left that worker's memory growing (14.5 GB and the OOM killer on a 24 GB
+machine), and a process's memory all returns when it ends."""
+
+import json
+import os
 import pathlib
 import re
+import subprocess
+import sys
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+# A deadlock net, not a speed bound: a busy 2-core machine takes minutes for some.
+EXAMPLE_TIMEOUT_S = 1800
+
+
+def run_example(name, args):
+    """`examples.<name>.main(args)` in a new interpreter; what it returned (JSON)."""
+    code = (
+        "import json, sys\n"
+        f"from examples import {name}\n"
+        f"result = {name}.main({list(args)!r})\n"
+        "print('RESULT ' + json.dumps(result, default=float))\n"
+    )
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    done = subprocess.run(
+        [sys.executable, "-X", "faulthandler", "-c", code], capture_output=True, text=True,
+        timeout=EXAMPLE_TIMEOUT_S, check=False, cwd=ROOT, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    return json.loads(line[len("RESULT ") :])
 
 
 @pytest.mark.slow
 def test_quickstart_learns_the_pattern():
-    from examples import quickstart
-
-    accuracy = quickstart.main(["--epochs", "2", "--samples", "2000"])
+    accuracy = run_example("quickstart", ["--epochs", "2", "--samples", "2000"])
     assert accuracy > 0.9  # a trained model, not an untrained one (~1/23 by chance)
 
 
@@ -20,9 +46,8 @@ def test_quickstart_learns_the_pattern():
 @pytest.mark.tf_only
 def test_main_job_toy_pipeline(tmp_path):
     """The README's main job at toy size: train, export, onnxruntime parity, generation."""
-    from examples import shakespeare_lm
-
-    summary = shakespeare_lm.main(
+    summary = run_example(
+        "shakespeare_lm",
         ["--minutes", "0.02", "--max-documents", "2", "--vocabulary-size", "400",
          "--vocabulary-lines", "3000", "--hidden-dim", "16", "--num-layers", "1",
          "--num-heads", "2", "--sequence-length", "16", "--batch-size", "16",
@@ -35,19 +60,17 @@ def test_main_job_toy_pipeline(tmp_path):
     assert (tmp_path / "lm" / "model.onnx").is_file() and (tmp_path / "lm.keras").is_file()
 
 
+@pytest.mark.slow
 def test_readme_python_blocks_run():
     """As a user runs them: each block in a new interpreter (faulthandler on, so a crash
     shows where), printing what the README says it prints."""
-    import subprocess
-    import sys
-
     blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
     assert blocks, "README should show the library in use"
     printed = []
     for block in blocks:
         done = subprocess.run(
             [sys.executable, "-X", "faulthandler", "-c", block],
-            capture_output=True, text=True, timeout=600, check=False, cwd=ROOT,
+            capture_output=True, text=True, timeout=EXAMPLE_TIMEOUT_S, check=False, cwd=ROOT,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
         printed += done.stdout.splitlines()
@@ -73,11 +96,9 @@ SHORT_RUNS = {
 @pytest.mark.slow
 @pytest.mark.tf_only
 def test_sentiment_lora_trains_a_small_share_of_minilm():
-    from examples import sentiment
-
     args = ["--pretrained", "--lora", "4", "--max-train", "64", "--max-test", "32",
             "--epochs", "1", "--sequence-length", "16"]  # fmt: skip
-    lora = sentiment.main(args)
+    lora = run_example("sentiment", args)
     # MiniLM: 22.7M frozen; 12 adapters A (384, 12, 4), B (4, 32) (Keras EinsumDense LoRA) + head
     assert 0.9 < lora["trainable_percent"] < 1.0  # 223,875 of 22,937,091
     assert 0.0 <= lora["accuracy"] <= 1.0
@@ -87,9 +108,7 @@ def test_sentiment_lora_trains_a_small_share_of_minilm():
 @pytest.mark.tf_only
 @pytest.mark.parametrize("name", sorted(SHORT_RUNS))
 def test_example_runs_a_few_steps(name):
-    import importlib
-
-    results = importlib.import_module(f"examples.{name}").main(SHORT_RUNS[name])
+    results = run_example(name, SHORT_RUNS[name])
     values = [v for r in results.values() for v in (r.values() if isinstance(r, dict) else [r])]
     assert values and all(0.0 <= v <= 100.0 for v in values), results
 
@@ -97,10 +116,8 @@ def test_example_runs_a_few_steps(name):
 @pytest.mark.slow
 @pytest.mark.tf_only
 def test_gpt2_folder_example_serves_the_ids_keras_samples(tmp_path):
-    from examples import gpt2_folder_generate
-
-    results = gpt2_folder_generate.main(["--seconds", "5", "--lines", "2000", "--new-tokens",
-                                         "8", "--out", str(tmp_path)])  # fmt: skip
+    args = ["--seconds", "5", "--lines", "2000", "--new-tokens", "8", "--out", str(tmp_path)]
+    results = run_example("gpt2_folder_generate", args)
     assert results["served_equals_keras"] == 1.0 and results["new_tokens"] == 8
     assert results["parity_max_abs_diff"] <= 1e-4
     assert sorted(p.name for p in (tmp_path / "toy-gpt2").iterdir()) == [
@@ -110,10 +127,8 @@ def test_gpt2_folder_example_serves_the_ids_keras_samples(tmp_path):
 @pytest.mark.slow
 @pytest.mark.tf_only
 def test_llama_lora_example_trains_adapters_and_serves_the_merged_export(tmp_path):
-    from examples import llama_lora_shakespeare
-
-    results = llama_lora_shakespeare.main(["--seconds", "5", "--lines", "2000", "--new-tokens",
-                                           "6", "--out", str(tmp_path)])  # fmt: skip
+    args = ["--seconds", "5", "--lines", "2000", "--new-tokens", "6", "--out", str(tmp_path)]
+    results = run_example("llama_lora_shakespeare", args)
     assert 0.5 < results["trainable_percent"] < 5.0  # query and value adapters only
     assert results["loss_after"] < results["loss_before"]
     assert results["parity_max_abs_diff"] <= 1e-4 and results["served_equals_keras"] == 1.0

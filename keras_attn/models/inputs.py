@@ -35,12 +35,13 @@ def complete_inputs(model: keras.Model, inputs: dict[str, Any]) -> dict[str, Any
 
 def check_not_empty(x: Any, argument: str = "x") -> None:
     """`ValueError` for an empty batch: no text and no row (Keras fails deep inside)."""
-    empty = (
-        (isinstance(x, list | tuple) and len(x) == 0)
-        or (isinstance(x, np.ndarray) and x.size == 0)
-        or (isinstance(x, dict) and any(np.size(v) == 0 for v in x.values()
-                                        if isinstance(v, np.ndarray | list | tuple)))
-    )  # fmt: skip
+
+    def is_empty(value: Any) -> bool:
+        return (isinstance(value, list | tuple) and len(value) == 0) or (
+            isinstance(value, np.ndarray) and value.size == 0
+        )
+
+    empty = is_empty(x) or (isinstance(x, dict) and any(map(is_empty, x.values())))
     if empty:
         raise ValueError(f"`{argument}` is empty: pass at least one text or one row of ids.")
 
@@ -151,7 +152,7 @@ def check_id_arrays(model: keras.Model, x: Any, argument: str) -> None:
                  default=None)  # fmt: skip
     for name, array in x.items():
         if isinstance(array, list | tuple):
-            array = np.asarray(array)
+            array = _rectangular(array)
         if isinstance(array, np.ndarray) and array.dtype.kind in "USO" and _int_input(model, name):
             raise ValueError(
                 f"`{argument}[{name!r}]` must hold integer ids; received strings "
@@ -181,6 +182,15 @@ def check_id_arrays(model: keras.Model, x: Any, argument: str) -> None:
                 )
 
 
+def _rectangular(values: list[Any] | tuple[Any, ...]) -> Any:
+    """`values` as one NumPy array, or unchanged when they are ragged (several outputs'
+    labels, rows of different lengths): Keras takes those as they are."""
+    try:
+        return np.asarray(values)
+    except ValueError:
+        return values
+
+
 def _int_input(model, name) -> bool:
     inputs = model.input if isinstance(model.input, dict) else {model.inputs[0].name: None}
     tensor = inputs.get(name) if isinstance(model.input, dict) else model.inputs[0]
@@ -192,7 +202,7 @@ def check_label_array(model: keras.Model, y: Any) -> None:
     output `(..., classes)` (the head's `ignore_label`, or the loss's ignored id, excepted):
     Keras's sparse cross-entropy trains on them silently (label 5 of 2 classes: loss 0.46)."""
     if isinstance(y, list | tuple) and y:
-        y = np.asarray(y)
+        y = _rectangular(y)
     if isinstance(y, np.ndarray) and y.dtype.kind in "USO" and y.size:
         example = str(y.flat[0])
         raise ValueError(

@@ -83,9 +83,11 @@ def check_exportable(model: Any, **expected: Any) -> None:
 
 
 # Keys a `PretrainedConfig` may carry that do not change the forward pass: bookkeeping, labels,
-# special-token ids, training-only switches, and the generation defaults `transformers` 4 kept in
-# config.json. Any other key a layout does not read is refused (`check_keys`): a key that
-# changes the math is never met with a silent default.
+# special-token ids, training-only switches, the generation defaults `transformers` 4 kept in
+# config.json, and keys of older versions that no model class reads any more (`output_past`
+# in xlm-roberta and distilbert folders; BERT's original `pooler_*` and `directionality` in
+# bert-base-chinese and multilingual folders). Any other key a layout does not read is refused
+# (`check_keys`): a key that changes the math is never met with a silent default.
 NEUTRAL_KEYS = frozenset(
     """_name_or_path architectures model_type transformers_version dtype torch_dtype
     _attn_implementation _commit_hash id2label label2id num_labels problem_type finetuning_task
@@ -98,7 +100,9 @@ NEUTRAL_KEYS = frozenset(
     length_penalty no_repeat_ngram_size encoder_no_repeat_ngram_size bad_words_ids
     num_return_sequences forced_bos_token_id forced_eos_token_id remove_invalid_values
     exponential_decay_length_penalty suppress_tokens begin_suppress_tokens
-    return_dict_in_generate""".split()
+    return_dict_in_generate output_past _num_labels xla_device language name directionality
+    pooler_fc_size pooler_num_attention_heads pooler_num_fc_layers pooler_size_per_head
+    pooler_type layerdrop""".split()
 )
 # Keys whose only supported value is the one that leaves the math alone.
 FIXED_KEYS: dict[str, tuple[Any, ...]] = {
