@@ -1,6 +1,7 @@
 """`keras-attn-serve`: settings from flags, then `KERAS_ATTN_*` variables, then defaults."""
 
 import argparse
+import sys
 from collections.abc import Sequence
 
 from keras_attn_serving.repository import repository_problem
@@ -36,9 +37,6 @@ def parse_settings(argv: Sequence[str] | None = None) -> ServerSettings:
             else:
                 problems.append(f"{flag}: {item['msg']} (received {item.get('input')!r})")
         parser.error("; ".join(problems))
-    problem = repository_problem(settings.model_repository)
-    if problem:
-        parser.error(f"--model-repository {settings.model_repository}: {problem}")
     return settings
 
 
@@ -49,6 +47,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     from keras_attn_serving.server import create_app
 
     settings = parse_settings(argv)
+    problem = repository_problem(settings.model_repository)
+    if problem:  # named before anything starts, not as a traceback from inside the server
+        sys.exit(f"keras-attn-serve: --model-repository {settings.model_repository}: {problem}")
     configure_logging(settings.log_level)
     app = create_app(settings.model_repository, settings)
     uvicorn.run(

@@ -283,7 +283,7 @@ def test_a_client_trickling_a_big_answer_is_cut_off_too(serve):
     MIN_SEND_RATE over send_timeout_s, the connection is reset."""
     from fastapi.responses import Response
 
-    url, address, app = serve(send_timeout_s=1.0)
+    _, address, app = serve(send_timeout_s=1.0)
     app.add_api_route("/test/big", lambda: Response(b"x" * (8 << 20)))
     with socket.create_connection(address) as trickle:
         trickle.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)

@@ -221,6 +221,8 @@ def test_the_command_line_names_what_is_wrong_with_the_repository(tmp_path, caps
     monkeypatch.delenv("KERAS_ATTN_MODEL_REPOSITORY", raising=False)
     (tmp_path / "artifact").mkdir()
     (tmp_path / "artifact" / "manifest.json").write_text("{}")
+    from keras_attn_serving.cli import main
+
     cases = [
         ([], "--model-repository is required (or KERAS_ATTN_MODEL_REPOSITORY)"),
         (["--model-repository", str(tmp_path / "nope")], "no such folder"),
@@ -228,8 +230,8 @@ def test_the_command_line_names_what_is_wrong_with_the_repository(tmp_path, caps
         (["--model-repository", str(tmp_path), "--max-delay-ms", "inf"], "--max-delay-ms: "),
     ]
     for argv, words in cases:
-        with pytest.raises(SystemExit):
-            parse_settings(argv)
-        err = capsys.readouterr().err
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)  # stops before a server starts
+        err = capsys.readouterr().err + str(exit_.value.code)
         assert words in err, err
         assert "pydantic" not in err and "Traceback" not in err and "errors.pydantic" not in err
