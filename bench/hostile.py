@@ -14,7 +14,8 @@ loopback, and runs each probe while a thread checks `/v2/health/live` every 10 m
   removed; the server's threads and RSS (from /proc) before, at the peak and after;
 - round three (issue 41), on copies of the classifier whose operator files are hostile:
   `regex panic` (a tokenizer.json Split pattern `(a+)+$` and a text that makes the regex
-  engine panic), `regex backtrack` (a text it backtracks on for seconds), `70 MB tokenizer`
+  engine panic), `regex backtrack` (a text it backtracks on for seconds), `past its limit`
+  (one it would backtrack on far longer than `--tokenize-timeout-s`), `70 MB tokenizer`
   (a tokenizer.json past the size read), `Infinity delay` (`max_delay_ms: Infinity` in the
   model's config.json).
 
@@ -256,12 +257,14 @@ def main():
             def action():
                 response = httpx.post(f"{url}/v2/models/{name}/classify",
                                       json={"text_input": text}, timeout=120)  # fmt: skip
-                return f"{response.status_code} {response.json()['error'][:60]!r}"
+                error = response.json().get("error")
+                return f"{response.status_code} {error[:60]!r}" if error else response.status_code
 
             return action
 
         probe("regex panic", url, classify_with("regex", "a" * 30 + "!"), results)
         probe("regex backtrack", url, classify_with("regex", ("a" * 21 + "!") * 40), results)
+        probe("past its limit", url, classify_with("regex", ("a" * 23 + "!") * 200), results)
         probe("70 MB tokenizer", url, classify_with("big", "to be"), results)
         probe("Infinity delay", url, classify_with("delay", "to be"), results)
     finally:
