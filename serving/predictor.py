@@ -71,6 +71,13 @@ class Predictor:
         self.manifest = read_manifest(self.folder)
         if verify:
             verify_files(self.folder, self.manifest)
+        # The tokenizer first: a file it refuses costs no onnxruntime session.
+        self.tokenizer = None
+        if self.manifest.tokenizer:
+            try:
+                self.tokenizer = load_text_tokenizer(self.folder / self.manifest.tokenizer)
+            except (ValueError, KeyError, OSError) as error:  # named: the file and the reason
+                raise ArtifactError(f"{self.manifest.tokenizer}/: {str(error)[:300]}") from None
         options = ort.SessionOptions()
         # Sequential (the default, stated): no inter-op pool, so one intra-op thread computes
         # in the caller's thread alone, which the batcher's CPU-time clock relies on.
@@ -121,12 +128,6 @@ class Predictor:
             self._gqa_step = gqa_step(self.gqa_session)
         # input name -> what `_checked` checks, worked out once
         self._plans = {name: self._plan(name) for name in self.inputs}
-        self.tokenizer = None
-        if manifest.tokenizer:
-            try:
-                self.tokenizer = load_text_tokenizer(self.folder / manifest.tokenizer)
-            except (ValueError, KeyError, OSError) as error:  # named: the file and the reason
-                raise ArtifactError(f"{manifest.tokenizer}/: {str(error)[:300]}") from None
 
     def _onnx_file(self):
         if self.manifest.onnx is None:

@@ -173,12 +173,21 @@ class ModelRepository:
             ready = self._current(name, chosen, signature)
             if ready is not None:
                 return chosen, *ready
+            failure, predictor = None, None
             try:
+                config = self._config(name)  # a bad config.json costs no session
                 predictor = Predictor(folder, self.verify, self.num_threads, self.decode_rows,
                                       self.decode_threads)  # fmt: skip
-                batcher = self._make_batcher(name, predictor, self._config(name))
+                batcher = self._make_batcher(name, predictor, config)
             except Exception as error:
-                raise self._failed_load(name, chosen, folder, signature, error) from None
+                failure = self._failed_load(name, chosen, folder, signature, error)
+                if predictor is not None:
+                    predictor.close()
+                predictor = None
+            if failure is not None:  # the error, and what it held, are gone: give it back
+                gc.collect()
+                _trim_heap()
+                raise failure
             with self._lock:
                 old = self._loaded.pop(key, None)
                 self._loaded[key] = _Entry(predictor, batcher, signature)
