@@ -109,6 +109,24 @@ def client(toy_artifact, toy_tokenizer, tmp_path_factory):
             tokenizer.read_bytes()
         ).hexdigest()
         (root / name / "1" / "manifest.json").write_text(json.dumps(manifest))
+    # A served tokenizer with 5 tokens past the model's ids (issue 41 item 1): rehashed.
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    words = Tokenizer(
+        models.WordPiece(
+            {t: i for i, t in enumerate(toy_tokenizer.get_vocabulary())}, unk_token="[UNK]"
+        )
+    )
+    words.pre_tokenizer, words.decoder = pre_tokenizers.BertPreTokenizer(), decoders.WordPiece()
+    words.add_tokens([f"<extra_{i}>" for i in range(5)])
+    shutil.copytree(toy_artifact[0], root / "extra_tokens" / "1")
+    tokenizer = root / "extra_tokens" / "1" / "tokenizer" / "tokenizer.json"
+    tokenizer.write_text(words.to_str())
+    manifest = json.loads((root / "extra_tokens" / "1" / "manifest.json").read_text())
+    manifest["files"]["tokenizer/tokenizer.json"] = hashlib.sha256(
+        tokenizer.read_bytes()
+    ).hexdigest()
+    (root / "extra_tokens" / "1" / "manifest.json").write_text(json.dumps(manifest))
     # `keras-attn-serve` in its own process, over loopback: its memory and its event loop are
     # measured apart from hypothesis's (which grows this process by ~10% in a long run).
     port = free_port()
@@ -548,3 +566,17 @@ def test_operator_files_are_refused_naming_the_file_and_reason(client, name, wor
     assert 400 <= response.status_code < 500, response.text
     error = response.json()["error"]
     assert words in error and "(Exception)" not in error and "JSONDecodeError" not in error, error
+
+
+@pytest.mark.parametrize("route", ["generate", "generate_stream"])
+@pytest.mark.parametrize("text", ["to be <extra_2>", "<extra_4>", "to <extra_0> be <extra_1>"])
+def test_prompt_tokens_past_the_model_vocabulary_are_a_400(client, route, text):
+    response = client.post(f"/v2/models/extra_tokens/{route}", content=dumps(
+        {"text_input": text, "parameters": {"max_tokens": 4}}))  # fmt: skip
+    check(client, response)
+    assert response.status_code == 400, response.text
+    assert "no embedding" in response.json()["error"]
+    fine = client.post("/v2/models/extra_tokens/generate", content=dumps(
+        {"text_input": "to be", "parameters": {"max_tokens": 4}}))  # fmt: skip
+    check(client, fine)
+    assert fine.status_code == 200, fine.text
