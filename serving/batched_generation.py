@@ -32,18 +32,25 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import AsyncGenerator, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from keras_attn_serving.decode_requests import (
+    _END,
+    Chooser,
+    _fail,
+    _flush,
+    _LoopSink,
+    _raised,
+    _Request,
+    _Sink,
+)
 from keras_attn_serving.generation import bind_cache
 
 if TYPE_CHECKING:
     import onnxruntime as ort
 
-# `sampler(logits (1, vocab) float64) -> ids (1,)`: a `sampling.Sampler`, or None (greedy).
-Chooser = Callable[[np.ndarray], np.ndarray]
-_END = object()  # a stream's last item
 PREFILL_ROWS = 8  # prompts prefilled in one run at most (its cache buffer has as many rows)
 
 
@@ -70,66 +77,6 @@ class _Cache:
     def copy_row(self, source: "_Cache", source_row: int, row: int, length: int) -> None:
         for mine, theirs in zip(self.buffers, source.buffers, strict=True):
             mine[row, :, :length] = theirs[source_row, :, :length]
-
-
-class _Sink(Protocol):
-    def put(self, item: Any) -> None: ...
-
-
-class _LoopSink:
-    """Items put by the decode thread reach an `asyncio.Queue` of `loop`: they wait in
-    `pending` until the thread's `_flush`, which wakes each loop once for all of them (one
-    wake-up a step, not one a token)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, pending: list[Any]) -> None:
-        self.loop, self.queue, self.pending = loop, asyncio.Queue[Any](), pending
-
-    def put(self, item: Any) -> None:
-        self.pending.append((self, item))
-
-
-def _flush(pending: list[tuple[_LoopSink, Any]]) -> None:
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Any], Any]]] = {}
-    for sink, item in pending:
-        by_loop.setdefault(sink.loop, []).append((sink.queue, item))
-    pending.clear()
-    for loop, items in by_loop.items():
-        try:
-            loop.call_soon_threadsafe(_deliver, items)
-        except RuntimeError:  # the loop has closed: nobody is listening
-            pass
-
-
-def _raised(item: Any) -> int:
-    """A stream's id; an error the loop sent is raised in the consumer."""
-    if isinstance(item, BaseException):
-        raise item
-    return item
-
-
-def _fail(request: "_Request", error: Exception) -> None:
-    if not request.done:
-        request.done = True
-        request.out.put(error)
-        request.out.put(_END)
-
-
-def _deliver(items: list[tuple[asyncio.Queue[Any], Any]]) -> None:
-    for queue_, item in items:
-        queue_.put_nowait(item)
-
-
-class _Request:
-    def __init__(self, prompt: list[int], max_new_tokens: int, stop_ids: frozenset[int],
-                 sampler: Chooser | None, out: _Sink) -> None:  # fmt: skip
-        self.prompt, self.max_new_tokens = prompt, max_new_tokens
-        self.stop_ids, self.sampler = stop_ids, sampler
-        self.out = out
-        self.position = 0  # the cache length: where the next token goes
-        self.next_token = 0
-        self.produced = 0
-        self.cancelled = False
-        self.done = False  # its end (_END) was sent
 
 
 class DecodeBatcher:
