@@ -19,6 +19,7 @@ from keras_attn_export.describe import (
     packer_spec,
     task_of,
     versions,
+    write_chat,
     write_tokenizer,
 )
 from keras_attn_export.functional import check_task, split_text_model
@@ -303,9 +304,11 @@ def _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantiz
                     f"{strings_vs_ids:.3e} (> {TEXT_PARITY_TOLERANCE}): the strings graph does "
                     "not make the ids the preprocessor makes"
                 )
+        chat = write_chat(tmp, preprocessor)
         manifest = write_manifest(
             tmp,
             {
+                "chat": chat,
                 "created": datetime.datetime.now(datetime.UTC).isoformat(),
                 "model_name": model.name,
                 "inputs": input_specs(model),

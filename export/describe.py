@@ -10,6 +10,7 @@ import keras
 import numpy as np
 from keras_attn_export.parity import input_kind
 from keras_attn_export.saved_model import input_specs
+from keras_attn_serving.chat_template import TEMPLATE_FILE as CHAT_TEMPLATE_FILE
 
 import keras_attn
 import keras_attn.models as models
@@ -173,3 +174,19 @@ def write_tokenizer(tokenizer: "WordPieceTokenizer | JsonTokenizer", folder: Pat
     }
     (folder / "tokenizer.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     return [vocab]
+
+
+def write_chat(folder: Path, preprocessor: Any) -> dict[str, Any] | None:
+    """The manifest's `chat` entry of a task whose preprocessor chats (a chat template or
+    end-of-turn ids), its template written as `chat_template.jinja`; None otherwise."""
+    template = getattr(preprocessor, "chat_template", None)
+    end_ids = getattr(preprocessor, "end_token_ids", None)
+    if template is None and not end_ids:
+        return None
+    if template is not None:
+        (folder / CHAT_TEMPLATE_FILE).write_text(template, encoding="utf-8")
+    return {
+        "template": CHAT_TEMPLATE_FILE if template is not None else None,
+        "special_tokens": getattr(preprocessor, "special_tokens", None) or {},
+        "end_token_ids": list(end_ids or []),
+    }

@@ -35,15 +35,19 @@ def _refuse(name: str, rule: str, value: Any) -> ServingError:
     return ServingError(400, f"`{name}` must be {rule}; received {shown(value)}"[:300])
 
 
-def generation_request(parameters: dict[str, Any], vocabulary_size: int) -> GenerationRequest:
-    """`parameters` (already limited to the known names) as a `GenerationRequest`."""
+def generation_request(
+    parameters: dict[str, Any], vocabulary_size: int, end_token_ids: list[int] | None = None
+) -> GenerationRequest:
+    """`parameters` (already limited to the known names) as a `GenerationRequest`. Without
+    `stop_token_ids` a generation ends at the model's `end_token_ids` (the checkpoint's end
+    of turn); `temperature: 0` means greedy, as OpenAI-style clients send it."""
     if "max_tokens" in parameters and "max_new_tokens" in parameters:
         raise ServingError(400, "give `max_new_tokens` or `max_tokens` (the same), not both")
     name = "max_new_tokens" if "max_new_tokens" in parameters else "max_tokens"
     max_tokens = parameters.get(name, DEFAULT_MAX_TOKENS)
     if not _integer(max_tokens) or max_tokens < 1:
         raise _refuse(name, "an integer >= 1", max_tokens)
-    stop_ids = parameters.get("stop_token_ids", [])
+    stop_ids = parameters.get("stop_token_ids", list(end_token_ids or []))
     if not isinstance(stop_ids, list) or not all(
         _integer(t) and 0 <= t < vocabulary_size for t in stop_ids
     ):
@@ -68,13 +72,15 @@ def generation_request(parameters: dict[str, Any], vocabulary_size: int) -> Gene
     sampler = None
     if any(key in parameters for key in SAMPLING):
         sampler = _sampler(parameters)
+        if parameters.get("temperature") == 0:  # the limit of sampling: greedy
+            sampler = None
     return GenerationRequest(max_tokens, stop_ids, stop_strings, sampler)
 
 
 def _sampler(parameters: dict[str, Any]) -> Sampler:
     temperature = parameters.get("temperature", 1.0)
-    if not finite_number(temperature) or temperature <= 0:
-        raise _refuse("temperature", "a finite number > 0", temperature)
+    if not finite_number(temperature) or temperature < 0:
+        raise _refuse("temperature", "a finite number >= 0 (0: greedy)", temperature)
     top_k = parameters.get("top_k")
     if top_k is not None and (not _integer(top_k) or top_k < 1):
         raise _refuse("top_k", "an integer >= 1", top_k)
@@ -84,4 +90,4 @@ def _sampler(parameters: dict[str, Any]) -> Sampler:
     seed = parameters.get("seed")
     if seed is not None and (not _integer(seed) or not 0 <= seed < 2**63):
         raise _refuse("seed", "an integer in [0, 2**63)", seed)
-    return Sampler("sample", float(temperature), top_k, top_p, seed)
+    return Sampler("sample", float(temperature) or 1.0, top_k, top_p, seed)

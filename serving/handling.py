@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from keras_attn_serving.predictor import InputError
-from keras_attn_serving.protocol import ServingError, bounded, parse_json, shown
+from keras_attn_serving.protocol import ServingError, bounded, error_body, parse_json, shown
 
 if TYPE_CHECKING:
     import numpy as np
@@ -141,7 +141,8 @@ class Gate:
                 from starlette.responses import JSONResponse
 
                 busy = JSONResponse(
-                    {"error": f"server busy: {self.settings.max_concurrency} requests in flight"},
+                    error_body(path, f"server busy: {self.settings.max_concurrency} requests "
+                                     "in flight", 503),
                     status_code=503, headers={"Retry-After": "1"},
                 )  # fmt: skip
                 await busy(scope, receive, record_status)
@@ -193,21 +194,23 @@ def error_response(request: "Request", error: Exception) -> "Response":
     from fastapi.responses import JSONResponse
     from starlette.exceptions import HTTPException
 
+    path = request.url.path
     if isinstance(error, ServingError):
-        return JSONResponse({"error": error.message}, status_code=error.status)
+        body = error_body(path, error.message, error.status, error.param, error.code)
+        return JSONResponse(body, status_code=error.status)
     if isinstance(error, InputError):
-        return JSONResponse({"error": bounded(str(error))}, status_code=400)
+        return JSONResponse(error_body(path, bounded(str(error)), 400), status_code=400)
     if isinstance(error, HTTPException):  # 405 keeps its `Allow` header
-        return JSONResponse(
-            {"error": str(error.detail)}, status_code=error.status_code, headers=error.headers
-        )
+        return JSONResponse(error_body(path, str(error.detail), error.status_code),
+                            status_code=error.status_code, headers=error.headers)  # fmt: skip
     if isinstance(error, RequestValidationError):
-        return JSONResponse({"error": f"invalid request: {error.errors()}"}, status_code=400)
+        message = f"invalid request: {error.errors()}"
+        return JSONResponse(error_body(path, bounded(message), 400), status_code=400)
     # The details (paths, node names, addresses) go to the log, not to the client; the
     # connection is closed after a 500, and the client is told so.
-    log.error("internal error on %s %s", request.method, request.url.path, exc_info=error)
+    log.error("internal error on %s %s", request.method, path, exc_info=error)
     return JSONResponse(
-        {"error": "internal error"}, status_code=500, headers={"Connection": "close"}
+        error_body(path, "internal error", 500), status_code=500, headers={"Connection": "close"}
     )
 
 

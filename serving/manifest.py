@@ -146,6 +146,16 @@ class Decoding(CacheGraph):
     pad_id: int | None = 0
 
 
+class ChatSpec(_Strict):
+    """How a chat model is prompted and when its turn ends: the chat template (a file of
+    the artifact, hashed like the others), the named special tokens it sees, and the ids
+    that end a generation unless a request says otherwise."""
+
+    template: str | None = None
+    special_tokens: dict[str, str] = {}
+    end_token_ids: list[int] = []
+
+
 class TextOnnx(_Strict):
     file: str
     input: str
@@ -176,6 +186,7 @@ class Manifest(_Strict):
     decoding: Decoding | None
     text_onnx: TextOnnx | None
     files: dict[str, str]
+    chat: ChatSpec | None = None  # absent before chat models were exported
 
     def to_json(self) -> str:
         """Strict JSON (no NaN), keys in field order, two-space indents."""
@@ -197,6 +208,8 @@ class Manifest(_Strict):
             names += [self.decoding.file, self.decoding.gqa.file if self.decoding.gqa else None]
         if self.text_onnx is not None:
             names.append(self.text_onnx.file)
+        if self.chat is not None:
+            names.append(self.chat.template)
         names += self.tokenizer_files()
         return list(dict.fromkeys(name for name in names if name))
 

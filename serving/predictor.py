@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Literal, overload
 import numpy as np
 import onnxruntime as ort
 from keras_attn_serving.batched_generation import DecodeBatcher
+from keras_attn_serving.chat_template import ChatTemplate
 from keras_attn_serving.generation import (
     BoundCache,
     decode_ids,
@@ -128,6 +129,26 @@ class Predictor:
             self._gqa_step = gqa_step(self.gqa_session)
         # input name -> what `_checked` checks, worked out once
         self._plans = {name: self._plan(name) for name in self.inputs}
+        self.chat_template, self.end_token_ids = self._chat()
+
+    def _chat(self) -> tuple["ChatTemplate | None", list[int]]:
+        """The artifact's chat template (compiled) and end-of-turn ids, checked against the
+        model's vocabulary: a file that cannot serve is refused at load, named."""
+        chat = self.manifest.chat
+        if chat is None:
+            return None, []
+        limit = self.token_limit
+        bad = [i for i in chat.end_token_ids if limit is not None and not 0 <= i < limit]
+        if bad:
+            raise ArtifactError(f"manifest chat.end_token_ids {bad[:3]} are not ids of the model "
+                                f"([0, {limit}))")  # fmt: skip
+        if chat.template is None:
+            return None, list(chat.end_token_ids)
+        try:
+            source = (self.folder / chat.template).read_text(encoding="utf-8")
+            return ChatTemplate(source, chat.special_tokens), list(chat.end_token_ids)
+        except (ValueError, OSError) as error:
+            raise ArtifactError(f"{chat.template}: {str(error)[:300]}") from None
 
     def _onnx_file(self):
         if self.manifest.onnx is None:

@@ -47,14 +47,34 @@ def bounded(message: str) -> str:
 class ServingError(Exception):
     """An error answered as `{"error": message}` with an HTTP status (message bounded)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None) -> None:  # fmt: skip
         message = bounded(message)
         super().__init__(message)
         self.status = status
         self.message = message
+        self.param, self.code = param, code  # OpenAI's error fields, on the /v1 routes
 
     def __reduce__(self):  # raised in a worker process, re-raised here with its status
-        return (ServingError, (self.status, self.message))
+        return (ServingError, (self.status, self.message, self.param, self.code))
+
+
+# OpenAI's error `type` by status (the /v1 routes answer `{"error": {"message", "type",
+# "param", "code"}}`).
+OPENAI_ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error",
+                      405: "invalid_request_error", 408: "timeout", 413: "invalid_request_error",
+                      415: "invalid_request_error", 429: "rate_limit_error", 500: "server_error",
+                      503: "server_error", 504: "timeout"}  # fmt: skip
+
+
+def error_body(path: str, message: str, status: int, param: str | None = None,
+               code: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """The JSON body of an error: `{"error": message}`, or OpenAI's shape under `/v1/`."""
+    if not path.startswith("/v1/"):
+        return {"error": message}
+    kind = OPENAI_ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else
+                                  "server_error")  # fmt: skip
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 def _bad(message):

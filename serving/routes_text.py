@@ -1,16 +1,14 @@
 """Text endpoints (`keras_attn_serving.text`): raw text in, tokenized here; `classify`, `tag`,
 `embed`, and greedy `generate` / `generate_stream` (Triton's generate extension)."""
 
-import asyncio
-import itertools
 import json
-import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
+from keras_attn_serving.flow import Flow
 from keras_attn_serving.generation_request import GenerationRequest, generation_request
 from keras_attn_serving.handling import json_body, log, predict, request_timeout
 from keras_attn_serving.offload import JSON_BYTES_PER_VALUE, dumps
@@ -144,86 +142,71 @@ async def generation(
         raise ServingError(
             413, f"the prompt has {len(text)} characters; at most {limit} (--max-text-chars)"
         )
-    checked = generation_request(parameters, model.words.vocabulary_size)
+    checked = generation_request(
+        parameters, model.words.vocabulary_size, model.predictor.end_token_ids
+    )
     header = {"model_name": name, "model_version": str(chosen)}
     prompt = await tokenized(request, model.prompt, text)
     return header, model, prompt, checked
 
 
-def _until(deadline, timeout, tokens):
-    """`tokens`, ending in `TimeoutError` once `deadline` (a `perf_counter` time) passes: a
-    generation stops computing when its request times out."""
-    for token in tokens:
-        if time.perf_counter() > deadline:
-            raise TimeoutError(f"generation timed out after {timeout:g} s")
-        yield token
+def flow(request: Request, model: TextModel, prompt: list[int], checked: GenerationRequest
+         ) -> Flow:  # fmt: skip
+    """The generation of a request, under the server's time limit (the one place it is set)."""
+    return Flow(model, prompt, checked, request_timeout(request.app.state.settings))
 
 
-async def _auntil(timeout, pairs):
-    """The pairs of a stream given a deadline (shared decode steps), its `TimeoutError`
-    worded for the client; the stream is closed at the end, freeing its row."""
+async def first_pair(pairs: AsyncIterator[tuple[int, str]]) -> tuple[int, str] | None:
+    """The first pair of a generation, awaited before answering: a request the decode loop
+    refuses gets a 400 and a timeout a 504, not a cut stream."""
     try:
-        while True:
-            try:
-                pair = await anext(pairs)
-            except StopAsyncIteration:
-                return
-            except TimeoutError:
-                raise TimeoutError(f"generation timed out after {timeout:g} s") from None
-            yield pair
-    finally:
-        await pairs.aclose()
+        return await anext(pairs, None)
+    except TimeoutError as error:
+        await pairs.aclose()  # type: ignore[attr-defined]
+        raise ServingError(504, str(error)) from None
+    except ValueError as error:  # e.g. prompt + max_tokens longer than the model allows
+        await pairs.aclose()  # type: ignore[attr-defined]
+        raise ServingError(400, str(error)[:300]) from None
 
 
 @router.post("/v2/models/{name}/generate")
 @router.post("/v2/models/{name}/versions/{version}/generate")
 async def generate(name: str, request: Request, version: str | None = None):
     header, model, prompt, checked = await generation(request, name, version)
-    timeout = request_timeout(request.app.state.settings)
-    deadline = time.perf_counter() + timeout
-    shared = model.astream(prompt, checked, deadline)
-
-    def run() -> list[tuple[int, str]]:
-        return list(_until(deadline, timeout, model.stream(prompt, checked)))
-
+    pairs = flow(request, model, prompt, checked).pairs()
+    first = await first_pair(pairs)
+    collected = [] if first is None else [first]
     try:
-        if shared is None:  # decoded alone, in a thread
-            pairs = await asyncio.to_thread(run)
-        else:
-            pairs = [pair async for pair in _auntil(timeout, shared)]
+        collected += [pair async for pair in pairs]
     except TimeoutError as error:
         raise ServingError(504, str(error)) from None
-    except ValueError as error:  # e.g. prompt + max_tokens longer than the model allows
-        raise ServingError(400, str(error)[:300]) from None
-    return {**header, "text_output": "".join(delta for _, delta in pairs),
-            "token_ids": [token for token, _ in pairs]}  # fmt: skip
+    return {**header, "text_output": "".join(delta for _, delta in collected),
+            "token_ids": [token for token, _ in collected]}  # fmt: skip
 
 
 @router.post("/v2/models/{name}/generate_stream")
 @router.post("/v2/models/{name}/versions/{version}/generate_stream")
 async def generate_stream(name: str, request: Request, version: str | None = None):
     header, model, prompt, checked = await generation(request, name, version)
-    timeout = request_timeout(request.app.state.settings)
-    deadline = time.perf_counter() + timeout
-    shared = model.astream(prompt, checked, deadline)
-    if shared is not None:
-        return await _stream_shared(header, _auntil(timeout, shared))
-    tokens = _until(deadline, timeout, model.stream(prompt, checked))
-    try:  # the first token before answering: a bad request gets a 400, not a cut stream
-        first = await asyncio.to_thread(next, tokens, None)
-    except TimeoutError as error:
-        raise ServingError(504, str(error)) from None
-    except ValueError as error:
-        raise ServingError(400, str(error)[:300]) from None
+    pairs = flow(request, model, prompt, checked).pairs()
+    first = await first_pair(pairs)
 
-    def events() -> Iterator[str]:  # Server-Sent Events, one per token (Triton's generate_stream)
+    async def events() -> AsyncIterator[str]:  # Server-Sent Events, one per token (Triton's)
+        if first is None:
+            return
         try:
-            for token, delta in [] if first is None else itertools.chain([first], tokens):
+            yield _event(header, *first)
+            async for token, delta in pairs:
                 yield _event(header, token, delta)
         except TimeoutError as error:  # the answer has begun: the last event says why it ends
             yield _error_event(header, str(error))
+        except Exception:  # e.g. the model was reloaded: the last event says the stream ends
+            log.exception("generation failed after its answer began")
+            yield _error_event(header, "generation failed; the model may have been reloaded")
+        finally:
+            await pairs.aclose()  # type: ignore[attr-defined]
 
-    return StreamingResponse(events(), media_type="text/event-stream")
+    return ClosingStream(events(), media_type="text/event-stream")
 
 
 def _event(header: dict[str, Any], token: int, delta: str) -> str:
@@ -235,37 +218,7 @@ def _error_event(header: dict[str, Any], message: str) -> str:
     return f"data: {json.dumps({**header, 'error': message})}\n\n"
 
 
-async def _stream_shared(header: dict[str, Any], pairs: Any) -> StreamingResponse:
-    """`generate_stream`'s answer from shared decode steps, on the event loop: the first
-    token is awaited before answering (a bad request is a 400, not a cut stream)."""
-    try:
-        first = await anext(pairs, None)
-    except TimeoutError as error:
-        await pairs.aclose()
-        raise ServingError(504, str(error)) from None
-    except ValueError as error:
-        await pairs.aclose()
-        raise ServingError(400, str(error)[:300]) from None
-
-    async def events() -> AsyncIterator[str]:
-        if first is None:
-            return
-        try:
-            yield _event(header, *first)
-            async for token, delta in pairs:
-                yield _event(header, token, delta)
-        except TimeoutError as error:
-            yield _error_event(header, str(error))
-        except Exception:  # e.g. the model was reloaded: the last event says the stream ends
-            log.exception("generation failed after its answer began")
-            yield _error_event(header, "generation failed; the model may have been reloaded")
-        finally:
-            await pairs.aclose()
-
-    return _ClosingStream(events(), media_type="text/event-stream")
-
-
-class _ClosingStream(StreamingResponse):
+class ClosingStream(StreamingResponse):
     """A `StreamingResponse` that closes its body when the response ends in any way: a client
     that leaves mid-stream frees its decode row at once, not when the generator is collected."""
 

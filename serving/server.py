@@ -42,7 +42,13 @@ def create_app(
     """
     from fastapi import FastAPI
     from fastapi.responses import Response
-    from keras_attn_serving import routes_repository, routes_text, routes_tfs, routes_v2
+    from keras_attn_serving import (
+        routes_openai,
+        routes_repository,
+        routes_text,
+        routes_tfs,
+        routes_v2,
+    )
     from keras_attn_serving.observability import Metrics
     from keras_attn_serving.offload import Offload, Tokenizing
 
@@ -98,7 +104,7 @@ def create_app(
             metrics.queue_depth.labels(name).set(batcher.queue_depth)
         return Response(metrics.exposition(), media_type="text/plain; version=0.0.4")
 
-    for module in (routes_v2, routes_text, routes_tfs, routes_repository):
+    for module in (routes_v2, routes_text, routes_openai, routes_tfs, routes_repository):
         app.include_router(module.router)
     return app
 

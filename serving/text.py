@@ -163,6 +163,11 @@ class TextModel:
             ids = ids[:room]  # truncated as the packer truncates
             packed.append(([start] if start is not None else []) + ids +
                           ([end] if end is not None else []))  # fmt: skip
+        return self.pack(packed)
+
+    def pack(self, packed: list[list[int]]) -> tuple[dict[str, np.ndarray], list[list[int]]]:
+        """`(feeds, packed)`: the model's inputs for rows of ids already packed, padded to the
+        longest with 0."""
         self.check_ids([i for ids in packed for i in ids], "text_input")
         width = self.fixed_length or max(1, max(len(ids) for ids in packed))
         token_ids = np.zeros((len(packed), width), np.int32)
@@ -271,6 +276,36 @@ class TextModel:
         self.check_ids(ids, "text_input")
         return ids
 
+    def chat_prompt(self, chat: Any, messages: Any) -> list[int]:
+        """A conversation's prompt ids: rendered by the chat template (`ChatTemplateError`
+        is a 400 with its message), tokenized with no special tokens added (the template
+        writes them, as `transformers` tokenizes a rendered chat); the same length and
+        vocabulary checks as `prompt`."""
+        from keras_attn_serving.chat_template import ChatTemplateError
+
+        try:
+            text = chat.render(messages, add_generation_prompt=True)
+        except ChatTemplateError as error:
+            raise ServingError(400, str(error), param="messages") from None
+        limit = self.predictor.max_sequence_length
+        (ids,) = self.first_ids([text], None if limit is None else limit + 1)
+        return self.id_prompt(ids, field="messages")
+
+    def id_prompt(self, ids: Any, packed: bool = True, field: str = "prompt") -> list[int]:
+        """Token ids given by a client, checked: ids of the model, and (`packed`: a prompt)
+        shorter than the model's length."""
+        limit = self.predictor.max_sequence_length
+        if not ids:
+            raise ServingError(400, f"`{field}` has no tokens: give a non-empty prompt",
+                               param=field)  # fmt: skip
+        if limit is not None and len(ids) >= limit + (not packed):
+            raise ServingError(
+                400, f"`{field}` has {len(ids)} tokens; the model takes at most {limit} "
+                     "positions, prompt and new tokens together", param=field,
+            )  # fmt: skip
+        self.check_ids(list(ids), field)
+        return list(ids)
+
     def check_ids(self, ids: list[int], field: str) -> None:
         """A `ServingError` 400 when an id is past the model's vocabulary (a tokenizer with
         tokens the model has no embedding for): refused before it joins a shared batch."""
@@ -283,7 +318,8 @@ class TextModel:
                      f"embedding for: its ids are [0, {limit})",
             )  # fmt: skip
 
-    def stream(self, prompt: list[int], request: "GenerationRequest") -> Iterator[tuple[int, str]]:
+    def stream(self, prompt: list[int], request: "GenerationRequest",
+               outcome: dict[str, Any] | None = None) -> Iterator[tuple[int, str]]:  # fmt: skip
         """The continuation of prompt ids (greedy, or sampled as `request` says), yielded as
         `(token id, text delta)` pairs as tokens are chosen; the deltas join into the text
         the new ids add after the prompt's (`Detokenizer`), cut before the first of
@@ -297,12 +333,15 @@ class TextModel:
         for token in tokens:
             yield from deltas.push(token)
             if deltas.stopped:
+                if outcome is not None:
+                    outcome["stop_string"] = True
                 return
         yield from deltas.rest()
 
     def astream(
-        self, prompt: list[int], request: "GenerationRequest", deadline: float | None = None
-    ) -> AsyncGenerator[tuple[int, str], None] | None:
+        self, prompt: list[int], request: "GenerationRequest", deadline: float | None = None,
+        outcome: dict[str, Any] | None = None,
+    ) -> AsyncGenerator[tuple[int, str], None] | None:  # fmt: skip
         """`stream` for a caller on an asyncio event loop, where the predictor shares decode
         steps between requests (no thread waits for the tokens); None where it decodes each
         prompt alone (run `stream` in a thread). Past `deadline` (a `time.perf_counter()`
@@ -311,10 +350,10 @@ class TextModel:
             prompt, request.max_tokens, request.stop_ids, sampler=request.sampler,
             deadline=deadline,
         )  # fmt: skip
-        return None if tokens is None else self._astream(prompt, request, tokens)
+        return None if tokens is None else self._astream(prompt, request, tokens, outcome)
 
     async def _astream(self, prompt: list[int], request: "GenerationRequest",
-                       tokens: AsyncGenerator[int, None],
+                       tokens: AsyncGenerator[int, None], outcome: dict[str, Any] | None,
                        ) -> AsyncGenerator[tuple[int, str], None]:  # fmt: skip
         deltas = _Deltas(self, prompt, request.stop_strings)
         try:
@@ -322,6 +361,8 @@ class TextModel:
                 for pair in deltas.push(token):
                     yield pair
                 if deltas.stopped:
+                    if outcome is not None:
+                        outcome["stop_string"] = True
                     return
             for pair in deltas.rest():
                 yield pair
@@ -338,11 +379,28 @@ class _Deltas:
 
     def __init__(self, model: TextModel, prompt: list[int], stops: list[str]) -> None:
         self.stops = stops
-        self.words = Detokenizer(model.words.decode, prompt)
+        words = model.words
+        # Stop strings match the text with special tokens (`<|im_end|>`); the pairs sent
+        # leave those tokens' text out (`hidden`: spans of `text` that special ids wrote).
+        self.specials = getattr(words, "special_ids", frozenset()) if stops else frozenset()
+        decode = (lambda ids: words.decode(ids, skip_special=False)) if self.specials else (
+            words.decode)  # fmt: skip
+        self.words = Detokenizer(decode, prompt)
+        self.hidden: list[tuple[int, int]] = []
         self.hold = max(map(len, stops), default=1) - 1
         self.shown, self.text = 0, ""  # characters of `text` sent so far
         self.held: tuple[int, str] | None = None  # the last pair, not sent yet
         self.stopped = False
+
+    def _visible(self, start: int, end: int) -> str:
+        """`text[start:end]` less the characters special ids wrote."""
+        if not self.hidden:
+            return self.text[start:end]
+        keep = [True] * (end - start)
+        for a, b in self.hidden:
+            for i in range(max(a, start), min(b, end)):
+                keep[i - start] = False
+        return "".join(c for c, k in zip(self.text[start:end], keep, strict=True) if k)
 
     def _add(self, piece: str) -> int | None:
         """Appends `piece`; the index of the first stop string it completes, if any (only the
@@ -353,14 +411,20 @@ class _Deltas:
         return min(found, default=None) if piece else None
 
     def push(self, token: int) -> list[tuple[int, str]]:
-        cut = self._add(self.words.push(token))
+        piece = self.words.push(token)
+        if token in self.specials:  # a special token's text is whole, at the piece's end
+            own = self.words.decode([token])
+            if own and piece.endswith(own):
+                end = len(self.text) + len(piece)
+                self.hidden.append((end - len(own), end))
+        cut = self._add(piece)
         ready = [] if self.held is None else [self.held]
         self.held = None
         if cut is not None:
             self.stopped = True
-            return [*ready, (token, self.text[self.shown : max(cut, self.shown)])]
+            return [*ready, (token, self._visible(self.shown, max(cut, self.shown)))]
         safe = max(self.shown, len(self.text) - self.hold)
-        pair = (token, self.text[self.shown : safe])
+        pair = (token, self._visible(self.shown, safe))
         self.shown = safe
         if self.hold or self.words.pending:  # the text still to come rides on the last pair
             self.held = pair
@@ -371,7 +435,7 @@ class _Deltas:
     def rest(self) -> list[tuple[int, str]]:
         cut = self._add(self.words.flush())
         end = len(self.text) if cut is None else max(cut, self.shown)
-        tail = self.text[self.shown : end]
+        tail = self._visible(self.shown, end)
         self.shown = end
         if self.held is None:  # nothing was held, so nothing is left: the text is all sent
             return []

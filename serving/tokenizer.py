@@ -182,10 +182,14 @@ class WordPieceTextTokenizer(TextTokenizer):
                 out.extend(token.id for token in self._tokenizer.model.tokenize(word))
         return out
 
-    def decode(self, ids: Iterable[int]) -> str:
-        """Ids to text, special tokens dropped."""
-        ids = [i for i in self._checked(ids) if i not in self._special_ids]
+    def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
+        """Ids to text, special tokens dropped (kept with `skip_special=False`)."""
+        ids = [i for i in self._checked(ids) if not skip_special or i not in self._special_ids]
         return self._tokenizer.decode(ids, skip_special_tokens=False)
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        return frozenset(self._special_ids)
 
 
 class JsonTextTokenizer(TextTokenizer):
@@ -222,9 +226,15 @@ class JsonTextTokenizer(TextTokenizer):
         encoded = native(self._tokenizer.encode_batch, texts, False)  # no special tokens
         return [e.ids for e in encoded]
 
-    def decode(self, ids: Iterable[int]) -> str:
-        """Ids to text, special tokens dropped."""
-        return native(self._tokenizer.decode, self._checked(ids), True)  # skip special
+    def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
+        """Ids to text, special tokens dropped (kept with `skip_special=False`)."""
+        return native(self._tokenizer.decode, self._checked(ids), skip_special)
+
+    @functools.cached_property
+    def special_ids(self) -> frozenset[int]:
+        """The ids of special added tokens (`<|im_end|>`): dropped from answers' text."""
+        added = self._tokenizer.get_added_tokens_decoder()
+        return frozenset(i for i, token in added.items() if token.special)
 
 
 # A tokenizer.json past these is refused before it is parsed or built: the largest real ones

@@ -249,13 +249,24 @@ class CausalLM(HoldsBackbone, CachedCausalLM, Task):
         cls,
         folder: str | os.PathLike[str],
         strict: bool = True,
-        preprocessor: Any = None,
+        preprocessor: Any = "auto",
         **kwargs: Any,
     ) -> Self:
         """A causal LM on `DecoderBackbone.from_pretrained(folder, **kwargs)` (a Hugging
         Face GPT-2, Llama, Mistral or Qwen2 folder); the output layer is the token embedding
-        (tied, or its own `lm_head`), so every weight comes from the checkpoint."""
+        (tied, or its own `lm_head`), so every weight comes from the checkpoint.
+
+        `preprocessor="auto"` (the default) gives the task the folder's own when it has a
+        `tokenizer.json`: its tokenizer, its chat template (`tokenizer_config.json` or
+        `chat_template.jinja`) and the ids that end a turn (`generation_config.json`), so
+        `generate` takes strings and conversations; `None` gives it none."""
         backbone = DecoderBackbone.from_pretrained(folder, strict=strict, **kwargs)
+        if isinstance(preprocessor, str) and preprocessor == "auto":
+            from keras_attn.pretrained.chat import folder_preprocessor
+
+            preprocessor = folder_preprocessor(
+                folder, backbone.max_sequence_length, backbone.vocabulary_size
+            )
         return cls(backbone, preprocessor=preprocessor)
 
     def save_pretrained(
@@ -275,7 +286,8 @@ class CausalLM(HoldsBackbone, CachedCausalLM, Task):
         self, prompts: Any, max_new_tokens: int, **kwargs: Any
     ) -> list[list[int]] | list[str] | str:
         """Continues prompts of any lengths; see `keras_attn.models.generate` (id lists,
-        `(batch, seq)` arrays or tensors, or strings through the model's preprocessor).
+        `(batch, seq)` arrays or tensors, strings through the model's preprocessor, or
+        conversations through its chat template: the assistant's reply as text).
 
         Keyword arguments: `sampler` ("greedy", "sample" or "beam"), `temperature`, `top_k`,
         `top_p`, `num_beams`, `length_penalty`, `stop_token_ids`, `stop_strings` (text

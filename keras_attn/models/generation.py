@@ -66,6 +66,12 @@ def generate(
     """
     check_renamed(kwargs, ("pad_id",))
     check_known(kwargs, _DECODE_ARGUMENTS, "`generate`")
+    preprocessor = getattr(model, "preprocessor", None)
+    if kwargs.get("stop_token_ids") is None and getattr(preprocessor, "end_token_ids", None):
+        kwargs["stop_token_ids"] = preprocessor.end_token_ids  # the checkpoint's end of turn
+    chats = _conversations(prompts)
+    if chats is not None:
+        return _generate_chat(model, prompts, chats, max_new_tokens, stop_strings, **kwargs)
     text = isinstance(prompts, str) or (
         isinstance(prompts, (list, tuple)) and bool(prompts)
         and all(isinstance(p, str) for p in prompts)
@@ -110,6 +116,40 @@ def _generate_text(model, prompts, max_new_tokens, **kwargs):
     words = preprocessor.tokenizer.detokenize([row or [0] for row in new])
     out = [w.decode("utf-8") if row else "" for w, row in zip(words.numpy(), new, strict=True)]
     return out[0] if isinstance(prompts, str) else out
+
+
+def _conversations(prompts: Any) -> list[Any] | None:
+    """The conversations in `prompts` (one: a list of message dicts; a batch: a list of
+    such lists), or None when `prompts` are not conversations."""
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        return None
+    if all(isinstance(m, dict) for m in prompts):
+        return [list(prompts)]
+    if all(isinstance(c, (list, tuple)) and c and all(isinstance(m, dict) for m in c)
+           for c in prompts):  # fmt: skip
+        return [list(c) for c in prompts]
+    return None
+
+
+def _generate_chat(model, prompts, chats, max_new_tokens, stop_strings, **kwargs):
+    """Conversations through the preprocessor's chat template, tokenized with no special
+    tokens added (the template writes them, as `transformers` tokenizes a rendered chat);
+    the assistant's reply of each, as text."""
+    preprocessor = getattr(model, "preprocessor", None)
+    if preprocessor is None or not hasattr(preprocessor, "apply_chat_template"):
+        raise ValueError(
+            "`prompts` are conversations, and the model has no chat preprocessor: load it "
+            "with `CausalLM.from_pretrained(folder)` from a folder with a chat template, or "
+            "give it `CausalLMPreprocessor(..., chat_template=...)`."
+        )
+    texts = [preprocessor.apply_chat_template(chat) for chat in chats]
+    ids = preprocessor.tokenizer(texts).to_list()
+    new = generate(model, ids, max_new_tokens, **kwargs)
+    words = preprocessor.tokenizer.detokenize([row or [0] for row in new])
+    out = [_cut(w.decode("utf-8"), stop_strings) if row else ""
+           for w, row in zip(words.numpy(), new, strict=True)]  # fmt: skip
+    single = all(isinstance(m, dict) for m in prompts)
+    return out[0] if single else out
 
 
 def _cut(text: str, stop_strings: Sequence[str]) -> str:

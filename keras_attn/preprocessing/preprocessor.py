@@ -164,9 +164,19 @@ class CausalLMPreprocessor(TextPreprocessor):
     (`training_batch`): inputs the packed ids but the last, targets the ids but the first,
     sample weight 0 where the target is padding.
 
+    A chat model's preprocessor also holds its chat template (rendered as `transformers`
+    renders it, by `keras_attn_serving.chat_template`), the special tokens the template sees
+    and the ids that end a turn: `CausalLM.generate` takes conversations through it, and
+    export carries all three into the artifact for the server's chat routes.
+
     Args:
         tokenizer: a `keras_attn.tokenizers.Tokenizer`.
         packer: a `StartEndPacker` (`[BOS] text [EOS]`, padded to its `sequence_length`).
+        chat_template: optional str, the Jinja source of the chat template.
+        special_tokens: optional dict, the named special tokens the template sees
+            (`{"bos_token": "<s>", "eos_token": "</s>"}`).
+        end_token_ids: optional list of ints: ids that end a generation by default
+            (`generation_config.json`'s `eos_token_id`).
     Example:
         >>> from keras_attn.preprocessing import StartEndPacker
         >>> from keras_attn.tokenizers import SPECIAL_TOKENS, WordPieceTokenizer
@@ -178,7 +188,13 @@ class CausalLMPreprocessor(TextPreprocessor):
     """
 
     def __init__(
-        self, tokenizer: PreprocessingLayer, packer: StartEndPacker, **kwargs: Any
+        self,
+        tokenizer: PreprocessingLayer,
+        packer: StartEndPacker,
+        chat_template: str | None = None,
+        special_tokens: dict[str, str] | None = None,
+        end_token_ids: list[int] | None = None,
+        **kwargs: Any,
     ) -> None:
         if not isinstance(packer, StartEndPacker):
             raise ValueError(
@@ -186,6 +202,54 @@ class CausalLMPreprocessor(TextPreprocessor):
                 f"Received: packer={type(packer).__name__}"
             )
         super().__init__(tokenizer, packer, **kwargs)
+        self.chat = None
+        if chat_template is not None:
+            from keras_attn_serving.chat_template import ChatTemplate
+
+            if special_tokens is not None and not (
+                isinstance(special_tokens, dict)
+                and all(isinstance(v, str) for v in special_tokens.values())
+            ):
+                raise ValueError(
+                    "`special_tokens` must be a dict of token names to strings. Received: "
+                    f"special_tokens={special_tokens!r}"
+                )
+            self.chat = ChatTemplate(chat_template, special_tokens)
+        if end_token_ids is not None and not (
+            isinstance(end_token_ids, (list, tuple))
+            and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                    for i in end_token_ids)
+        ):  # fmt: skip
+            raise ValueError(
+                "`end_token_ids` must be a list of non-negative ids. Received: "
+                f"end_token_ids={end_token_ids!r}"
+            )
+        self.chat_template = chat_template
+        self.special_tokens = dict(special_tokens) if special_tokens else None
+        self.end_token_ids = list(end_token_ids) if end_token_ids else None
+
+    def apply_chat_template(self, conversation: Any, add_generation_prompt: bool = True) -> str:
+        """The prompt text of a conversation (a list of `{"role", "content"}` dicts), as
+        `transformers`' `apply_chat_template(..., tokenize=False)` renders it.
+
+        Raises:
+            ValueError: this preprocessor has no chat template, the conversation is
+                malformed, or the template raised (its message).
+        """
+        if self.chat is None:
+            raise ValueError(
+                "this preprocessor has no chat template: give it `chat_template=` (a folder's "
+                "`tokenizer_config.json` has one for instruct models)"
+            )
+        return self.chat.render(conversation, add_generation_prompt=add_generation_prompt)
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            **super().get_config(),
+            "chat_template": self.chat_template,
+            "special_tokens": self.special_tokens,
+            "end_token_ids": self.end_token_ids,
+        }
 
     def training_batch(self, text: Any) -> tuple[dict[str, tf.Tensor], tf.Tensor, tf.Tensor]:
         """`(x, y, sample_weight)` for next-token training on `text`."""

@@ -270,10 +270,10 @@ def test_concurrent_generations_keep_their_own_caches(text_models, toy_lm, toy_t
         ("lm/generate", {"text_input": "a", "parameters": {"stop_token_ids": [1e30]}}, 400,
          "stop_token_ids"),
         # Sampling parameters: every bad value named (issue 27).
-        ("lm/generate", {"text_input": "a", "parameters": {"temperature": 0}}, 400,
-         "`temperature` must be a finite number > 0; received 0"),
+        ("lm/generate", {"text_input": "a", "parameters": {"temperature": -1}}, 400,
+         "`temperature` must be a finite number >= 0 (0: greedy); received -1"),
         ("lm/generate", {"text_input": "a", "parameters": {"temperature": True}}, 400,
-         "`temperature` must be a finite number > 0"),
+         "`temperature` must be a finite number >= 0"),
         ("lm/generate", {"text_input": "a", "parameters": {"top_k": 0}}, 400,
          "`top_k` must be an integer >= 1"),
         ("lm/generate", {"text_input": "a", "parameters": {"top_k": 2.5}}, 400, "top_k"),

@@ -1,0 +1,101 @@
+"""What a Hugging Face folder says about chatting with its model: the chat template and the
+special tokens it sees (`keras_attn_serving.chat_template.read_chat_template`), and the ids
+that end a turn (`generation_config.json`'s `eos_token_id`, else `config.json`'s; one id or a
+list, as `transformers`' `generate` reads them)."""
+
+import json
+import os
+from typing import Any
+
+from keras_attn_serving.chat_template import ChatTemplate, read_chat_template
+
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def _json(folder: str, name: str) -> dict[str, Any]:
+    path = os.path.join(folder, name)
+    if not os.path.exists(path):
+        return {}
+    if os.path.getsize(path) > MAX_CONFIG_BYTES:
+        raise ValueError(f"{name} is larger than {MAX_CONFIG_BYTES} bytes")
+    try:
+        with open(path, encoding="utf-8") as file:
+            value = json.load(file)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ValueError(f"{name} is not valid JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must hold a JSON object. Received: {type(value).__name__}")
+    return value
+
+
+def end_token_ids(folder: str | os.PathLike[str], vocabulary_size: int) -> list[int]:
+    """The ids that end a generation, as `transformers` reads them: `generation_config.json`'s
+    `eos_token_id` when it has one, else `config.json`'s; an id or a list of ids.
+
+    Raises:
+        ValueError: naming the file, when an id is not an integer in `[0, vocabulary_size)`.
+    """
+    folder = os.fspath(folder)
+    for name in ("generation_config.json", "config.json"):
+        value = _json(folder, name).get("eos_token_id")
+        if value is None:
+            continue
+        ids = value if isinstance(value, list) else [value]
+        if not all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocabulary_size for i in ids
+        ):
+            raise ValueError(
+                f"{name}: `eos_token_id` must be an id or a list of ids in [0, "
+                f"{vocabulary_size}). Received: {str(value)[:100]}"
+            )
+        return list(dict.fromkeys(ids))
+    return []
+
+
+def folder_chat(folder: str | os.PathLike[str], vocabulary_size: int) -> dict[str, Any]:
+    """`{"chat_template", "special_tokens", "end_token_ids"}` of a folder: the arguments of
+    `CausalLMPreprocessor` that make it chat. The template is compiled here, so a broken
+    one is a ValueError at load, not at the first conversation."""
+    source, tokens = read_chat_template(folder)
+    if source is not None:
+        ChatTemplate(source, tokens)
+    return {
+        "chat_template": source,
+        "special_tokens": tokens or None,
+        "end_token_ids": end_token_ids(folder, vocabulary_size) or None,
+    }
+
+
+def _start_id(spec: dict[str, Any]) -> int | None:
+    """The id a tokenizer.json's post-processor puts before a single text (Llama's
+    `<|begin_of_text|>`), or None (GPT-2, Qwen2): the packer's `start_value`."""
+    post = spec.get("post_processor") or {}
+    steps = post.get("processors", [post]) if post.get("type") == "Sequence" else [post]
+    for step in steps:
+        if not isinstance(step, dict) or step.get("type") != "TemplateProcessing":
+            continue
+        first = (step.get("single") or [{}])[0]
+        token = (first.get("SpecialToken") or {}).get("id") if isinstance(first, dict) else None
+        ids = ((step.get("special_tokens") or {}).get(token) or {}).get("ids") or []
+        if len(ids) == 1 and isinstance(ids[0], int):
+            return ids[0]
+    return None
+
+
+def folder_preprocessor(
+    folder: str | os.PathLike[str], sequence_length: int, vocabulary_size: int
+) -> Any:
+    """A `CausalLMPreprocessor` for a folder with a `tokenizer.json` (None without one): its
+    tokenizer, a packer that starts rows as the tokenizer's post-processor does, and the
+    folder's chat template, special tokens and end-of-turn ids."""
+    from keras_attn.preprocessing import CausalLMPreprocessor, StartEndPacker
+    from keras_attn.tokenizers import from_tokenizer_json
+    from keras_attn.tokenizers.pipeline import read_json_file
+
+    path = os.path.join(os.fspath(folder), "tokenizer.json")
+    if not os.path.exists(path):
+        return None
+    spec = read_json_file(path, "folder")
+    tokenizer = from_tokenizer_json(spec)
+    packer = StartEndPacker(sequence_length, start_value=_start_id(spec))
+    return CausalLMPreprocessor(tokenizer, packer, **folder_chat(folder, vocabulary_size))

@@ -1,0 +1,201 @@
+"""The OpenAI-compatible routes, driven by the official `openai` client (sync, async and
+streaming) against a chat checkpoint `transformers` wrote, exported and served: the replies
+are Keras `generate`'s on the same conversation, and errors come in OpenAI's shape."""
+
+import asyncio
+import base64
+import shutil
+from types import SimpleNamespace
+
+import httpx
+import keras
+import numpy as np
+import pytest
+from keras_attn_serving.server import ModelRepository, create_app
+from keras_attn_serving.text import _Deltas
+from keras_attn_serving.tokenizer import load_text_tokenizer
+
+from keras_attn.models import CausalLM
+from tests.chat_folder import set_end_tokens, write_chat_folder
+from tests.serving.test_server import serve_in_thread
+from tests.serving.test_text import keras_ids, packer_for, run
+
+openai = pytest.importorskip("openai")
+pytestmark = pytest.mark.tf_only  # the fixtures export with TensorFlow
+
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "to be or not"}]
+TEXTS = ["to be or not to be", "the slings and arrows"]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, toy_tokenizer, toy_artifact):
+    """A repository with `chat` (Qwen2 layout, ChatML, an end-of-turn id greedy reaches),
+    `encoder` (embeddings) and `lm` (no chat template); the chat model in Keras too."""
+    from keras_attn_export import export_model
+
+    from keras_attn.models import Encoder
+
+    root = tmp_path_factory.mktemp("openai")
+    folder = root / "hf"
+    _, tokenizer = write_chat_folder(folder)
+    lm = CausalLM.from_pretrained(folder, preprocessor=None)
+    ids = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, return_dict=False)
+    free = lm.generate([list(ids)], max_new_tokens=16, stop_token_ids=[])[0]
+    k = next(k for k in range(3, 16) if free[k] not in free[:k])
+    set_end_tokens(folder, [free[k]])  # greedy ends its turn after k ids
+    lm = CausalLM.from_pretrained(folder)
+    export_model(lm, root / "repo" / "chat" / "1", formats=["onnx"], verbose=False)
+    keras.utils.set_random_seed(0)
+    encoder = Encoder(toy_tokenizer.vocabulary_size(), 24, hidden_dim=16, num_layers=1,
+                      num_heads=2)  # fmt: skip
+    export_model(encoder, root / "repo" / "encoder" / "1", tokenizer=toy_tokenizer,
+                 packer=packer_for(toy_tokenizer), formats=["onnx"], verbose=False)  # fmt: skip
+    shutil.copytree(toy_artifact[0], root / "repo" / "lm" / "1")
+    url, stop = serve_in_thread(create_app(ModelRepository(root / "repo")))
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    yield SimpleNamespace(url=url, client=client, lm=lm, encoder=encoder, k=k, free=free,
+                          prompt_ids=list(ids), folder=root / "repo")  # fmt: skip
+    stop()
+
+
+def test_models_lists_the_repository(served):
+    assert sorted(m.id for m in served.client.models.list()) == ["chat", "encoder", "lm"]
+
+
+def test_chat_equals_keras_and_ends_at_the_checkpoints_end_of_turn(served):
+    answer = served.client.chat.completions.create(model="chat", messages=CHAT, max_tokens=30,
+                                                   temperature=0)  # fmt: skip
+    (choice,) = answer.choices
+    assert choice.message.role == "assistant"
+    assert choice.message.content == served.lm.generate(CHAT, max_new_tokens=30)
+    assert choice.finish_reason == "stop"  # no stop given: the checkpoint's end id
+    assert answer.usage.prompt_tokens == len(served.prompt_ids)
+    assert answer.usage.completion_tokens == served.k
+    short = served.client.chat.completions.create(model="chat", messages=CHAT,
+                                                  max_completion_tokens=2)  # fmt: skip
+    assert short.choices[0].finish_reason == "length" and short.usage.completion_tokens == 2
+
+
+def test_streamed_chat_joins_into_the_answer_and_reports_usage(served):
+    whole = served.client.chat.completions.create(model="chat", messages=CHAT, max_tokens=30)
+    chunks = list(served.client.chat.completions.create(
+        model="chat", messages=CHAT, max_tokens=30, stream=True,
+        stream_options={"include_usage": True},
+    ))  # fmt: skip
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == served.k
+
+
+def test_n_choices_draw_with_consecutive_seeds_as_keras_does(served):
+    answer = served.client.chat.completions.create(
+        model="chat", messages=CHAT, max_tokens=6, n=2, temperature=1.0, seed=5, top_p=0.9
+    )
+    assert [c.index for c in answer.choices] == [0, 1]
+    for choice, seed in zip(answer.choices, (5, 6), strict=True):
+        expected = served.lm.generate(CHAT, max_new_tokens=6, sampler="sample", seed=seed,
+                                      temperature=1.0, top_p=0.9)  # fmt: skip
+        assert choice.message.content == expected
+    streamed = served.client.chat.completions.create(
+        model="chat", messages=CHAT, max_tokens=6, n=2, temperature=1.0, seed=5, top_p=0.9,
+        stream=True,
+    )  # fmt: skip
+    texts = ["", ""]
+    for chunk in streamed:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+    assert texts == [c.message.content for c in answer.choices]
+
+
+def test_the_async_client(served):
+    async def ask():
+        client = openai.AsyncOpenAI(base_url=f"{served.url}/v1", api_key="unused")
+        answers = await asyncio.gather(*(
+            client.chat.completions.create(model="chat", messages=CHAT, max_tokens=30)
+            for _ in range(3)
+        ))  # fmt: skip
+        await client.close()
+        return [a.choices[0].message.content for a in answers]
+
+    expected = served.lm.generate(CHAT, max_new_tokens=30)
+    assert asyncio.run(ask()) == [expected] * 3
+
+
+def test_completions_take_text_and_ids_and_echo(served):
+    client = served.client
+    answer = client.completions.create(model="chat", prompt=[served.prompt_ids], max_tokens=30)
+    assert answer.choices[0].text == served.lm.generate(CHAT, max_new_tokens=30)
+    assert answer.choices[0].finish_reason == "stop"
+    text = client.completions.create(model="lm", prompt="to be or", max_tokens=4, echo=True)
+    native = httpx.post(
+        f"{served.url}/v2/models/lm/generate",
+        json={"text_input": "to be or", "parameters": {"max_tokens": 4}},
+    ).json()
+    assert text.choices[0].text == "to be or" + native["text_output"]
+    assert text.usage.completion_tokens == len(native["token_ids"])
+    two = client.completions.create(model="lm", prompt=["to be", "or not"], max_tokens=3)
+    assert [c.index for c in two.choices] == [0, 1]
+    streamed = client.completions.create(model="lm", prompt="to be or", max_tokens=4,
+                                         stream=True)  # fmt: skip
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == native["text_output"]
+
+
+def test_embeddings_equal_keras_in_floats_and_base64(served, toy_tokenizer):
+    ids = keras_ids(toy_tokenizer, TEXTS)
+    outputs = run(served.encoder, ids)
+    real = (ids != 0)[..., None]
+    mean = (outputs["sequence_output"] * real).sum(1) / real.sum(1)
+    answer = served.client.embeddings.create(model="encoder", input=TEXTS)
+    got = np.array([d.embedding for d in answer.data])
+    np.testing.assert_allclose(got, mean, atol=1e-5)
+    assert answer.usage.prompt_tokens == int((ids != 0).sum())
+    raw = httpx.post(f"{served.url}/v1/embeddings", json={
+        "model": "encoder", "input": TEXTS, "encoding_format": "base64"}).json()  # fmt: skip
+    decoded = [np.frombuffer(base64.b64decode(d["embedding"]), "<f4") for d in raw["data"]]
+    np.testing.assert_allclose(decoded, mean, atol=1e-5)
+    by_ids = served.client.embeddings.create(model="encoder", input=[ids[0][ids[0] != 0].tolist()])
+    np.testing.assert_allclose(by_ids.data[0].embedding, mean[0], atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "call, status, match, param",
+    [
+        ({"model": "nope", "messages": CHAT}, 404, r"not served; served models: \['chat'", "model"),
+        ({"model": "chat", "messages": CHAT, "temperature": -1}, 400, "temperature", None),
+        ({"model": "chat", "messages": CHAT, "n": 9}, 400, "`n` must be", "n"),
+        ({"model": "chat", "messages": [{"content": "x"}]}, 400, "role", "messages"),
+        ({"model": "chat", "messages": CHAT, "logit_bias": {}}, 400, "unsupported", "logit_bias"),
+        ({"model": "lm", "messages": CHAT}, 400, "no chat template", "messages"),
+        ({"model": "encoder", "messages": CHAT}, 400, "task is 'embed'", None),
+        ({"model": "chat", "messages": CHAT, "max_tokens": 10**6}, 400, "maximum sequence", None),
+    ],
+)
+def test_errors_come_in_openais_shape(served, call, status, match, param):
+    response = httpx.post(f"{served.url}/v1/chat/completions", json=call, timeout=60)
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["param"] == param
+    assert __import__("re").search(match, error["message"]), error
+    with pytest.raises(openai.APIStatusError) as raised:
+        served.client.chat.completions.create(**call)
+    assert raised.value.status_code == status
+
+
+def test_stop_strings_match_special_tokens_and_answers_leave_them_out(served):
+    words = load_text_tokenizer(served.folder / "chat" / "1" / "tokenizer")
+    ids = words.encode("to be<|im_end|> or not")
+    model = SimpleNamespace(words=words)
+
+    def text(stops):
+        deltas, pairs = _Deltas(model, [5], stops), []
+        for token in ids:  # as `TextModel.stream` runs it: a stop ends the ids
+            pairs += deltas.push(token)
+            if deltas.stopped:
+                return "".join(d for _, d in pairs)
+        return "".join(d for _, d in pairs + deltas.rest())
+
+    assert text(["<|im_end|>"]) == "to be"
+    assert text([" or"]) == "to be"  # the special token's text left out
+    assert text(["zzz"]) == "to be or not"
