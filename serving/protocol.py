@@ -67,10 +67,13 @@ OPENAI_ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error",
                       503: "server_error", 504: "timeout"}  # fmt: skip
 
 
+OPENAI_PATHS = ("/v1/chat/", "/v1/completions", "/v1/embeddings", "/v1/rerank")
+
+
 def error_body(path: str, message: str, status: int, param: str | None = None,
                code: str | None = None) -> dict[str, Any]:  # fmt: skip
     """The JSON body of an error: `{"error": message}`, or OpenAI's shape under `/v1/`."""
-    if not path.startswith("/v1/"):
+    if not path.startswith(OPENAI_PATHS) and path != "/v1/models":  # TF Serving's /v1/models/x
         return {"error": message}
     kind = OPENAI_ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else
                                   "server_error")  # fmt: skip

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from keras_attn_serving.protocol import DATATYPES
+from keras_attn_serving.protocol import DATATYPES, OPENAI_PATHS
 
 from tests.serving.test_server import free_port
 
@@ -239,8 +239,13 @@ def check(client, response):
     if response.status_code >= 400:
         body = json.loads(text)
         assert isinstance(body, dict) and list(body) == ["error"], text[:500]
-        assert isinstance(body["error"], str) and body["error"], text[:500]
-        assert not LEAK.search(body["error"]) and client.root not in body["error"], body
+        message = body["error"]
+        if isinstance(message, dict):  # OpenAI's shape, on its routes
+            assert response.request.url.path.startswith(OPENAI_PATHS), text[:500]
+            assert list(message) == ["message", "type", "param", "code"], text[:500]
+            message = message["message"]
+        assert isinstance(message, str) and message, text[:500]
+        assert not LEAK.search(message) and client.root not in message, body
     assert client.get("/v2/health/ready").status_code == 200
 
 
@@ -413,6 +418,32 @@ TEXT_ROUTES = ["classify", "tag", "embed", "generate", "generate_stream"]
 @given(model=st.sampled_from(["lm", "cls"]), route=st.sampled_from(TEXT_ROUTES), body=TEXT_BODY)
 def test_text_bodies(client, model, route, body):
     check(client, client.post(model_path(model, None, route), content=dumps(body)))
+
+
+OPENAI_BODY = st.one_of(
+    st.fixed_dictionaries({}, optional={
+        "model": st.one_of(st.sampled_from(["lm", "cls", "nope"]), JSON),
+        "prompt": st.one_of(ODD_TEXT, st.lists(ODD_TEXT, max_size=3),
+                            st.lists(st.integers(-2, 600), max_size=40), JSON),
+        "input": st.one_of(ODD_TEXT, st.lists(ODD_TEXT, max_size=3), JSON),
+        "messages": st.one_of(st.lists(st.fixed_dictionaries(
+            {"role": st.one_of(ODD_TEXT, JSON)}, optional={"content": st.one_of(ODD_TEXT, JSON)}),
+            max_size=3), JSON),
+        "max_tokens": st.one_of(st.integers(-2, 80), JSON),
+        "n": st.one_of(st.integers(-1, 10), JSON),
+        "temperature": st.one_of(st.floats(allow_nan=True), JSON), "top_p": JSON, "seed": JSON,
+        "stop": st.one_of(ODD_TEXT, st.lists(ODD_TEXT, max_size=3), JSON),
+        "stream": st.one_of(st.booleans(), JSON), "echo": JSON, "stream_options": JSON,
+        "encoding_format": JSON, "response_format": JSON}),
+    JSON,
+)  # fmt: skip
+
+
+@FUZZ
+@given(route=st.sampled_from(["chat/completions", "completions", "embeddings"]),
+       body=OPENAI_BODY)  # fmt: skip
+def test_openai_bodies(client, route, body):
+    check(client, client.post(f"/v1/{route}", content=dumps(body)))
 
 
 ROUTES = st.sampled_from(["", "ready", "infer", "classify", "generate", "metadata"])
