@@ -11,7 +11,7 @@ at `max_tokens`) and how many ids it made.
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -38,14 +38,15 @@ class Flow:
         self.finish_reason: str | None = None
         self.outcome: dict[str, Any] = {}
 
-    async def pairs(self) -> AsyncIterator[tuple[int, str]]:
+    async def pairs(self) -> AsyncGenerator[tuple[int, str], None]:
         """The `(id, delta)` pairs as ids are chosen; `TimeoutError` past the time limit,
         `ValueError` for a request the decode loop refuses."""
         deadline = time.perf_counter() + self.timeout
-        source = self.model.astream(self.prompt, self.request, deadline, self.outcome)
-        if source is None:
-            source = _threaded(self.model.stream(self.prompt, self.request, self.outcome),
-                               deadline)  # fmt: skip
+        shared = self.model.astream(self.prompt, self.request, deadline, self.outcome)
+        source: AsyncGenerator[tuple[int, str], None] = (
+            shared if shared is not None
+            else _threaded(self.model.stream(self.prompt, self.request, self.outcome), deadline)
+        )  # fmt: skip
         try:
             async for pair in source:
                 self.tokens += 1
@@ -59,7 +60,7 @@ class Flow:
 
 
 async def _threaded(tokens: Iterator[tuple[int, str]], deadline: float
-                    ) -> AsyncIterator[tuple[int, str]]:  # fmt: skip
+                    ) -> AsyncGenerator[tuple[int, str], None]:  # fmt: skip
     """A decode loop that runs alone, driven from a worker thread id by id: the event loop
     never blocks on it, and it stops computing at `deadline`."""
     try:

@@ -183,7 +183,7 @@ async def _merged(flows: list[Flow], firsts: list[Any]) -> AsyncIterator[tuple[i
 
 async def _started(flows: list[Flow]) -> list[tuple[Any, Any]]:
     """Each flow's pairs and first pair, awaited before answering (errors are 4xx)."""
-    started = []
+    started: list[tuple[Any, Any]] = []
     for flow in flows:
         pairs = flow.pairs()
         try:
@@ -357,9 +357,10 @@ async def embeddings(request: Request):
         feeds, packed = await tokenized(request, model.encode, texts)
     else:
         feeds, packed = model.pack([model.id_prompt(e, packed=False) for e in entries])
+    assert model.batcher is not None  # `_model` built it with the server's batcher
     _, outputs = await predict(request, (chosen, model.predictor, model.batcher), feeds)
-    vectors = model.embed(outputs, packed, model.embedding["pooling"],
-                          model.embedding["normalize"])  # fmt: skip
+    pooling, normalize = model.embedding["pooling"], model.embedding["normalize"]
+    vectors = model.embed(outputs, packed, str(pooling), bool(normalize))
     data = []
     for i, vector in enumerate(vectors):
         value: Any = vector

@@ -2,7 +2,7 @@
 `embed`, and greedy `generate` / `generate_stream` (Triton's generate extension)."""
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import numpy as np
@@ -156,16 +156,16 @@ def flow(request: Request, model: TextModel, prompt: list[int], checked: Generat
     return Flow(model, prompt, checked, request_timeout(request.app.state.settings))
 
 
-async def first_pair(pairs: AsyncIterator[tuple[int, str]]) -> tuple[int, str] | None:
+async def first_pair(pairs: AsyncGenerator[tuple[int, str], None]) -> tuple[int, str] | None:
     """The first pair of a generation, awaited before answering: a request the decode loop
     refuses gets a 400 and a timeout a 504, not a cut stream."""
     try:
         return await anext(pairs, None)
     except TimeoutError as error:
-        await pairs.aclose()  # type: ignore[attr-defined]
+        await pairs.aclose()
         raise ServingError(504, str(error)) from None
     except ValueError as error:  # e.g. prompt + max_tokens longer than the model allows
-        await pairs.aclose()  # type: ignore[attr-defined]
+        await pairs.aclose()
         raise ServingError(400, str(error)[:300]) from None
 
 
@@ -204,7 +204,7 @@ async def generate_stream(name: str, request: Request, version: str | None = Non
             log.exception("generation failed after its answer began")
             yield _error_event(header, "generation failed; the model may have been reloaded")
         finally:
-            await pairs.aclose()  # type: ignore[attr-defined]
+            await pairs.aclose()
 
     return ClosingStream(events(), media_type="text/event-stream")
 

@@ -382,7 +382,8 @@ class _Deltas:
         words = model.words
         # Stop strings match the text with special tokens (`<|im_end|>`); the pairs sent
         # leave those tokens' text out (`hidden`: spans of `text` that special ids wrote).
-        self.specials = getattr(words, "special_ids", frozenset()) if stops else frozenset()
+        self.specials: frozenset[int] = (
+            getattr(words, "special_ids", frozenset()) if stops else frozenset())  # fmt: skip
         decode = (lambda ids: words.decode(ids, skip_special=False)) if self.specials else (
             words.decode)  # fmt: skip
         self.words = Detokenizer(decode, prompt)

@@ -70,6 +70,13 @@ def test_the_samplers_are_a_leaf():
     assert "numpy" in loaded
 
 
+def test_the_chat_templates_are_a_leaf():
+    """Keras, the export and the server render conversations with one module: Jinja2 only."""
+    loaded = imported_after(["keras_attn_serving.chat_template"])
+    assert not loaded & {"onnxruntime", "tokenizers", "tensorflow", "keras", "fastapi", "numpy"}
+    assert "jinja2" in loaded
+
+
 @pytest.mark.slow
 def test_library_and_export_stay_on_their_side():
     code = (
@@ -83,7 +90,11 @@ def test_library_and_export_stay_on_their_side():
     assert done.returncode == 0, done.stderr[-3000:]
     # The library draws with serving's samplers (a NumPy leaf) and nothing else of serving's.
     crossing = json.loads(done.stdout.strip().splitlines()[-1])
-    assert crossing == ["keras_attn_serving", "keras_attn_serving.sampling"]
+    assert crossing == [
+        "keras_attn_serving",
+        "keras_attn_serving.chat_template",
+        "keras_attn_serving.sampling",
+    ]
     code = (
         "import importlib, json, sys\n"
         f"for name in {modules('keras_attn_export')!r}: importlib.import_module(name)\n"
@@ -97,6 +108,7 @@ def test_library_and_export_stay_on_their_side():
     crossing = json.loads(done.stdout.strip().splitlines()[-1])
     assert crossing == [
         "keras_attn_serving",
+        "keras_attn_serving.chat_template",
         "keras_attn_serving.generation",
         "keras_attn_serving.manifest",
         "keras_attn_serving.sampling",
@@ -159,6 +171,7 @@ OURS = tuple(FOLDERS)
 # reads serving's manifest schema and decoding loop; keras_attn's decoding draws with serving's
 # samplers, so one seed gives the same ids in Keras and over HTTP (three NumPy-only leaves).
 SERVING_LEAVES = {
+    "keras_attn_serving.chat_template",
     "keras_attn_serving.manifest",
     "keras_attn_serving.generation",
     "keras_attn_serving.sampling",

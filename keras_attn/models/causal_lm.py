@@ -19,8 +19,12 @@ from keras_attn.losses import SparseCrossEntropy
 from keras_attn.models.backbone import Backbone, HoldsBackbone
 from keras_attn.models.cached import CachedCausalLM
 from keras_attn.models.task import Task, float32_logits
+from keras_attn.preprocessing import CausalLMPreprocessor, StartEndPacker
 from keras_attn.pretrained import save_pretrained
+from keras_attn.pretrained.chat import folder_chat
 from keras_attn.pretrained.registry import register_model_class
+from keras_attn.tokenizers import from_tokenizer_json
+from keras_attn.tokenizers.pipeline import read_json_file
 
 if TYPE_CHECKING:
     from keras_attn.decoding import Runner
@@ -262,9 +266,7 @@ class CausalLM(HoldsBackbone, CachedCausalLM, Task):
         `generate` takes strings and conversations; `None` gives it none."""
         backbone = DecoderBackbone.from_pretrained(folder, strict=strict, **kwargs)
         if isinstance(preprocessor, str) and preprocessor == "auto":
-            from keras_attn.pretrained.chat import folder_preprocessor
-
-            preprocessor = folder_preprocessor(
+            preprocessor = causal_folder_preprocessor(
                 folder, backbone.max_sequence_length, backbone.vocabulary_size
             )
         return cls(backbone, preprocessor=preprocessor)
@@ -358,3 +360,34 @@ def lm_loss(pad_token_id: int | None = 0, label_smoothing: float = 0.0) -> Spars
 
 
 register_model_class("DecoderBackbone", DecoderBackbone)
+
+
+def _start_id(spec: dict[str, Any]) -> int | None:
+    """The id a tokenizer.json's post-processor puts before a single text (Llama's
+    `<|begin_of_text|>`), or None (GPT-2, Qwen2): the packer's `start_value`."""
+    post = spec.get("post_processor") or {}
+    steps = post.get("processors", [post]) if post.get("type") == "Sequence" else [post]
+    for step in steps:
+        if not isinstance(step, dict) or step.get("type") != "TemplateProcessing":
+            continue
+        first = (step.get("single") or [{}])[0]
+        token = (first.get("SpecialToken") or {}).get("id") if isinstance(first, dict) else None
+        ids = ((step.get("special_tokens") or {}).get(token) or {}).get("ids") or []
+        if len(ids) == 1 and isinstance(ids[0], int):
+            return ids[0]
+    return None
+
+
+def causal_folder_preprocessor(
+    folder: str | os.PathLike[str], sequence_length: int, vocabulary_size: int
+) -> Any:
+    """A `CausalLMPreprocessor` for a folder with a `tokenizer.json` (None without one): its
+    tokenizer, a packer that starts rows as the tokenizer's post-processor does, and the
+    folder's chat template, special tokens and end-of-turn ids."""
+    path = os.path.join(os.fspath(folder), "tokenizer.json")
+    if not os.path.exists(path):
+        return None
+    spec = read_json_file(path, "folder")
+    tokenizer = from_tokenizer_json(spec)
+    packer = StartEndPacker(sequence_length, start_value=_start_id(spec))
+    return CausalLMPreprocessor(tokenizer, packer, **folder_chat(folder, vocabulary_size))

@@ -67,8 +67,9 @@ def generate(
     check_renamed(kwargs, ("pad_id",))
     check_known(kwargs, _DECODE_ARGUMENTS, "`generate`")
     preprocessor = getattr(model, "preprocessor", None)
-    if kwargs.get("stop_token_ids") is None and getattr(preprocessor, "end_token_ids", None):
-        kwargs["stop_token_ids"] = preprocessor.end_token_ids  # the checkpoint's end of turn
+    end_ids = getattr(preprocessor, "end_token_ids", None)
+    if kwargs.get("stop_token_ids") is None and end_ids:
+        kwargs["stop_token_ids"] = end_ids  # the checkpoint's end of turn
     chats = _conversations(prompts)
     if chats is not None:
         return _generate_chat(model, prompts, chats, max_new_tokens, stop_strings, **kwargs)

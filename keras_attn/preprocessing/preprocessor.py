@@ -10,6 +10,7 @@ from typing import Any, Self
 
 import keras
 import tensorflow as tf
+from keras_attn_serving.chat_template import ChatTemplate
 
 from keras_attn.checks import check_positive_int
 from keras_attn.preprocessing.base import PreprocessingLayer
@@ -204,8 +205,6 @@ class CausalLMPreprocessor(TextPreprocessor):
         super().__init__(tokenizer, packer, **kwargs)
         self.chat = None
         if chat_template is not None:
-            from keras_attn_serving.chat_template import ChatTemplate
-
             if special_tokens is not None and not (
                 isinstance(special_tokens, dict)
                 and all(isinstance(v, str) for v in special_tokens.values())
