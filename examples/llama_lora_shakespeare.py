@@ -80,7 +80,8 @@ def main(argv=None):
     print(f"wrote a toy Llama-layout folder (RANDOM weights, not a trained model): {folder}")
 
     # From here on, as with a real Llama folder.
-    lm = CausalLM.from_pretrained(folder)
+    # Ids in, ids out here (no preprocessor): the tokenizer goes to `export_model` itself.
+    lm = CausalLM.from_pretrained(folder, preprocessor=None)
     tokenizer = from_tokenizer_json(folder / "tokenizer.json")
     documents = [tokenizer.tokenize(" ".join(lines[i : i + 200])).numpy()
                  for i in range(0, len(lines), 200)]  # fmt: skip
