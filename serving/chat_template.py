@@ -95,25 +95,56 @@ def _environment() -> jinja2.sandbox.ImmutableSandboxedEnvironment:
     return environment
 
 
-def _plain(value: Any, where: str) -> Any:
-    """`value` rebuilt from exact JSON types (the sandbox knows no methods of other objects);
-    anything else is a `ChatTemplateError` naming where it is."""
-    if value is None or type(value) in (str, int, float, bool):
+MAX_DEPTH = 32  # nesting of message data (a tool call's arguments are a few levels deep)
+
+
+def _plain(value: Any, where: str, depth: int = 0) -> Any:
+    """`value` rebuilt from exact JSON types (the sandbox knows no methods of other objects),
+    its strings valid Unicode; anything else is a `ChatTemplateError` naming where it is."""
+    if depth > MAX_DEPTH:
+        raise ChatTemplateError(f"`{where}` is nested more than {MAX_DEPTH} levels deep")
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as error:  # a lone surrogate such as "\ud800"
+            raise ChatTemplateError(
+                f"`{where}` is not valid Unicode text: {error.reason} at position {error.start}"
+            ) from None
+        return str.__str__(value)
+    if value is None or type(value) in (int, float, bool):
         return value
     if isinstance(value, Mapping):
-        return {str(k): _plain(v, f"{where}.{k}") for k, v in value.items()}
+        return {_plain(k, where, depth + 1) if isinstance(k, str) else str(k):
+                _plain(v, f"{where}.{k}", depth + 1) for k, v in value.items()}  # fmt: skip
     if isinstance(value, (list, tuple)):
-        return [_plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return [_plain(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
     raise ChatTemplateError(
         f"`{where}` must be JSON data (strings, numbers, lists, objects); received "
         f"{type(value).__name__}"
     )
 
 
+def _text_of(content: list[Any], where: str) -> str:
+    """OpenAI's content parts (`[{"type": "text", "text": ...}, ...]`) as one string, as
+    vLLM joins them; a part of another kind (an image) is refused, named."""
+    texts = []
+    for index, part in enumerate(content):
+        if not (isinstance(part, dict) and part.get("type") == "text"
+                and isinstance(part.get("text"), str)):  # fmt: skip
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise ChatTemplateError(
+                f'`{where}[{index}]` must be a text part ({{"type": "text", "text": '
+                f"...}}); received type {str(kind)[:40]!r}: this model reads text only"
+            )
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
 def check_conversation(messages: Any, where: str = "messages") -> list[dict[str, Any]]:
     """`messages` checked: a non-empty list of objects, each with a string `role` and a
     `content` that is a string, a list of parts or absent/None (an assistant turn that only
-    calls tools). Keys whose value is None are dropped, as `transformers` drops them.
+    calls tools). Keys whose value is None are dropped, as `transformers` drops them; a list
+    of text parts (OpenAI's content form) becomes its text, joined by newlines.
 
     Raises:
         ChatTemplateError: naming the message and the problem.
@@ -142,6 +173,8 @@ def check_conversation(messages: Any, where: str = "messages") -> list[dict[str,
                 f"`{name}.content` must be a string or a list of parts; received "
                 f"{type(content).__name__}"
             )
+        if isinstance(content, list):
+            message["content"] = _text_of(content, f"{name}.content")
         checked.append(message)
     return checked
 

@@ -10,6 +10,7 @@ at `max_tokens`) and how many ids it made.
 """
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncGenerator, Iterator
 from typing import TYPE_CHECKING, Any
@@ -62,14 +63,21 @@ class Flow:
 async def _threaded(tokens: Iterator[tuple[int, str]], deadline: float
                     ) -> AsyncGenerator[tuple[int, str], None]:  # fmt: skip
     """A decode loop that runs alone, driven from a worker thread id by id: the event loop
-    never blocks on it, and it stops computing at `deadline`."""
+    never blocks on it, and it stops computing at `deadline`. On the way out (its end, a
+    timeout, a client gone) the step in flight is let finish before the loop is closed."""
+    step: asyncio.Future[Any] | None = None
     try:
         while True:
             if time.perf_counter() > deadline:
                 raise TimeoutError
-            pair = await asyncio.to_thread(next, tokens, _DONE)
+            step = asyncio.ensure_future(asyncio.to_thread(next, tokens, _DONE))
+            pair = await asyncio.shield(step)  # a cancel leaves the thread's step running
+            step = None
             if pair is _DONE:
                 return
-            yield pair  # type: ignore[misc]
+            yield pair
     finally:
-        await asyncio.to_thread(tokens.close)  # type: ignore[attr-defined]
+        if step is not None:
+            await asyncio.wait([step])
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(tokens.close)  # type: ignore[attr-defined]

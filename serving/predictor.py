@@ -137,7 +137,9 @@ class Predictor:
         chat = self.manifest.chat
         if chat is None:
             return None, []
-        limit = self.token_limit
+        limits = [x for x in (self.token_limit, self.tokenizer and self.tokenizer.vocabulary_size)
+                  if x is not None]  # fmt: skip
+        limit = min(limits) if limits else None
         bad = [i for i in chat.end_token_ids if limit is not None and not 0 <= i < limit]
         if bad:
             raise ArtifactError(f"manifest chat.end_token_ids {bad[:3]} are not ids of the model "

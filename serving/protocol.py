@@ -61,7 +61,7 @@ class ServingError(Exception):
 
 # OpenAI's error `type` by status (the /v1 routes answer `{"error": {"message", "type",
 # "param", "code"}}`).
-OPENAI_ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error",
+OPENAI_ERROR_TYPES = {400: "invalid_request_error", 404: "invalid_request_error",
                       405: "invalid_request_error", 408: "timeout", 413: "invalid_request_error",
                       415: "invalid_request_error", 429: "rate_limit_error", 500: "server_error",
                       503: "server_error", 504: "timeout"}  # fmt: skip

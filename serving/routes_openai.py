@@ -11,25 +11,30 @@ artifact's chat template (`keras_attn_serving.chat_template`), and every choice 
 
 import asyncio
 import base64
+import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from keras_attn_serving.flow import Flow
 from keras_attn_serving.generation_request import generation_request
-from keras_attn_serving.handling import json_body, predict, request_timeout
+from keras_attn_serving.handling import json_body, log, predict, request_timeout
 from keras_attn_serving.protocol import ServingError, shown
 from keras_attn_serving.routes_text import ClosingStream, first_pair, json_answer, tokenized
 from keras_attn_serving.text import TextModel
 
+if TYPE_CHECKING:
+    from keras_attn_serving.generation_request import GenerationRequest
+
 router = APIRouter()
 
 MAX_CHOICES = 8  # `n` at most: each choice is a decode row
+COMPLETION_MAX_TOKENS = 16  # OpenAI's default `max_tokens` for /v1/completions
 SAMPLING = {"temperature", "top_p", "top_k", "seed"}
 # Fields read; `user` and zero penalties are accepted and change nothing.
 CHAT_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "stop", "n", "stream",
@@ -46,6 +51,10 @@ async def _body(request: Request, fields: set[str]) -> dict[str, Any]:
     if not isinstance(payload, dict):
         raise ServingError(400, f"the body must be a JSON object; received "
                                 f"{type(payload).__name__}")  # fmt: skip
+    # Fields clients send as defaults (`"logprobs": false`, `"tools": []`) change nothing.
+    inert = (None, False, [], {}, "none")
+    payload = {k: v for k, v in payload.items()
+               if k in fields or not any(v is x or v == x for x in inert)}  # fmt: skip
     unknown = sorted(str(k)[:40] for k in set(payload) - fields)
     if unknown:
         message = f"unsupported fields {unknown[:8]} (supported: {', '.join(sorted(fields))})"
@@ -83,8 +92,10 @@ async def models(request: Request):
 
 
 def _parameters(payload: dict[str, Any], max_name: str) -> dict[str, Any]:
-    """The native `/generate` parameters of an OpenAI request."""
+    """The native `/generate` parameters of an OpenAI request. As OpenAI does, a request
+    samples at temperature 1 unless it says otherwise (0: greedy)."""
     parameters = {k: payload[k] for k in SAMPLING if payload.get(k) is not None}
+    parameters.setdefault("temperature", 1.0)
     if payload.get(max_name) is not None:
         parameters["max_tokens"] = payload[max_name]
     if payload.get("stop") is not None:
@@ -102,20 +113,31 @@ def _choices(payload: dict[str, Any]) -> int:
     return n
 
 
-def _flows(request: Request, model: TextModel, prompt: list[int], parameters: dict[str, Any],
-           n: int) -> list[Flow]:  # fmt: skip
-    """`n` flows of one prompt; with a seed, choice `i` draws with seed + i (reproducible,
-    and different from its siblings)."""
-    timeout = request_timeout(request.app.state.settings)
-    flows = []
+def _checked(model: TextModel, parameters: dict[str, Any], n: int,
+             default_max: int | None = None) -> list["GenerationRequest"]:  # fmt: skip
+    """The checked parameters of `n` choices, before any tokenizing; with a seed, choice
+    `i` draws with seed + i (reproducible, and different from its siblings)."""
+    seed = parameters.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)
+                             or not 0 <= seed < 2**63):  # fmt: skip
+        raise ServingError(400, f"`seed` must be an integer in [0, 2**63); received "
+                                f"{shown(seed)}"[:200], param="seed")  # fmt: skip
+    if "max_tokens" not in parameters and default_max is not None:
+        parameters = {**parameters, "max_tokens": max(1, default_max)}
+    checked = []
     for i in range(n):
         own = dict(parameters)
-        if isinstance(own.get("seed"), int) and not isinstance(own["seed"], bool):
-            own["seed"] = (own["seed"] + i) % 2**63
-        checked = generation_request(own, model.words.vocabulary_size,
-                                     model.predictor.end_token_ids)  # fmt: skip
-        flows.append(Flow(model, prompt, checked, timeout))
-    return flows
+        if seed is not None:
+            own["seed"] = (seed + i) % 2**63
+        checked.append(generation_request(own, model.words.vocabulary_size,
+                                          model.predictor.end_token_ids))  # fmt: skip
+    return checked
+
+
+def _run(request: Request, model: TextModel, prompt: list[int],
+         checked: list["GenerationRequest"]) -> list[Flow]:  # fmt: skip
+    timeout = request_timeout(request.app.state.settings)
+    return [Flow(model, prompt, one, timeout) for one in checked]
 
 
 def _stream_flag(payload: dict[str, Any]) -> tuple[bool, bool]:
@@ -126,34 +148,44 @@ def _stream_flag(payload: dict[str, Any]) -> tuple[bool, bool]:
     if not isinstance(options, dict) or not set(options) <= {"include_usage"}:
         raise ServingError(400, "`stream_options` takes `include_usage` only",
                            param="stream_options")  # fmt: skip
+    if options and not stream:
+        raise ServingError(400, "`stream_options` needs `stream: true`", param="stream_options")
     return stream, bool(options.get("include_usage"))
 
 
 async def _collect(flows: list[Flow]) -> list[str]:
-    """Every flow run to its end, concurrently; their texts."""
+    """Every flow run to its end, concurrently; their texts. When one fails, the others are
+    cancelled (their decode rows freed) and the failure is the answer."""
 
     async def one(flow: Flow) -> str:
-        pairs = flow.pairs()
-        first = await first_pair(pairs)
-        if first is None:
-            return ""
-        try:
-            return first[1] + "".join([delta async for _, delta in pairs])
-        except TimeoutError as error:
-            raise ServingError(504, str(error)) from None
+        async with contextlib.aclosing(flow.pairs()) as pairs:
+            first = await first_pair(pairs)
+            if first is None:
+                return ""
+            try:
+                return first[1] + "".join([delta async for _, delta in pairs])
+            except TimeoutError as error:
+                raise ServingError(504, str(error)) from None
 
-    return list(await asyncio.gather(*(one(f) for f in flows)))
+    tasks = [asyncio.ensure_future(one(f)) for f in flows]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _sse(data: Any) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-async def _merged(flows: list[Flow], firsts: list[Any]) -> AsyncIterator[tuple[int, str | None]]:
-    """`(choice, delta)` of every flow as they come, `(choice, None)` once a flow ends."""
+async def _merged(started: list[Any]) -> AsyncGenerator[tuple[int, str | None], None]:
+    """`(choice, delta)` of every started flow as they come, `(choice, None)` once a flow
+    ends; a flow's failure is raised here, and every pump is cancelled on the way out."""
     queue: asyncio.Queue[Any] = asyncio.Queue()
 
-    async def pump(index: int, flow: Flow, pairs: Any, first: Any) -> None:
+    async def pump(index: int, pairs: Any, first: Any) -> None:
         try:
             if first is not None:
                 await queue.put((index, first[1]))
@@ -162,42 +194,49 @@ async def _merged(flows: list[Flow], firsts: list[Any]) -> AsyncIterator[tuple[i
             await queue.put((index, None))
         except Exception as error:
             await queue.put(error)
-        finally:
-            await pairs.aclose()
 
-    tasks = [asyncio.create_task(pump(i, f, p, first))
-             for i, (f, (p, first)) in enumerate(zip(flows, firsts, strict=True))]  # fmt: skip
+    tasks = [asyncio.ensure_future(pump(i, pairs, first))
+             for i, (pairs, first) in enumerate(started)]  # fmt: skip
     try:
-        for _ in range(sum(1 for _ in flows)):
-            while True:
-                item = await queue.get()
-                if isinstance(item, Exception):
-                    raise item
-                yield item
-                if item[1] is None:
-                    break
+        ended = 0
+        while ended < len(tasks):
+            item = await queue.get()
+            if isinstance(item, Exception):
+                raise item
+            ended += item[1] is None
+            yield item
     finally:
         for task in tasks:
             task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _close(started: list[Any]) -> None:
+    for pairs, _ in started:
+        await pairs.aclose()
 
 
 async def _started(flows: list[Flow]) -> list[tuple[Any, Any]]:
     """Each flow's pairs and first pair, awaited before answering (errors are 4xx)."""
     started: list[tuple[Any, Any]] = []
-    for flow in flows:
-        pairs = flow.pairs()
-        try:
-            started.append((pairs, await first_pair(pairs)))
-        except ServingError:
-            for other, _ in started:
-                await other.aclose()
-            raise
+    try:
+        for flow in flows:
+            pairs = flow.pairs()
+            started.append((pairs, None))
+            started[-1] = (pairs, await first_pair(pairs))
+    except BaseException:
+        await _close(started)
+        raise
     return started
 
 
 def _usage(prompt_tokens: int, completion: int) -> dict[str, int]:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
             "total_tokens": prompt_tokens + completion}  # fmt: skip
+
+
+def _error_event(message: str, kind: str) -> str:
+    return _sse({"error": {"message": message, "type": kind, "param": None, "code": None}})
 
 
 def _stream_response(kind: str, header: dict[str, Any], flows: list[Flow],
@@ -223,17 +262,23 @@ def _stream_response(kind: str, header: dict[str, Any], flows: list[Flow],
                     yield chunk(i, None, None, first=True)
                 elif prefix:
                     yield chunk(i, prefix[i // (len(flows) // len(prefix))], None)
-            async for index, delta in _merged(flows, started):
-                if delta is None:
-                    yield chunk(index, None, flows[index].finish_reason)
-                elif delta:
-                    yield chunk(index, delta, None)
+            async with contextlib.aclosing(_merged(started)) as merged:
+                async for index, delta in merged:
+                    if delta is None:
+                        yield chunk(index, None, flows[index].finish_reason)
+                    elif delta:
+                        yield chunk(index, delta, None)
             if include_usage:
                 usage = _usage(prompt_tokens, sum(f.tokens for f in flows))
                 yield _sse({**header, "choices": [], "usage": usage})
         except TimeoutError as error:  # begun: the last event says why it ends
-            yield _sse({"error": {"message": str(error), "type": "timeout", "param": None,
-                                  "code": None}})  # fmt: skip
+            yield _error_event(str(error), "timeout")
+        except Exception:  # e.g. the model was reloaded: the last event says the stream ends
+            log.exception("generation failed after its answer began")
+            yield _error_event("generation failed; the model may have been reloaded",
+                               "server_error")  # fmt: skip
+        finally:
+            await _close(started)
         yield "data: [DONE]\n\n"
 
     return ClosingStream(events(), media_type="text/event-stream")
@@ -257,8 +302,17 @@ async def chat_completions(request: Request):
     max_name = "max_completion_tokens" if "max_completion_tokens" in payload else "max_tokens"
     n, (stream, include_usage) = _choices(payload), _stream_flag(payload)
     parameters = _parameters(payload, max_name)
-    prompt = await tokenized(request, model.chat_prompt, chat, payload.get("messages"))
-    flows = _flows(request, model, prompt, parameters, n)
+    _checked(model, parameters, n)  # every parameter checked before the work of tokenizing
+    messages = payload.get("messages")
+    limit = request.app.state.settings.max_text_chars
+    chars = _characters(messages)
+    if chars > limit:
+        raise ServingError(413, f"the messages have {chars} characters; at most {limit} "
+                                "(--max-text-chars)", param="messages")  # fmt: skip
+    prompt = await tokenized(request, model.chat_prompt, chat, messages)
+    # No `max_tokens`: the reply may fill the model's length, as OpenAI's may fill the context.
+    room = (model.predictor.max_sequence_length or len(prompt) + 256) - len(prompt)
+    flows = _run(request, model, prompt, _checked(model, parameters, n, room))
     header = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
               "model": payload["model"]}  # fmt: skip
     if stream:
@@ -273,19 +327,42 @@ async def chat_completions(request: Request):
             "usage": _usage(len(prompt), sum(f.tokens for f in flows))}  # fmt: skip
 
 
-def _prompts(value: Any) -> list[str | list[int]]:
-    """A completions `prompt`: a string, a list of strings, ids, or a list of id lists."""
+def _characters(value: Any, depth: int = 0) -> int:
+    """The characters of every string in a JSON value (messages: contents, names, parts)."""
+    if isinstance(value, str):
+        return len(value)
+    if depth > 64:
+        return 0  # the conversation check refuses such nesting by name
+    if isinstance(value, dict):
+        return sum(_characters(v, depth + 1) for v in value.values())
+    if isinstance(value, list):
+        return sum(_characters(v, depth + 1) for v in value)
+    return 0
+
+
+def _prompts(value: Any, field: str = "prompt") -> list[str | list[int]]:
+    """A completions `prompt` (or an embeddings `input`): a string, a list of strings, ids,
+    or a list of id lists."""
     ints = lambda v: isinstance(v, list) and v and all(  # noqa: E731
-        isinstance(i, int) and not isinstance(i, bool) for i in v)  # fmt: skip
+        isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 2**31 for i in v
+    )  # fmt: skip
     if isinstance(value, str):
         return [value]
     if ints(value):
         return [value]
     if isinstance(value, list) and value and all(isinstance(v, str) or ints(v) for v in value):
         return value
-    raise ServingError(400, "`prompt` must be a string, a list of strings, a list of token "
-                            f"ids or a list of such lists; received {shown(value)}"[:300],
-                       param="prompt")  # fmt: skip
+    raise ServingError(400, f"`{field}` must be a string, a list of strings, a list of token "
+                            "ids (integers >= 0) or a list of such lists; received "
+                            f"{shown(value)}"[:300], param=field)  # fmt: skip
+
+
+def _unicode(text: str, field: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:  # a lone surrogate such as "\ud800"
+        raise ServingError(400, f"`{field}` is not valid Unicode text: {error.reason} at "
+                                f"position {error.start}", param=field) from None  # fmt: skip
 
 
 @router.post("/v1/completions")
@@ -300,19 +377,20 @@ async def completions(request: Request):
     echo = payload.get("echo") or False
     if not isinstance(echo, bool):
         raise ServingError(400, "`echo` must be true or false", param="echo")
+    parameters = _parameters(payload, "max_tokens")
+    checked = _checked(model, parameters, n, COMPLETION_MAX_TOKENS)  # before tokenizing
     limit = request.app.state.settings.max_text_chars
     ids = []
     for one in prompts:
         if isinstance(one, str):
             if len(one) > limit:
                 raise ServingError(413, f"the prompt has {len(one)} characters; at most {limit} "
-                                        "(--max-text-chars)")  # fmt: skip
-            (one,) = TextModel.texts({"text_input": one})
+                                        "(--max-text-chars)", param="prompt")  # fmt: skip
+            _unicode(one, "prompt")
             ids.append(await tokenized(request, model.prompt, one))
         else:
             ids.append(model.id_prompt(one))
-    parameters = _parameters(payload, "max_tokens")
-    flows = [f for prompt in ids for f in _flows(request, model, prompt, parameters, n)]
+    flows = [f for prompt in ids for f in _run(request, model, prompt, checked)]
     header = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()),
               "model": payload["model"]}  # fmt: skip
     echoed = [p if isinstance(p, str) else model.words.decode(p) for p in prompts] if echo else []
@@ -342,7 +420,7 @@ async def embeddings(request: Request):
                                 f"{shown(encoding)}"[:200], param="encoding_format")  # fmt: skip
     inputs = payload.get("input")
     settings = request.app.state.settings
-    entries = _prompts(inputs) if inputs != [] else []
+    entries = _prompts(inputs, "input") if inputs != [] else []
     if not entries:
         raise ServingError(400, "`input` must be a non-empty string or list", param="input")
     if len(entries) > settings.max_rows_per_request:
@@ -353,10 +431,11 @@ async def embeddings(request: Request):
     if texts and len(texts) != len(entries):
         raise ServingError(400, "`input` mixes strings and token ids", param="input")
     if texts:
-        TextModel.texts({"text_input": texts})
+        for text in texts:
+            _unicode(text, "input")
         feeds, packed = await tokenized(request, model.encode, texts)
-    else:
-        feeds, packed = model.pack([model.id_prompt(e, packed=False) for e in entries])
+    else:  # ids as a tokenizer gave them: packed (start and end ids) as a text's are
+        feeds, packed = model.pack([model.packed_ids(e, "input") for e in entries])
     assert model.batcher is not None  # `_model` built it with the server's batcher
     _, outputs = await predict(request, (chosen, model.predictor, model.batcher), feeds)
     pooling, normalize = model.embedding["pooling"], model.embedding["normalize"]

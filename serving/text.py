@@ -292,8 +292,13 @@ class TextModel:
         return self.id_prompt(ids, field="messages")
 
     def id_prompt(self, ids: Any, packed: bool = True, field: str = "prompt") -> list[int]:
-        """Token ids given by a client, checked: ids of the model, and (`packed`: a prompt)
-        shorter than the model's length."""
+        """Token ids given by a client, checked: ids of the model and of its tokenizer, and
+        (`packed`: a prompt) shorter than the model's length."""
+        size = self.words.vocabulary_size
+        outside = sorted({i for i in ids if not 0 <= i < size})
+        if outside:
+            raise ServingError(400, f"`{field}` has ids {outside[:3]} outside the tokenizer's "
+                                    f"[0, {size})", param=field)  # fmt: skip
         limit = self.predictor.max_sequence_length
         if not ids:
             raise ServingError(400, f"`{field}` has no tokens: give a non-empty prompt",
@@ -306,13 +311,25 @@ class TextModel:
         self.check_ids(list(ids), field)
         return list(ids)
 
+    def packed_ids(self, ids: list[int], field: str) -> list[int]:
+        """A client's token ids for an encoder, packed as a text's ids are (the packer's
+        start and end ids around them); more than the model takes is a 400."""
+        ids = self.id_prompt(ids, packed=False, field=field)
+        room = self.room()
+        if room is not None and len(ids) > room:
+            raise ServingError(400, f"`{field}` has {len(ids)} tokens; the model takes "
+                                    f"{room} besides its start/end ids", param=field)  # fmt: skip
+        start, end = self.packer.get("start_value"), self.packer.get("end_value")
+        return ([start] if start is not None else []) + ids + ([end] if end is not None else [])
+
     def check_ids(self, ids: list[int], field: str) -> None:
         """A `ServingError` 400 when an id is past the model's vocabulary (a tokenizer with
         tokens the model has no embedding for): refused before it joins a shared batch."""
         limit = self.predictor.token_limit
         bad = sorted({i for i in ids if limit is not None and not 0 <= i < limit})
         if bad:
-            tokens = [self.words.token(i) for i in bad[:3] if i < self.words.vocabulary_size]
+            size = self.words.vocabulary_size
+            tokens = [self.words.token(i) for i in bad[:3] if 0 <= i < size]
             raise ServingError(
                 400, f"`{field}` has tokens {tokens} (ids {bad[:3]}) that the model has no "
                      f"embedding for: its ids are [0, {limit})",
@@ -379,13 +396,17 @@ class _Deltas:
 
     def __init__(self, model: TextModel, prompt: list[int], stops: list[str]) -> None:
         self.stops = stops
-        words = model.words
+        words, size = model.words, model.words.vocabulary_size
         # Stop strings match the text with special tokens (`<|im_end|>`); the pairs sent
         # leave those tokens' text out (`hidden`: spans of `text` that special ids wrote).
         self.specials: frozenset[int] = (
             getattr(words, "special_ids", frozenset()) if stops else frozenset())  # fmt: skip
-        decode = (lambda ids: words.decode(ids, skip_special=False)) if self.specials else (
-            words.decode)  # fmt: skip
+        keep = not self.specials
+
+        def decode(ids: list[int]) -> str:  # ids past the tokenizer (a model's padded
+            # vocabulary: Qwen2 has 151,936 rows for 151,665 tokens) have no text
+            return words.decode([i for i in ids if 0 <= i < size], skip_special=keep)
+
         self.words = Detokenizer(decode, prompt)
         self.hidden: list[tuple[int, int]] = []
         self.hold = max(map(len, stops), default=1) - 1

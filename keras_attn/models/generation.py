@@ -70,6 +70,11 @@ def generate(
     end_ids = getattr(preprocessor, "end_token_ids", None)
     if kwargs.get("stop_token_ids") is None and end_ids:
         kwargs["stop_token_ids"] = end_ids  # the checkpoint's end of turn
+    stop_strings = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings)
+    if not all(isinstance(s, str) and s for s in stop_strings):
+        raise ValueError(
+            f"`stop_strings` must be non-empty strings. Received: stop_strings={stop_strings!r}"
+        )
     chats = _conversations(prompts)
     if chats is not None:
         return _generate_chat(model, prompts, chats, max_new_tokens, stop_strings, **kwargs)
@@ -77,11 +82,6 @@ def generate(
         isinstance(prompts, (list, tuple)) and bool(prompts)
         and all(isinstance(p, str) for p in prompts)
     )  # fmt: skip
-    stop_strings = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings)
-    if not all(isinstance(s, str) and s for s in stop_strings):
-        raise ValueError(
-            f"`stop_strings` must be non-empty strings. Received: stop_strings={stop_strings!r}"
-        )
     if text:
         out = _generate_text(model, prompts, max_new_tokens, **kwargs)
         return (

@@ -4,6 +4,7 @@ are Keras `generate`'s on the same conversation, and errors come in OpenAI's sha
 
 import asyncio
 import base64
+import json
 import shutil
 from types import SimpleNamespace
 
@@ -25,6 +26,7 @@ pytestmark = pytest.mark.tf_only  # the fixtures export with TensorFlow
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "to be or not"}]
 TEXTS = ["to be or not to be", "the slings and arrows"]
+DEEP = json.loads("[" * 600 + "]" * 600)
 
 
 @pytest.fixture(scope="module")
@@ -71,15 +73,17 @@ def test_chat_equals_keras_and_ends_at_the_checkpoints_end_of_turn(served):
     assert choice.finish_reason == "stop"  # no stop given: the checkpoint's end id
     assert answer.usage.prompt_tokens == len(served.prompt_ids)
     assert answer.usage.completion_tokens == served.k
-    short = served.client.chat.completions.create(model="chat", messages=CHAT,
-                                                  max_completion_tokens=2)  # fmt: skip
+    short = served.client.chat.completions.create(
+        model="chat", messages=CHAT, max_completion_tokens=2, temperature=0
+    )
     assert short.choices[0].finish_reason == "length" and short.usage.completion_tokens == 2
 
 
 def test_streamed_chat_joins_into_the_answer_and_reports_usage(served):
-    whole = served.client.chat.completions.create(model="chat", messages=CHAT, max_tokens=30)
+    whole = served.client.chat.completions.create(model="chat", messages=CHAT, max_tokens=30,
+                                                  temperature=0)  # fmt: skip
     chunks = list(served.client.chat.completions.create(
-        model="chat", messages=CHAT, max_tokens=30, stream=True,
+        model="chat", messages=CHAT, max_tokens=30, stream=True, temperature=0,
         stream_options={"include_usage": True},
     ))  # fmt: skip
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -113,7 +117,8 @@ def test_the_async_client(served):
     async def ask():
         client = openai.AsyncOpenAI(base_url=f"{served.url}/v1", api_key="unused")
         answers = await asyncio.gather(*(
-            client.chat.completions.create(model="chat", messages=CHAT, max_tokens=30)
+            client.chat.completions.create(model="chat", messages=CHAT, max_tokens=30,
+                                           temperature=0)
             for _ in range(3)
         ))  # fmt: skip
         await client.close()
@@ -125,10 +130,12 @@ def test_the_async_client(served):
 
 def test_completions_take_text_and_ids_and_echo(served):
     client = served.client
-    answer = client.completions.create(model="chat", prompt=[served.prompt_ids], max_tokens=30)
+    answer = client.completions.create(model="chat", prompt=[served.prompt_ids], max_tokens=30,
+                                       temperature=0)  # fmt: skip
     assert answer.choices[0].text == served.lm.generate(CHAT, max_new_tokens=30)
     assert answer.choices[0].finish_reason == "stop"
-    text = client.completions.create(model="lm", prompt="to be or", max_tokens=4, echo=True)
+    text = client.completions.create(model="lm", prompt="to be or", max_tokens=4, echo=True,
+                                     temperature=0)  # fmt: skip
     native = httpx.post(
         f"{served.url}/v2/models/lm/generate",
         json={"text_input": "to be or", "parameters": {"max_tokens": 4}},
@@ -138,7 +145,7 @@ def test_completions_take_text_and_ids_and_echo(served):
     two = client.completions.create(model="lm", prompt=["to be", "or not"], max_tokens=3)
     assert [c.index for c in two.choices] == [0, 1]
     streamed = client.completions.create(model="lm", prompt="to be or", max_tokens=4,
-                                         stream=True)  # fmt: skip
+                                         stream=True, temperature=0)  # fmt: skip
     assert "".join(c.choices[0].text for c in streamed if c.choices) == native["text_output"]
 
 
@@ -155,7 +162,8 @@ def test_embeddings_equal_keras_in_floats_and_base64(served, toy_tokenizer):
         "model": "encoder", "input": TEXTS, "encoding_format": "base64"}).json()  # fmt: skip
     decoded = [np.frombuffer(base64.b64decode(d["embedding"]), "<f4") for d in raw["data"]]
     np.testing.assert_allclose(decoded, mean, atol=1e-5)
-    by_ids = served.client.embeddings.create(model="encoder", input=[ids[0][ids[0] != 0].tolist()])
+    unpacked = ids[0][ids[0] != 0][1:-1].tolist()  # the tokenizer's ids: packed as text's are
+    by_ids = served.client.embeddings.create(model="encoder", input=[unpacked])
     np.testing.assert_allclose(by_ids.data[0].embedding, mean[0], atol=1e-5)
 
 
@@ -166,18 +174,52 @@ def test_embeddings_equal_keras_in_floats_and_base64(served, toy_tokenizer):
         ({"model": "chat", "messages": CHAT, "temperature": -1}, 400, "temperature", None),
         ({"model": "chat", "messages": CHAT, "n": 9}, 400, "`n` must be", "n"),
         ({"model": "chat", "messages": [{"content": "x"}]}, 400, "role", "messages"),
-        ({"model": "chat", "messages": CHAT, "logit_bias": {}}, 400, "unsupported", "logit_bias"),
+        ({"model": "chat", "messages": CHAT, "logit_bias": {"5": 9}}, 400, "unsupported",
+         "logit_bias"),
         ({"model": "lm", "messages": CHAT}, 400, "no chat template", "messages"),
         ({"model": "encoder", "messages": CHAT}, 400, "task is 'embed'", None),
         ({"model": "chat", "messages": CHAT, "max_tokens": 10**6}, 400, "maximum sequence", None),
+        (
+            {"model": "chat", "messages": [{"role": "user", "content": "\ud800"}]},
+            400,
+            "not valid Unicode",
+            "messages",
+        ),
+        (
+            {"model": "chat", "messages": [{"role": "user", "content": "x", "deep": DEEP}]},
+            400,
+            "nested more than",
+            "messages",
+        ),
+        (
+            {
+                "model": "chat",
+                "messages": [
+                    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
+                ],
+            },
+            400,
+            "text part",
+            "messages",
+        ),
+        ({"model": "chat", "messages": CHAT, "seed": -1}, 400, "seed", "seed"),
+        (
+            {"model": "chat", "messages": CHAT, "stream_options": {"include_usage": True}},
+            400,
+            "needs `stream: true`",
+            "stream_options",
+        ),
     ],
 )
 def test_errors_come_in_openais_shape(served, call, status, match, param):
-    response = httpx.post(f"{served.url}/v1/chat/completions", json=call, timeout=60)
+    response = httpx.post(f"{served.url}/v1/chat/completions", content=json.dumps(call),
+                          headers={"Content-Type": "application/json"}, timeout=60)  # fmt: skip
     assert response.status_code == status
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["param"] == param
     assert __import__("re").search(match, error["message"]), error
+    if "\\ud800" in json.dumps(call):
+        return  # the client cannot send a lone surrogate (raw HTTP clients can)
     with pytest.raises(openai.APIStatusError) as raised:
         served.client.chat.completions.create(**call)
     assert raised.value.status_code == status
@@ -199,3 +241,27 @@ def test_stop_strings_match_special_tokens_and_answers_leave_them_out(served):
     assert text(["<|im_end|>"]) == "to be"
     assert text([" or"]) == "to be"  # the special token's text left out
     assert text(["zzz"]) == "to be or not"
+
+
+def test_content_parts_inert_defaults_and_bad_ids(served):
+    parts = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": [
+        {"type": "text", "text": "to be"}, {"type": "text", "text": "or not"}]}]  # fmt: skip
+    joined = [CHAT[0], {"role": "user", "content": "to be\nor not"}]
+    answer = served.client.chat.completions.create(
+        model="chat", messages=parts, max_tokens=5, temperature=0, logprobs=False, tools=[],
+    )  # fmt: skip
+    assert answer.choices[0].message.content == served.lm.generate(joined, max_new_tokens=5)
+    for prompt in ([-1], [2**40], [[3, 4], []]):
+        response = httpx.post(f"{served.url}/v1/completions",
+                              json={"model": "chat", "prompt": prompt}, timeout=60)  # fmt: skip
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == "prompt"
+    response = httpx.post(f"{served.url}/v1/embeddings", json={"model": "encoder", "input": 3})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "input"
+
+
+def test_keras_chat_takes_a_stop_string(served):
+    reply = served.lm.generate(CHAT, max_new_tokens=30)
+    cut = reply[1:3]
+    assert served.lm.generate(CHAT, max_new_tokens=30, stop_strings=cut) == reply[
+        : reply.index(cut)]  # fmt: skip
