@@ -36,6 +36,7 @@ class Flow:
                  timeout: float) -> None:  # fmt: skip
         self.model, self.prompt, self.request, self.timeout = model, prompt, request, timeout
         self.tokens = 0
+        self.ids: list[int] = []  # the ids sent, in order
         self.finish_reason: str | None = None
         self.outcome: dict[str, Any] = {}
 
@@ -51,6 +52,7 @@ class Flow:
         try:
             async for pair in source:
                 self.tokens += 1
+                self.ids.append(pair[0])
                 yield pair
         except TimeoutError:
             raise TimeoutError(f"generation timed out after {self.timeout:g} s") from None

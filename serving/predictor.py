@@ -7,7 +7,7 @@ onnxruntime, NumPy and `tokenizers`.
 import threading
 from collections.abc import AsyncGenerator, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 import onnxruntime as ort
@@ -130,6 +130,8 @@ class Predictor:
         # input name -> what `_checked` checks, worked out once
         self._plans = {name: self._plan(name) for name in self.inputs}
         self.chat_template, self.end_token_ids = self._chat()
+        self.grammar_tokenizer: Any = None  # llguidance's, built on the first JSON request
+        self.grammar_lock = threading.Lock()
 
     def _chat(self) -> tuple["ChatTemplate | None", list[int]]:
         """The artifact's chat template (compiled) and end-of-turn ids, checked against the
@@ -137,8 +139,8 @@ class Predictor:
         chat = self.manifest.chat
         if chat is None:
             return None, []
-        limits = [x for x in (self.token_limit, self.tokenizer and self.tokenizer.vocabulary_size)
-                  if x is not None]  # fmt: skip
+        sizes = (self.token_limit, self.tokenizer.vocabulary_size if self.tokenizer else None)
+        limits = [x for x in sizes if x is not None]
         limit = min(limits) if limits else None
         bad = [i for i in chat.end_token_ids if limit is not None and not 0 <= i < limit]
         if bad:

@@ -12,6 +12,7 @@ artifact's chat template (`keras_attn_serving.chat_template`), and every choice 
 import asyncio
 import base64
 import contextlib
+import functools
 import json
 import time
 import uuid
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from keras_attn_serving.choosers import MAX_TOP_LOGPROBS, Choice, Grammar, json_grammar
 from keras_attn_serving.flow import Flow
 from keras_attn_serving.generation_request import generation_request
 from keras_attn_serving.handling import json_body, log, predict, request_timeout
@@ -38,9 +40,11 @@ COMPLETION_MAX_TOKENS = 16  # OpenAI's default `max_tokens` for /v1/completions
 SAMPLING = {"temperature", "top_p", "top_k", "seed"}
 # Fields read; `user` and zero penalties are accepted and change nothing.
 CHAT_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "stop", "n", "stream",
+               "logprobs", "top_logprobs",
                "stream_options", "user", "frequency_penalty", "presence_penalty",
                "response_format", *SAMPLING}  # fmt: skip
 COMPLETION_FIELDS = {"model", "prompt", "max_tokens", "stop", "n", "stream", "stream_options",
+                     "logprobs",
                      "echo", "user", "frequency_penalty", "presence_penalty",
                      *SAMPLING}  # fmt: skip
 EMBEDDING_FIELDS = {"model", "input", "encoding_format", "user", "dimensions"}
@@ -52,7 +56,7 @@ async def _body(request: Request, fields: set[str]) -> dict[str, Any]:
         raise ServingError(400, f"the body must be a JSON object; received "
                                 f"{type(payload).__name__}")  # fmt: skip
     # Fields clients send as defaults (`"logprobs": false`, `"tools": []`) change nothing.
-    inert = (None, False, [], {}, "none")
+    inert: tuple[Any, ...] = (None, False, [], {}, "none")
     payload = {k: v for k, v in payload.items()
                if k in fields or not any(v is x or v == x for x in inert)}  # fmt: skip
     unknown = sorted(str(k)[:40] for k in set(payload) - fields)
@@ -180,18 +184,18 @@ def _sse(data: Any) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-async def _merged(started: list[Any]) -> AsyncGenerator[tuple[int, str | None], None]:
-    """`(choice, delta)` of every started flow as they come, `(choice, None)` once a flow
-    ends; a flow's failure is raised here, and every pump is cancelled on the way out."""
+async def _merged(started: list[Any]) -> AsyncGenerator[tuple[int, int, str | None], None]:
+    """`(choice, id, delta)` of every started flow as they come, `(choice, -1, None)` once a
+    flow ends; a flow's failure is raised here, and every pump is cancelled on the way out."""
     queue: asyncio.Queue[Any] = asyncio.Queue()
 
     async def pump(index: int, pairs: Any, first: Any) -> None:
         try:
             if first is not None:
-                await queue.put((index, first[1]))
-                async for _, delta in pairs:
-                    await queue.put((index, delta))
-            await queue.put((index, None))
+                await queue.put((index, *first))
+                async for token, delta in pairs:
+                    await queue.put((index, token, delta))
+            await queue.put((index, -1, None))
         except Exception as error:
             await queue.put(error)
 
@@ -203,7 +207,7 @@ async def _merged(started: list[Any]) -> AsyncGenerator[tuple[int, str | None], 
             item = await queue.get()
             if isinstance(item, Exception):
                 raise item
-            ended += item[1] is None
+            ended += item[2] is None
             yield item
     finally:
         for task in tasks:
@@ -241,19 +245,23 @@ def _error_event(message: str, kind: str) -> str:
 
 def _stream_response(kind: str, header: dict[str, Any], flows: list[Flow],
                      started: list[Any], prompt_tokens: int, include_usage: bool,
-                     prefix: list[str] | None = None) -> ClosingStream:  # fmt: skip
+                     prefix: list[str] | None = None,
+                     logprobs_of: Any = None) -> ClosingStream:  # fmt: skip
     """Server-Sent Events in OpenAI's chunk shape, ending with `data: [DONE]`."""
 
-    def chunk(index: int, text: str | None, finish: str | None, first: bool = False) -> str:
+    def chunk(index: int, text: str | None, finish: str | None, first: bool = False,
+              scores: Any = None) -> str:  # fmt: skip
         if kind == "chat":
             delta: dict[str, Any] = {} if text is None else {"content": text}
             if first:
                 delta = {"role": "assistant", "content": ""}
-            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": index, "delta": delta, "logprobs": scores, "finish_reason": finish}
         else:
-            choice = {"index": index, "text": text or "", "logprobs": None,
+            choice = {"index": index, "text": text or "", "logprobs": scores,
                       "finish_reason": finish}  # fmt: skip
         return _sse({**header, "choices": [choice]})
+
+    counts = [0] * len(flows)
 
     async def events() -> AsyncIterator[str]:
         try:
@@ -263,11 +271,15 @@ def _stream_response(kind: str, header: dict[str, Any], flows: list[Flow],
                 elif prefix:
                     yield chunk(i, prefix[i // (len(flows) // len(prefix))], None)
             async with contextlib.aclosing(_merged(started)) as merged:
-                async for index, delta in merged:
+                async for index, _, delta in merged:
+                    flow = flows[index]
                     if delta is None:
-                        yield chunk(index, None, flows[index].finish_reason)
-                    elif delta:
-                        yield chunk(index, delta, None)
+                        yield chunk(index, None, flow.finish_reason)
+                        continue
+                    scores = logprobs_of(kind, flow, counts[index], counts[index] + 1)
+                    counts[index] += 1
+                    if delta or scores is not None:
+                        yield chunk(index, delta, None, scores=scores)
             if include_usage:
                 usage = _usage(prompt_tokens, sum(f.tokens for f in flows))
                 yield _sse({**header, "choices": [], "usage": usage})
@@ -293,8 +305,8 @@ async def chat_completions(request: Request):
         raise ServingError(400, "this model has no chat template: use /v1/completions",
                            param="messages")  # fmt: skip
     response_format = payload.get("response_format") or {"type": "text"}
-    if not isinstance(response_format, dict) or response_format.get("type") != "text":
-        raise ServingError(400, "`response_format` other than text is not supported yet",
+    if not isinstance(response_format, dict):
+        raise ServingError(400, "`response_format` must be an object with a `type`",
                            param="response_format")  # fmt: skip
     if "max_tokens" in payload and "max_completion_tokens" in payload:
         raise ServingError(400, "give `max_completion_tokens` or `max_tokens`, not both",
@@ -309,19 +321,26 @@ async def chat_completions(request: Request):
     if chars > limit:
         raise ServingError(413, f"the messages have {chars} characters; at most {limit} "
                                 "(--max-text-chars)", param="messages")  # fmt: skip
+    top = _chat_logprobs(payload)
+    grammars = None
+    if response_format.get("type") != "text":
+        grammars = await tokenized(request, _grammars, model, response_format, n)
     prompt = await tokenized(request, model.chat_prompt, chat, messages)
     # No `max_tokens`: the reply may fill the model's length, as OpenAI's may fill the context.
     room = (model.predictor.max_sequence_length or len(prompt) + 256) - len(prompt)
-    flows = _run(request, model, prompt, _checked(model, parameters, n, room))
+    checked = _chosen(model, _checked(model, parameters, n, room), top, grammars)
+    flows = _run(request, model, prompt, checked)
+    scores = functools.partial(_chat_scores, model)
     header = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
               "model": payload["model"]}  # fmt: skip
     if stream:
         started = await _started(flows)
         return _stream_response("chat", {**header, "object": "chat.completion.chunk"},
-                                flows, started, len(prompt), include_usage)  # fmt: skip
+                                flows, started, len(prompt), include_usage,
+                                logprobs_of=lambda _, f, a, b: scores(f, a, b))  # fmt: skip
     texts = await _collect(flows)
     choices = [{"index": i, "message": {"role": "assistant", "content": text},
-                "logprobs": None, "finish_reason": flow.finish_reason}
+                "logprobs": scores(flow, 0, flow.tokens), "finish_reason": flow.finish_reason}
                for i, (flow, text) in enumerate(zip(flows, texts, strict=True))]  # fmt: skip
     return {**header, "object": "chat.completion", "choices": choices,
             "usage": _usage(len(prompt), sum(f.tokens for f in flows))}  # fmt: skip
@@ -378,7 +397,8 @@ async def completions(request: Request):
     if not isinstance(echo, bool):
         raise ServingError(400, "`echo` must be true or false", param="echo")
     parameters = _parameters(payload, "max_tokens")
-    checked = _checked(model, parameters, n, COMPLETION_MAX_TOKENS)  # before tokenizing
+    top = _completion_logprobs(payload)
+    _checked(model, parameters, n, COMPLETION_MAX_TOKENS)  # checked before tokenizing
     limit = request.app.state.settings.max_text_chars
     ids = []
     for one in prompts:
@@ -390,7 +410,11 @@ async def completions(request: Request):
             ids.append(await tokenized(request, model.prompt, one))
         else:
             ids.append(model.id_prompt(one))
-    flows = [f for prompt in ids for f in _run(request, model, prompt, checked)]
+    flows = []
+    for prompt in ids:  # each choice its own parameters (a sampler, its scores)
+        checked = _checked(model, parameters, n, COMPLETION_MAX_TOKENS)
+        flows += _run(request, model, prompt, _chosen(model, checked, top, None))
+    scores = functools.partial(_completion_scores, model)
     header = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()),
               "model": payload["model"]}  # fmt: skip
     echoed = [p if isinstance(p, str) else model.words.decode(p) for p in prompts] if echo else []
@@ -398,10 +422,11 @@ async def completions(request: Request):
     if stream:
         started = await _started(flows)
         return _stream_response("text", {**header, "object": "text_completion"}, flows,
-                                started, prompt_tokens, include_usage, echoed)  # fmt: skip
+                                started, prompt_tokens, include_usage, echoed,
+                                logprobs_of=lambda _, f, a, b: scores(f, a, b))  # fmt: skip
     texts = await _collect(flows)
-    choices = [{"index": i, "text": (echoed[i // n] if echo else "") + text, "logprobs": None,
-                "finish_reason": flow.finish_reason}
+    choices = [{"index": i, "text": (echoed[i // n] if echo else "") + text,
+                "logprobs": scores(flow, 0, flow.tokens), "finish_reason": flow.finish_reason}
                for i, (flow, text) in enumerate(zip(flows, texts, strict=True))]  # fmt: skip
     return {**header, "object": "text_completion", "choices": choices,
             "usage": _usage(prompt_tokens, sum(f.tokens for f in flows))}  # fmt: skip
@@ -435,7 +460,8 @@ async def embeddings(request: Request):
             _unicode(text, "input")
         feeds, packed = await tokenized(request, model.encode, texts)
     else:  # ids as a tokenizer gave them: packed (start and end ids) as a text's are
-        feeds, packed = model.pack([model.packed_ids(e, "input") for e in entries])
+        rows = [model.packed_ids(e, "input") for e in entries if not isinstance(e, str)]
+        feeds, packed = model.pack(rows)
     assert model.batcher is not None  # `_model` built it with the server's batcher
     _, outputs = await predict(request, (chosen, model.predictor, model.batcher), feeds)
     pooling, normalize = model.embedding["pooling"], model.embedding["normalize"]
@@ -451,3 +477,106 @@ async def embeddings(request: Request):
               "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}  # fmt: skip
     return await json_answer(request, answer, outputs) if encoding == "float" else Response(
         json.dumps(answer), media_type="application/json")  # fmt: skip
+
+
+def _chat_logprobs(payload: dict[str, Any]) -> int | None:
+    """How many alternatives chat's `logprobs` / `top_logprobs` ask for; None: no scores."""
+    wanted, top = payload.get("logprobs") or False, payload.get("top_logprobs")
+    if not isinstance(wanted, bool):
+        raise ServingError(400, "`logprobs` must be true or false", param="logprobs")
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int)
+                            or not 0 <= top <= MAX_TOP_LOGPROBS):  # fmt: skip
+        raise ServingError(400, f"`top_logprobs` must be an integer in [0, {MAX_TOP_LOGPROBS}]"
+                                f"; received {shown(top)}"[:200], param="top_logprobs")  # fmt: skip
+    if top is not None and not wanted:
+        raise ServingError(400, "`top_logprobs` needs `logprobs: true`", param="top_logprobs")
+    return (top or 0) if wanted else None
+
+
+def _completion_logprobs(payload: dict[str, Any]) -> int | None:
+    """Completions' `logprobs`: how many alternatives (0 to 5); None: no scores."""
+    top = payload.get("logprobs")
+    if top is None or top is False:
+        return None
+    if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 5:
+        raise ServingError(400, f"`logprobs` must be an integer in [0, 5]; received "
+                                f"{shown(top)}"[:200], param="logprobs")  # fmt: skip
+    return top
+
+
+def _chosen(model: TextModel, checked: list["GenerationRequest"], top: int | None,
+            grammars: list[Grammar] | None) -> list["GenerationRequest"]:  # fmt: skip
+    """The requests, their samplers wrapped in a `Choice` where scores or a grammar are
+    asked for (a grammar's end is the model's first end-of-turn id, a stop id)."""
+    if top is None and grammars is None:
+        return checked
+    end = model.predictor.end_token_ids[0] if model.predictor.end_token_ids else None
+    for i, one in enumerate(checked):
+        grammar = grammars[i] if grammars else None
+        one.sampler = Choice(one.sampler, top, grammar, end)  # type: ignore[assignment]
+        if grammar is not None and end not in one.stop_ids:
+            one.stop_ids = [*one.stop_ids, end]  # type: ignore[list-item]
+    return checked
+
+
+def _grammars(model: TextModel, response_format: dict[str, Any], n: int) -> list[Grammar]:
+    """`n` matchers of a JSON `response_format` (one per choice: each keeps its own state);
+    run off the event loop: compiling a schema, and at first the vocabulary, takes time."""
+    if not model.predictor.end_token_ids:
+        raise ServingError(400, "JSON output needs a model with an end-of-turn id (its "
+                                "generation_config.json's eos_token_id)",
+                           param="response_format")  # fmt: skip
+    try:
+        grammar = json_grammar(response_format)
+        tokenizer = model.grammar_tokenizer()
+        return [Grammar(tokenizer, grammar) for _ in range(n)]
+    except ValueError as error:
+        raise ServingError(400, str(error), param="response_format") from None
+
+
+def _token_text(model: TextModel, token: int) -> str:
+    if not 0 <= token < model.words.vocabulary_size:
+        return ""
+    return model.words.decode([token], skip_special=False)
+
+
+def _entry(model: TextModel, token: int, logprob: float) -> dict[str, Any]:
+    text = _token_text(model, token)
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+
+def _scores(flow: Flow, start: int, end: int) -> list[tuple[int, float, Any]] | None:
+    choice = flow.request.sampler
+    if not isinstance(choice, Choice) or choice.top_logprobs is None:
+        return None
+    end = min(end, len(flow.ids), len(choice.scores))
+    return [(flow.ids[i], *choice.scores[i]) for i in range(start, end)]
+
+
+def _chat_scores(model: TextModel, flow: Flow, start: int, end: int) -> dict[str, Any] | None:
+    """Chat's `logprobs` of the ids `start:end` a flow sent: `{"content": [...]}`."""
+    scores = _scores(flow, start, end)
+    if scores is None:
+        return None
+    return {"content": [
+        {**_entry(model, token, logprob),
+         "top_logprobs": [_entry(model, i, lp) for i, lp in top]}
+        for token, logprob, top in scores
+    ]}  # fmt: skip
+
+
+def _completion_scores(model: TextModel, flow: Flow, start: int, end: int
+                       ) -> dict[str, Any] | None:  # fmt: skip
+    """Completions' `logprobs` of the ids `start:end`: tokens, their log-probabilities, the
+    alternatives and each token's character offset in the generated text."""
+    scores = _scores(flow, start, end)
+    if scores is None:
+        return None
+    texts = [_token_text(model, token) for token, _, _ in scores]
+    offsets = [sum(len(_token_text(model, t)) for t in flow.ids[:start])]
+    for text in texts[:-1]:
+        offsets.append(offsets[-1] + len(text))
+    return {"tokens": texts, "token_logprobs": [lp for _, lp, _ in scores],
+            "top_logprobs": [{_token_text(model, i): lp for i, lp in top}
+                             for _, _, top in scores],
+            "text_offset": offsets[: len(texts)]}  # fmt: skip

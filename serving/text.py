@@ -9,7 +9,7 @@ except `TextModel.stream`, which drives the decode graph step by step.
 """
 
 import re
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -311,6 +311,29 @@ class TextModel:
         self.check_ids(list(ids), field)
         return list(ids)
 
+    def grammar_tokenizer(self) -> Any:
+        """The llguidance tokenizer of this model's `tokenizer.json`, built once (under a
+        lock: two first requests build it once) for constrained decoding; a `ValueError` for
+        a tokenizer llguidance cannot read (our WordPiece settings file)."""
+        from keras_attn_serving.choosers import llguidance_tokenizer
+
+        predictor = self.predictor
+        with predictor.grammar_lock:
+            if predictor.grammar_tokenizer is None:
+                native = getattr(self.words, "_tokenizer", None)
+                if native is None:
+                    raise ValueError("JSON output needs a model served with a Hugging Face "
+                                     "tokenizer.json")  # fmt: skip
+                width = max(predictor.token_limit or 0, self.words.vocabulary_size)
+                try:
+                    predictor.grammar_tokenizer = llguidance_tokenizer(
+                        native.to_str(), width, predictor.end_token_ids
+                    )
+                except Exception as error:  # llguidance's own message: the decoder it lacks
+                    raise ValueError(f"JSON output is not available for this tokenizer: "
+                                     f"{str(error)[:200]}") from None  # fmt: skip
+            return predictor.grammar_tokenizer
+
     def packed_ids(self, ids: list[int], field: str) -> list[int]:
         """A client's token ids for an encoder, packed as a text's ids are (the packer's
         start and end ids around them); more than the model takes is a 400."""
@@ -403,7 +426,7 @@ class _Deltas:
             getattr(words, "special_ids", frozenset()) if stops else frozenset())  # fmt: skip
         keep = not self.specials
 
-        def decode(ids: list[int]) -> str:  # ids past the tokenizer (a model's padded
+        def decode(ids: Sequence[int]) -> str:  # ids past the tokenizer (a model's padded
             # vocabulary: Qwen2 has 151,936 rows for 151,665 tokens) have no text
             return words.decode([i for i in ids if 0 <= i < size], skip_special=keep)
 

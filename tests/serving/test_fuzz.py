@@ -434,7 +434,9 @@ OPENAI_BODY = st.one_of(
         "temperature": st.one_of(st.floats(allow_nan=True), JSON), "top_p": JSON, "seed": JSON,
         "stop": st.one_of(ODD_TEXT, st.lists(ODD_TEXT, max_size=3), JSON),
         "stream": st.one_of(st.booleans(), JSON), "echo": JSON, "stream_options": JSON,
-        "encoding_format": JSON, "response_format": JSON}),
+        "encoding_format": JSON, "response_format": JSON,
+        "logprobs": st.one_of(st.integers(-1, 7), st.booleans(), JSON),
+        "top_logprobs": st.one_of(st.integers(-1, 22), JSON)}),
     JSON,
 )  # fmt: skip
 

@@ -174,8 +174,12 @@ def test_embeddings_equal_keras_in_floats_and_base64(served, toy_tokenizer):
         ({"model": "chat", "messages": CHAT, "temperature": -1}, 400, "temperature", None),
         ({"model": "chat", "messages": CHAT, "n": 9}, 400, "`n` must be", "n"),
         ({"model": "chat", "messages": [{"content": "x"}]}, 400, "role", "messages"),
-        ({"model": "chat", "messages": CHAT, "logit_bias": {"5": 9}}, 400, "unsupported",
-         "logit_bias"),
+        (
+            {"model": "chat", "messages": CHAT, "logit_bias": {"5": 9}},
+            400,
+            "unsupported",
+            "logit_bias",
+        ),
         ({"model": "lm", "messages": CHAT}, 400, "no chat template", "messages"),
         ({"model": "encoder", "messages": CHAT}, 400, "task is 'embed'", None),
         ({"model": "chat", "messages": CHAT, "max_tokens": 10**6}, 400, "maximum sequence", None),
@@ -265,3 +269,78 @@ def test_keras_chat_takes_a_stop_string(served):
     cut = reply[1:3]
     assert served.lm.generate(CHAT, max_new_tokens=30, stop_strings=cut) == reply[
         : reply.index(cut)]  # fmt: skip
+
+
+def _keras_log_softmax(lm, ids):
+    logits = keras.ops.convert_to_numpy(lm(np.array([ids], "int32")))[0].astype(np.float64)
+    shifted = logits - logits.max(-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+
+
+def test_logprobs_are_keras_log_softmax_streamed_or_not(served):
+    answer = served.client.chat.completions.create(
+        model="chat", messages=CHAT, max_tokens=5, temperature=0, logprobs=True, top_logprobs=3
+    )
+    content = answer.choices[0].logprobs.content
+    new = served.free[: min(5, served.k)]  # the turn ends at its end id
+    assert len(content) == len(new)
+    scores = _keras_log_softmax(served.lm, served.prompt_ids + new)
+    for i, (entry, token) in enumerate(zip(content, new, strict=True)):
+        row = scores[len(served.prompt_ids) - 1 + i]
+        assert entry.logprob == pytest.approx(row[token], abs=1e-4)
+        expected_top = np.argsort(-row)[:3]
+        assert [t.logprob for t in entry.top_logprobs] == pytest.approx(row[expected_top],
+                                                                        abs=1e-4)  # fmt: skip
+        assert entry.top_logprobs[0].token == entry.token  # greedy: the top one
+    chunks = served.client.chat.completions.create(
+        model="chat", messages=CHAT, max_tokens=5, temperature=0, logprobs=True,
+        top_logprobs=3, stream=True,
+    )  # fmt: skip
+    streamed = [e for c in chunks if c.choices and c.choices[0].logprobs
+                for e in c.choices[0].logprobs.content]  # fmt: skip
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
+    text = served.client.completions.create(model="chat", prompt=[served.prompt_ids],
+                                            max_tokens=5, temperature=0, logprobs=2)  # fmt: skip
+    logprobs = text.choices[0].logprobs
+    assert logprobs.token_logprobs == pytest.approx([e.logprob for e in content], abs=1e-6)
+    assert all(len(top) <= 2 for top in logprobs.top_logprobs)
+    assert logprobs.text_offset[0] == 0
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 8},
+                   "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                   "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2}},
+    "required": ["name", "age"], "additionalProperties": False,
+}  # fmt: skip
+
+
+def test_json_schema_output_always_parses_and_validates(served):
+    jsonschema = pytest.importorskip("jsonschema")
+    format_ = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}
+    valid = 0
+    for seed in range(20):  # sampled: a random model, held to the schema by the grammar
+        answer = served.client.chat.completions.create(
+            model="chat", messages=CHAT, max_tokens=80, temperature=1.0, seed=seed,
+            response_format=format_,
+        )  # fmt: skip
+        choice = answer.choices[0]
+        assert choice.finish_reason == "stop", choice
+        jsonschema.validate(json.loads(choice.message.content), SCHEMA)
+        valid += 1
+    assert valid == 20
+    anything = served.client.chat.completions.create(
+        model="chat", messages=CHAT, max_tokens=60, temperature=0.7, seed=1, n=2,
+        response_format={"type": "json_object"},
+    )  # fmt: skip
+    for choice in anything.choices:
+        if choice.finish_reason == "stop":
+            assert isinstance(json.loads(choice.message.content), dict)
+    for bad, match in [({"type": "json_schema", "json_schema": {"schema": {"type": "objekt"}}},
+                        "objekt"), ({"type": "xml"}, "'xml'")]:  # fmt: skip
+        response = httpx.post(f"{served.url}/v1/chat/completions", json={
+            "model": "chat", "messages": CHAT, "response_format": bad}, timeout=60)  # fmt: skip
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == "response_format" and match in error["message"]
