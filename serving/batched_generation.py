@@ -47,6 +47,7 @@ from keras_attn_serving.decode_requests import (
     _Sink,
 )
 from keras_attn_serving.generation import bind_cache
+from keras_attn_serving.prefix_cache import BLOCK, PrefixCache
 
 if TYPE_CHECKING:
     import onnxruntime as ort
@@ -87,20 +88,25 @@ class DecodeBatcher:
         spec: the manifest's `decoding.gqa` entry (`layers`, `kv_heads`, `key_dim`,
             `max_length`).
         pad_id: the id never generated (manifest `decoding.pad_id`); None: no id is banned.
-        max_rows: requests decoded together at most; more wait for a row.
+        max_decode_rows: requests decoded together at most; more wait for a row.
+        prefix_cache_bytes: the most bytes of prompt keys and values kept for prompts that
+            begin the same way (`prefix_cache.PrefixCache`); 0 keeps none.
     """
 
     def __init__(self, session: "ort.InferenceSession", spec: dict[str, Any],
-                 pad_id: int | None, max_rows: int = 32) -> None:  # fmt: skip
-        if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
-            raise ValueError(f"`max_rows` must be a positive integer. Received: {max_rows!r}")
+                 pad_id: int | None, max_decode_rows: int = 32,
+                 prefix_cache_bytes: int = 0) -> None:  # fmt: skip
+        rows = max_decode_rows
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+            raise ValueError(f"`max_decode_rows` must be a positive integer. Received: {rows!r}")
         self.session, self.spec, self.pad_id = session, spec, pad_id
         self.max_length = int(spec["max_length"])
         width = session.get_outputs()[0].shape[-1]  # the logits' width: ids the model embeds
         self.vocabulary_size = width if isinstance(width, int) else None
-        self.cache = _Cache(session, spec, max_rows)
-        self.prefill = _Cache(session, spec, min(max_rows, PREFILL_ROWS))
-        self.max_rows = max_rows
+        self.cache = _Cache(session, spec, max_decode_rows)
+        self.prefill = _Cache(session, spec, min(max_decode_rows, PREFILL_ROWS))
+        self.max_decode_rows = max_decode_rows
+        self.prefix = PrefixCache(prefix_cache_bytes)
         self.active: list[_Request] = []
         self.waiting: deque[_Request] = deque()
         self.lock = threading.Condition()
@@ -114,11 +120,11 @@ class DecodeBatcher:
 
     def stream(self, prompt: Sequence[int], max_new_tokens: int,
                stop_token_ids: Iterable[int] = (), sampler: Chooser | None = None,
-               ) -> Iterator[int]:  # fmt: skip
+               outcome: dict[str, Any] | None = None) -> Iterator[int]:  # fmt: skip
         """The new ids of `prompt`, each as soon as its step has run; a stop token ends the
         stream and is not returned. Closing the generator early frees its row."""
         out: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        request = self._submit(prompt, max_new_tokens, stop_token_ids, sampler, out)
+        request = self._submit(prompt, max_new_tokens, stop_token_ids, sampler, out, outcome)
         if request is None:
             return
         try:
@@ -129,7 +135,8 @@ class DecodeBatcher:
 
     async def astream(self, prompt: Sequence[int], max_new_tokens: int,
                       stop_token_ids: Iterable[int] = (), sampler: Chooser | None = None,
-                      deadline: float | None = None) -> AsyncGenerator[int, None]:  # fmt: skip
+                      deadline: float | None = None, outcome: dict[str, Any] | None = None,
+                      ) -> AsyncGenerator[int, None]:  # fmt: skip
         """`stream` for a caller on an asyncio event loop: awaiting an id blocks no thread.
         Closing the generator early (or cancelling the task awaiting it) frees its row.
         Past `deadline` (a `time.perf_counter()` time) the stream raises `TimeoutError` and
@@ -139,7 +146,7 @@ class DecodeBatcher:
             raise late
         loop = asyncio.get_running_loop()
         sink = _LoopSink(loop, self.pending)
-        request = self._submit(prompt, max_new_tokens, stop_token_ids, sampler, sink)
+        request = self._submit(prompt, max_new_tokens, stop_token_ids, sampler, sink, outcome)
         if request is None:
             return
         timer = None
@@ -159,7 +166,8 @@ class DecodeBatcher:
                 timer.cancel()
 
     def _submit(self, prompt: Sequence[int], max_new_tokens: int, stop_token_ids: Iterable[int],
-                sampler: Chooser | None, out: _Sink) -> "_Request | None":  # fmt: skip
+                sampler: Chooser | None, out: _Sink, outcome: dict[str, Any] | None = None,
+                ) -> "_Request | None":  # fmt: skip
         """The request, checked and queued for the loop; None when it asks for no ids."""
         prompt = [int(t) for t in prompt]
         if not prompt:
@@ -178,6 +186,7 @@ class DecodeBatcher:
             return None
         stop_ids = frozenset(map(int, stop_token_ids))
         request = _Request(prompt, max_new_tokens, stop_ids, sampler, out)
+        request.outcome = outcome
         with self.lock:
             if self.closed:
                 raise RuntimeError("the decode batcher is closed")
@@ -202,7 +211,7 @@ class DecodeBatcher:
                 if self.closed:
                     break
                 newcomers: list[_Request] = []
-                while self.waiting and len(self.active) + len(newcomers) < self.max_rows:
+                while self.waiting and len(self.active) + len(newcomers) < self.max_decode_rows:
                     newcomers.append(self.waiting.popleft())
             # By length: each prefill run pads its prompts to the longest of them.
             live = sorted((r for r in newcomers if not r.cancelled), key=lambda r: len(r.prompt))
@@ -211,8 +220,9 @@ class DecodeBatcher:
                     if request.cancelled:
                         request.done = True
                         request.out.put(_END)
-                for start in range(0, len(live), PREFILL_ROWS):
-                    self._admit_each(live[start : start + PREFILL_ROWS])
+                misses = [r for r in live if not self._admit_cached(r)]
+                for start in range(0, len(misses), PREFILL_ROWS):
+                    self._admit_each(misses[start : start + PREFILL_ROWS])
                 _flush(self.pending)  # first ids of prompts prefilled whole, before the step
                 self._drop_cancelled()
                 if self.active:
@@ -293,10 +303,50 @@ class DecodeBatcher:
             request.next_token = request.prompt[-1]
             row = len(self.active)
             self.cache.copy_row(self.prefill, k, row, request.position)
+            self.prefix.store(request.prompt, request.position, self.prefill.buffers, k)
             self.active.append(request)
             if whole:
                 assert logits is not None and greedy is not None
                 self._choose(row, request, logits[k], greedy[k])
+
+    def _admit_cached(self, request: _Request) -> bool:
+        """Admits `request` from the prefix cache when its prompt begins with held blocks:
+        their keys and values are copied, and only the rest of the prompt is run (alone: a
+        run that continues a cached prefix takes one row), or, when one id is left, it goes
+        through the next shared step. False (nothing done) on a miss; a failure is the
+        request's alone."""
+        if not self.prefix.enabled:
+            return False
+        prompt = request.prompt
+        found, blocks = self.prefix.lookup(prompt, len(prompt) - 1)
+        if request.outcome is not None:
+            request.outcome["cached_tokens"] = found
+        if not found:
+            return False
+        try:
+            for n, buffer in enumerate(self.prefill.buffers):
+                for j, arrays in enumerate(blocks):
+                    buffer[0, :, j * BLOCK : (j + 1) * BLOCK] = arrays[n]
+            suffix = prompt[found:]
+            row = len(self.active)
+            request.next_token = prompt[-1]
+            if len(suffix) == 1:
+                request.position = found
+                self.cache.copy_row(self.prefill, 0, row, found)
+                self.active.append(request)
+                return True
+            logits = self._run(self.prefill, 1, np.array([suffix], np.int32),
+                               np.array([found], np.int32))  # fmt: skip
+            request.position = len(prompt)
+            self.cache.copy_row(self.prefill, 0, row, len(prompt))
+            self.prefix.store(prompt, len(prompt), self.prefill.buffers, 0)
+            self.active.append(request)
+            self._choose(row, request, logits[0], self._greedy(logits[:1])[0])
+        except Exception as error:
+            _fail(request, error)  # first: the error reaches it before its end
+            if request in self.active:
+                self._finish(self.active.index(request))
+        return True
 
     def _step(self) -> None:
         count = len(self.active)

@@ -71,3 +71,4 @@ class _Request:
         self.produced = 0
         self.cancelled = False
         self.done = False  # its end (_END) was sent
+        self.outcome: dict[str, Any] | None = None  # what the loop reports (cached tokens)

@@ -39,6 +39,13 @@ class Metrics:
                                registry=self.registry)  # fmt: skip
         self.batch_cap = Gauge("keras_attn_batch_cap", "rows merged at most, tuned under load",
                                ("model",), registry=self.registry)  # fmt: skip
+        self.prefix_cache_bytes = Gauge("keras_attn_prefix_cache_bytes",
+                                        "prompt keys/values held for shared prefixes",
+                                        ("model",), registry=self.registry)  # fmt: skip
+        self.prefix_cache_hit_tokens = Gauge("keras_attn_prefix_cache_hit_tokens",
+                                             "prompt positions served from the prefix cache "
+                                             "since the model loaded", ("model",),
+                                             registry=self.registry)  # fmt: skip
 
     def observe(self, route: str, status: int, seconds: float) -> None:
         self.requests.labels(route, str(status)).inc()

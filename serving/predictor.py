@@ -41,11 +41,13 @@ class Predictor:
         folder: the artifact folder `keras_attn_export.export_model` wrote.
         verify: check every file's sha256 against the manifest first. Defaults to `True`.
         num_threads: onnxruntime intra-op threads; defaults to onnxruntime's choice.
-        decode_rows: `stream_ids` requests that share each decode step (iteration-level
+        max_decode_rows: `stream_ids` requests that share each decode step (iteration-level
             batching over `decode_gqa.onnx`); 0 (the default) decodes each alone.
-        decode_threads: onnxruntime intra-op threads of `decode_gqa.onnx` when `decode_rows`
+        decode_threads: onnxruntime intra-op threads of `decode_gqa.onnx` when `max_decode_rows`
             shares its steps: one thread runs them all, so by default it gets onnxruntime's
             choice (every core), not `num_threads`.
+        prefix_cache_bytes: prompt keys and values the shared decode loop keeps for prompts
+            that begin alike (`prefix_cache.PrefixCache`); 0 (the default) keeps none.
     Example:
         >>> # Skipped in the doctest run: it needs an exported folder (make demo writes one).
         >>> p = Predictor("artifacts/shakespeare_lm")  # doctest: +SKIP
@@ -57,15 +59,18 @@ class Predictor:
         folder: str | Path,
         verify: bool = True,
         num_threads: int | None = None,
-        decode_rows: int = 0,
+        max_decode_rows: int = 0,
         decode_threads: int | None = None,
+        prefix_cache_bytes: int = 0,
     ) -> None:
-        if isinstance(decode_rows, bool) or not isinstance(decode_rows, int) or decode_rows < 0:
+        rows = max_decode_rows
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
             raise ValueError(
-                f"`decode_rows` must be a non-negative integer. Received: {decode_rows!r}"
+                f"`max_decode_rows` must be a non-negative integer. Received: {max_decode_rows!r}"
             )
         self.folder = Path(folder)
-        self.decode_rows = decode_rows
+        self.max_decode_rows = max_decode_rows
+        self.prefix_cache_bytes = prefix_cache_bytes
         self._decode_batcher: DecodeBatcher | None = None
         self._closed = False
         self._batcher_lock = threading.Lock()
@@ -112,7 +117,7 @@ class Predictor:
         self.gqa_session: ort.InferenceSession | None = None
         if self.gqa.get("file"):
             shared = options
-            if decode_rows:  # one decode thread runs every step: it gets the cores
+            if max_decode_rows:  # one decode thread runs every step: it gets the cores
                 shared = ort.SessionOptions()
                 if decode_threads:
                     shared.intra_op_num_threads = decode_threads
@@ -296,7 +301,7 @@ class Predictor:
         sampler: "Sampler | None" = None,
     ) -> Iterator[int]:
         """The new ids of one prompt, each as soon as it is chosen (what `/generate_stream`
-        sends). With `decode_rows` and a `decode_gqa.onnx` that takes one position per row,
+        sends). With `max_decode_rows` and a `decode_gqa.onnx` that takes one position per row,
         concurrent calls share decode steps (`keras_attn_serving.batched_generation`); the
         ids are those of decoding the prompt alone either way."""
         batcher = self._batcher()
@@ -312,6 +317,7 @@ class Predictor:
         stop_token_ids: Iterable[int] = (),
         sampler: "Sampler | None" = None,
         deadline: float | None = None,
+        outcome: dict[str, Any] | None = None,
     ) -> AsyncGenerator[int, None] | None:
         """`stream_ids` for a caller on an asyncio event loop, where concurrent calls share
         decode steps (no thread waits for the ids); None where each prompt decodes alone
@@ -320,12 +326,17 @@ class Predictor:
         batcher = self._batcher()
         if batcher is None:
             return None
-        return batcher.astream(prompt, max_new_tokens, stop_token_ids, sampler, deadline)
+        return batcher.astream(prompt, max_new_tokens, stop_token_ids, sampler, deadline, outcome)
+
+    @property
+    def decode_batcher(self) -> "DecodeBatcher | None":
+        """The shared decode loop, if one has started (for metrics)."""
+        return self._decode_batcher
 
     def _batcher(self) -> "DecodeBatcher | None":
         """The shared decode loop, started on first use; None when it cannot run (or this
         predictor was closed: a request that loaded it before a reload decodes alone)."""
-        if not self.decode_rows or self.gqa_session is None or self._closed:
+        if not self.max_decode_rows or self.gqa_session is None or self._closed:
             return None
         if not _per_row_index(self.gqa_session):  # exported before one position per row
             return None
@@ -334,7 +345,11 @@ class Predictor:
                 return None
             if self._decode_batcher is None:
                 self._decode_batcher = DecodeBatcher(
-                    self.gqa_session, self.gqa, self.pad_id, self.decode_rows
+                    self.gqa_session,
+                    self.gqa,
+                    self.pad_id,
+                    self.max_decode_rows,
+                    self.prefix_cache_bytes,
                 )
             return self._decode_batcher
 

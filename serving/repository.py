@@ -58,10 +58,11 @@ class ModelRepository:
         max_delay_ms: float = 0.0,
         workers: int = 2,
         on_batch: Callable[[str], Callable[[int, int, int, int, int], None]] | None = None,
-        decode_rows: int = 32,
+        max_decode_rows: int = 32,
         decode_threads: int | None = None,
         batch_schedule: str = "length",
         batch_min_fill: float = 0.9,
+        prefix_cache_bytes: int = 256 << 20,
     ) -> None:
         self.root = Path(root).resolve()
         problem = repository_problem(self.root)
@@ -77,9 +78,10 @@ class ModelRepository:
                          "min_fill": batch_min_fill}  # fmt: skip
         # `model name -> callback(rows, queue depth, cap, positions, padding)`
         self.on_batch = on_batch
-        self.decode_rows = decode_rows  # generation requests sharing a decode step
+        self.max_decode_rows = max_decode_rows  # generation requests sharing a decode step
         # The decode loop is one thread: its session gets every core unless this says.
         self.decode_threads = decode_threads
+        self.prefix_cache_bytes = prefix_cache_bytes  # each model's shared-prefix cache
         self._loaded: dict[tuple[str, int], _Entry] = {}
         self._failed: dict[tuple[str, int], _Failure] = {}
         self._loading: dict[tuple[str, int], threading.Lock] = {}
@@ -176,8 +178,8 @@ class ModelRepository:
             failure, predictor = None, None
             try:
                 config = self._config(name)  # a bad config.json costs no session
-                predictor = Predictor(folder, self.verify, self.num_threads, self.decode_rows,
-                                      self.decode_threads)  # fmt: skip
+                predictor = Predictor(folder, self.verify, self.num_threads, self.max_decode_rows,
+                                      self.decode_threads, self.prefix_cache_bytes)  # fmt: skip
                 batcher = self._make_batcher(name, predictor, config)
             except Exception as error:
                 failure = self._failed_load(name, chosen, folder, signature, error)

@@ -234,9 +234,15 @@ async def _started(flows: list[Flow]) -> list[tuple[Any, Any]]:
     return started
 
 
-def _usage(prompt_tokens: int, completion: int) -> dict[str, int]:
+def _usage(prompt_tokens: int, completion: int, cached: int = 0) -> dict[str, Any]:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-            "total_tokens": prompt_tokens + completion}  # fmt: skip
+            "total_tokens": prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}  # fmt: skip
+
+
+def _cached(flows: list[Flow], n: int) -> int:
+    """Prompt positions the prefix cache served: each prompt's first choice's."""
+    return sum(int(f.outcome.get("cached_tokens", 0)) for f in flows[::n])
 
 
 def _error_event(message: str, kind: str) -> str:
@@ -246,7 +252,8 @@ def _error_event(message: str, kind: str) -> str:
 def _stream_response(kind: str, header: dict[str, Any], flows: list[Flow],
                      started: list[Any], prompt_tokens: int, include_usage: bool,
                      prefix: list[str] | None = None,
-                     logprobs_of: Any = None) -> ClosingStream:  # fmt: skip
+                     logprobs_of: Any = None, choices_per_prompt: int = 1,
+                     ) -> ClosingStream:  # fmt: skip
     """Server-Sent Events in OpenAI's chunk shape, ending with `data: [DONE]`."""
 
     def chunk(index: int, text: str | None, finish: str | None, first: bool = False,
@@ -281,7 +288,9 @@ def _stream_response(kind: str, header: dict[str, Any], flows: list[Flow],
                     if delta or scores is not None:
                         yield chunk(index, delta, None, scores=scores)
             if include_usage:
-                usage = _usage(prompt_tokens, sum(f.tokens for f in flows))
+                usage = _usage(
+                    prompt_tokens, sum(f.tokens for f in flows), _cached(flows, choices_per_prompt)
+                )
                 yield _sse({**header, "choices": [], "usage": usage})
         except TimeoutError as error:  # begun: the last event says why it ends
             yield _error_event(str(error), "timeout")
@@ -337,13 +346,18 @@ async def chat_completions(request: Request):
         started = await _started(flows)
         return _stream_response("chat", {**header, "object": "chat.completion.chunk"},
                                 flows, started, len(prompt), include_usage,
-                                logprobs_of=lambda _, f, a, b: scores(f, a, b))  # fmt: skip
+                                logprobs_of=lambda _, f, a, b: scores(f, a, b),
+                                choices_per_prompt=n)  # fmt: skip
     texts = await _collect(flows)
     choices = [{"index": i, "message": {"role": "assistant", "content": text},
                 "logprobs": scores(flow, 0, flow.tokens), "finish_reason": flow.finish_reason}
                for i, (flow, text) in enumerate(zip(flows, texts, strict=True))]  # fmt: skip
-    return {**header, "object": "chat.completion", "choices": choices,
-            "usage": _usage(len(prompt), sum(f.tokens for f in flows))}  # fmt: skip
+    return {
+        **header,
+        "object": "chat.completion",
+        "choices": choices,
+        "usage": _usage(len(prompt), sum(f.tokens for f in flows), _cached(flows, n)),
+    }
 
 
 def _characters(value: Any, depth: int = 0) -> int:
@@ -423,13 +437,18 @@ async def completions(request: Request):
         started = await _started(flows)
         return _stream_response("text", {**header, "object": "text_completion"}, flows,
                                 started, prompt_tokens, include_usage, echoed,
-                                logprobs_of=lambda _, f, a, b: scores(f, a, b))  # fmt: skip
+                                logprobs_of=lambda _, f, a, b: scores(f, a, b),
+                                choices_per_prompt=n)  # fmt: skip
     texts = await _collect(flows)
     choices = [{"index": i, "text": (echoed[i // n] if echo else "") + text,
                 "logprobs": scores(flow, 0, flow.tokens), "finish_reason": flow.finish_reason}
                for i, (flow, text) in enumerate(zip(flows, texts, strict=True))]  # fmt: skip
-    return {**header, "object": "text_completion", "choices": choices,
-            "usage": _usage(prompt_tokens, sum(f.tokens for f in flows))}  # fmt: skip
+    return {
+        **header,
+        "object": "text_completion",
+        "choices": choices,
+        "usage": _usage(prompt_tokens, sum(f.tokens for f in flows), _cached(flows, n)),
+    }
 
 
 @router.post("/v1/embeddings")

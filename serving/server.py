@@ -62,7 +62,8 @@ def create_app(
         repository = ModelRepository(
             repository, settings.verify_sha256, settings.session_threads,
             settings.max_batch_size, settings.max_delay_ms, settings.batch_workers,
-            decode_rows=settings.max_decode_rows, decode_threads=settings.decode_threads,
+            max_decode_rows=settings.max_decode_rows, decode_threads=settings.decode_threads,
+            prefix_cache_bytes=settings.prefix_cache_bytes,
             batch_schedule=settings.batch_schedule, batch_min_fill=settings.batch_min_fill,
         )  # fmt: skip
     if repository.on_batch is None:
@@ -100,8 +101,12 @@ def create_app(
 
     @app.get("/metrics")
     def prometheus_metrics():
-        for name, _, _, batcher in repository.loaded():
+        for name, _, predictor, batcher in repository.loaded():
             metrics.queue_depth.labels(name).set(batcher.queue_depth)
+            decoder = predictor.decode_batcher
+            if decoder is not None:
+                metrics.prefix_cache_bytes.labels(name).set(decoder.prefix.bytes)
+                metrics.prefix_cache_hit_tokens.labels(name).set(decoder.prefix.hit_tokens)
         return Response(metrics.exposition(), media_type="text/plain; version=0.0.4")
 
     for module in (routes_v2, routes_text, routes_openai, routes_tfs, routes_repository):

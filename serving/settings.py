@@ -80,6 +80,9 @@ class ServerSettings(BaseSettings):
     max_decode_rows: int = Field(
         32, ge=0, description="generation requests sharing each decode step; 0 = one at a time"
     )
+    prefix_cache_bytes: int = Field(
+        256 << 20, ge=0, description="prompt keys/values kept for shared prefixes; 0 = none"
+    )
     session_threads: int | None = Field(
         None, ge=1, description="intra-op threads of the other sessions; default: cores // workers"
     )

@@ -388,7 +388,7 @@ class TextModel:
         time) it raises `TimeoutError`."""
         tokens = self.predictor.astream_ids(
             prompt, request.max_tokens, request.stop_ids, sampler=request.sampler,
-            deadline=deadline,
+            deadline=deadline, outcome=outcome,
         )  # fmt: skip
         return None if tokens is None else self._astream(prompt, request, tokens, outcome)
 

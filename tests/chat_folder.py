@@ -41,7 +41,7 @@ def write_chat_folder(folder, end_token: str = "<|im_end|>", seed: int = 0):
     torch.manual_seed(seed)
     config = transformers.Qwen2Config(
         vocab_size=len(fast), hidden_size=32,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,  # head_dim 16
         intermediate_size=48, max_position_embeddings=256, tie_word_embeddings=True,
         eos_token_id=fast.convert_tokens_to_ids(end_token),
     )  # fmt: skip

@@ -147,7 +147,9 @@ def _generate_chat(model, prompts, chats, max_new_tokens, stop_strings, **kwargs
     ids = preprocessor.tokenizer(texts).to_list()
     new = generate(model, ids, max_new_tokens, **kwargs)
     words = preprocessor.tokenizer.detokenize([row or [0] for row in new])
-    out = [_cut(w.decode("utf-8"), stop_strings) if row else ""
+    # The reply as the server sends it: without the leading spaces a byte-level tokenizer
+    # puts before its first word.
+    out = [_cut(w.decode("utf-8").lstrip(), stop_strings) if row else ""
            for w, row in zip(words.numpy(), new, strict=True)]  # fmt: skip
     single = all(isinstance(m, dict) for m in prompts)
     return out[0] if single else out

@@ -55,13 +55,13 @@ def test_a_chat_turn_ends_at_the_checkpoints_end_id_unasked(chat_folder, tmp_pat
     lm = CausalLM.from_pretrained(folder)
     assert lm.preprocessor.end_token_ids == [end, 10_000 % len(tokenizer)]
     reply = lm.generate(chat, max_new_tokens=12)
-    assert reply == tokenizer.decode(free[:k], skip_special_tokens=True)
+    assert reply == tokenizer.decode(free[:k], skip_special_tokens=True).lstrip()
     assert _greedy(model, list(ids), 12, eos=[end]) == free[: k + 1]  # transformers ends there
     # A batch of conversations; the caller's stop ids win over the checkpoint's.
     both = lm.generate([chat, chat], max_new_tokens=12)
     assert both == [reply, reply]
     longer = lm.generate(chat, max_new_tokens=6, stop_token_ids=[])
-    assert longer == tokenizer.decode(free[:6], skip_special_tokens=True)
+    assert longer == tokenizer.decode(free[:6], skip_special_tokens=True).lstrip()
 
 
 def test_the_chat_preprocessor_round_trips_through_keras_files(chat_folder, tmp_path):

@@ -65,7 +65,9 @@ def test_shared_steps_give_each_request_its_ids_alone(predictor):
         )[0]
         for r in requests
     ]
-    batcher = DecodeBatcher(predictor.gqa_session, predictor.gqa, predictor.pad_id, max_rows=8)
+    batcher = DecodeBatcher(
+        predictor.gqa_session, predictor.gqa, predictor.pad_id, max_decode_rows=8
+    )
     together: list = [None] * len(requests)
     start = threading.Barrier(len(requests))
 
@@ -95,7 +97,9 @@ def test_a_row_the_runtime_fails_on_fails_alone(predictor, monkeypatch):
     requests = _requests(vocab, 8, seed=5)
     alone = [predictor.generate_ids([r["prompt"]], r["max_new_tokens"], sampler=r["sampler"]())[0]
              for r in requests]  # fmt: skip
-    batcher = DecodeBatcher(predictor.gqa_session, predictor.gqa, predictor.pad_id, max_rows=8)
+    batcher = DecodeBatcher(
+        predictor.gqa_session, predictor.gqa, predictor.pad_id, max_decode_rows=8
+    )
     monkeypatch.setattr(batcher, "_check_ids", lambda prompt: None)
     bad = [[vocab + 7, 3, 4], [5, 6, vocab + 1]]
     results: list = [None] * (len(requests) + len(bad))
@@ -123,7 +127,9 @@ def test_a_row_the_runtime_fails_on_fails_alone(predictor, monkeypatch):
 
 
 def test_a_stream_closed_early_frees_its_row(predictor):
-    batcher = DecodeBatcher(predictor.gqa_session, predictor.gqa, predictor.pad_id, max_rows=1)
+    batcher = DecodeBatcher(
+        predictor.gqa_session, predictor.gqa, predictor.pad_id, max_decode_rows=1
+    )
     first = batcher.stream([3, 4, 5], 15)
     assert isinstance(next(first), int)
     first.close()  # the client went away: its row is given to the next request
@@ -138,7 +144,9 @@ def test_async_streams_equal_the_ids_alone_and_free_rows_when_closed(predictor):
     or cancelled early gives its row to the next request."""
     import asyncio
 
-    batcher = DecodeBatcher(predictor.gqa_session, predictor.gqa, predictor.pad_id, max_rows=2)
+    batcher = DecodeBatcher(
+        predictor.gqa_session, predictor.gqa, predictor.pad_id, max_decode_rows=2
+    )
     prompts = [[3, 4, 5], [7, 8], [2], [9, 1, 1, 4]]
 
     async def run():
@@ -173,7 +181,9 @@ def test_a_stream_past_its_deadline_raises_and_frees_its_row(predictor):
     stops computing it, so its row goes to the next request."""
     import asyncio
 
-    batcher = DecodeBatcher(predictor.gqa_session, predictor.gqa, predictor.pad_id, max_rows=1)
+    batcher = DecodeBatcher(
+        predictor.gqa_session, predictor.gqa, predictor.pad_id, max_decode_rows=1
+    )
     release, drawn = threading.Event(), []
 
     def gated(logits):  # greedy; the draw after the third waits for `release` (a slow step)
@@ -213,7 +223,9 @@ def test_a_slow_reader_past_its_deadline_stops_its_decoding(predictor):
     computing the stream, not only when the reader reaches the timeout."""
     import asyncio
 
-    batcher = DecodeBatcher(predictor.gqa_session, predictor.gqa, predictor.pad_id, max_rows=2)
+    batcher = DecodeBatcher(
+        predictor.gqa_session, predictor.gqa, predictor.pad_id, max_decode_rows=2
+    )
     drawn = []
 
     def slow_greedy(logits):  # 5 ms a draw: 30 ids take 150 ms or more
@@ -258,8 +270,8 @@ def test_the_shared_decode_loop_gets_every_core(predictor):
         session = Predictor(predictor.folder, num_threads=1, **kwargs).gqa_session
         return session.get_session_options().intra_op_num_threads
 
-    assert threads(decode_rows=4) == 0  # onnxruntime's choice: every core
-    assert threads(decode_rows=4, decode_threads=3) == 3
+    assert threads(max_decode_rows=4) == 0  # onnxruntime's choice: every core
+    assert threads(max_decode_rows=4, decode_threads=3) == 3
     assert threads() == 1
 
 
@@ -280,13 +292,13 @@ def test_bad_requests_are_value_errors(predictor):
     batcher.close()
     with pytest.raises(RuntimeError, match="closed"):
         list(batcher.stream([1, 2], 3))
-    with pytest.raises(ValueError, match="max_rows"):
-        DecodeBatcher(predictor.gqa_session, predictor.gqa, predictor.pad_id, max_rows=0)
+    with pytest.raises(ValueError, match="max_decode_rows"):
+        DecodeBatcher(predictor.gqa_session, predictor.gqa, predictor.pad_id, max_decode_rows=0)
 
 
 def test_predictor_streams_through_one_shared_loop(predictor):
-    shared = Predictor(predictor.folder, decode_rows=4)
-    assert Predictor(predictor.folder)._batcher() is None  # decode_rows=0: each alone
+    shared = Predictor(predictor.folder, max_decode_rows=4)
+    assert Predictor(predictor.folder)._batcher() is None  # max_decode_rows=0: each alone
     prompt = [5, 9, 2]
     assert list(shared.stream_ids(prompt, 6)) == predictor.generate_ids([prompt], 6)[0]
     batcher = shared._batcher()
@@ -296,5 +308,5 @@ def test_predictor_streams_through_one_shared_loop(predictor):
     # A request that loaded the predictor before it was retired decodes alone: no new loop.
     assert shared._batcher() is None
     assert list(shared.stream_ids(prompt, 6)) == predictor.generate_ids([prompt], 6)[0]
-    with pytest.raises(ValueError, match="decode_rows"):
-        Predictor(predictor.folder, decode_rows=-1)
+    with pytest.raises(ValueError, match="max_decode_rows"):
+        Predictor(predictor.folder, max_decode_rows=-1)

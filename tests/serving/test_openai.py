@@ -344,3 +344,24 @@ def test_json_schema_output_always_parses_and_validates(served):
         assert response.status_code == 400, response.text
         error = response.json()["error"]
         assert error["param"] == "response_format" and match in error["message"]
+
+
+def test_a_shared_prefix_is_served_from_the_cache_and_reported(served):
+    system = {"role": "system", "content": "You are a helpful assistant. " * 6}
+    first = served.client.chat.completions.create(
+        model="chat", messages=[system, {"role": "user", "content": "to be"}], max_tokens=3,
+        temperature=0,
+    )  # fmt: skip
+    again = served.client.chat.completions.create(
+        model="chat", messages=[system, {"role": "user", "content": "or not"}], max_tokens=3,
+        temperature=0,
+    )  # fmt: skip
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert cached >= 16 and cached % 16 == 0 and cached < again.usage.prompt_tokens
+    assert first.usage.prompt_tokens_details.cached_tokens < cached
+    reply = served.lm.generate([system, {"role": "user", "content": "or not"}], max_new_tokens=3)
+    assert again.choices[0].message.content == reply  # the ids of an uncached run
+    metrics = httpx.get(f"{served.url}/metrics").text
+    hits = [line for line in metrics.splitlines()
+            if line.startswith('keras_attn_prefix_cache_hit_tokens{model="chat"}')]  # fmt: skip
+    assert hits and float(hits[0].split()[-1]) >= cached

@@ -381,7 +381,7 @@ def test_many_generations_share_steps_without_a_thread_each(toy_artifact, tmp_pa
     from fastapi.testclient import TestClient
 
     shutil.copytree(toy_artifact[0], tmp_path / "lm" / "1")
-    repository = ModelRepository(tmp_path, decode_rows=32)
+    repository = ModelRepository(tmp_path, max_decode_rows=32)
     body = {"text_input": "to be", "parameters": {"max_tokens": 20}}  # the model takes 24
     with TestClient(create_app(repository)) as client:
         first = client.post("/v2/models/lm/generate", json=body)
@@ -449,7 +449,8 @@ def test_prompt_ids_past_the_model_vocabulary_are_a_400_and_streams_beside_go_on
     words.add_tokens([f"<extra_{i}>" for i in range(5)])
     (folder / "tokenizer" / "tokenizer.json").write_text(words.to_str())
     body = {"text_input": "to be", "parameters": {"max_tokens": 12}}
-    with TestClient(create_app(ModelRepository(tmp_path, verify=False, decode_rows=16))) as client:
+    repository = ModelRepository(tmp_path, verify=False, max_decode_rows=16)
+    with TestClient(create_app(repository)) as client:
         expected = client.post("/v2/models/lm/generate", json=body).json()["text_output"]
         start = threading.Barrier(10)
 
