@@ -19,12 +19,9 @@ from keras_attn.losses import SparseCrossEntropy
 from keras_attn.models.backbone import Backbone, HoldsBackbone
 from keras_attn.models.cached import CachedCausalLM
 from keras_attn.models.task import Task, float32_logits
-from keras_attn.preprocessing import CausalLMPreprocessor, StartEndPacker
 from keras_attn.pretrained import save_pretrained
 from keras_attn.pretrained.chat import folder_chat
 from keras_attn.pretrained.registry import register_model_class
-from keras_attn.tokenizers import from_tokenizer_json
-from keras_attn.tokenizers.pipeline import read_json_file
 
 if TYPE_CHECKING:
     from keras_attn.decoding import Runner
@@ -384,6 +381,12 @@ def causal_folder_preprocessor(
     """A `CausalLMPreprocessor` for a folder with a `tokenizer.json` (None without one): its
     tokenizer, a packer that starts rows as the tokenizer's post-processor does, and the
     folder's chat template, special tokens and end-of-turn ids."""
+    # Deferred: the preprocessing and tokenizers run in TensorFlow, which `import keras_attn`
+    # does not load (the JAX and PyTorch backends need none).
+    from keras_attn.preprocessing import CausalLMPreprocessor, StartEndPacker
+    from keras_attn.tokenizers import from_tokenizer_json
+    from keras_attn.tokenizers.pipeline import read_json_file
+
     path = os.path.join(os.fspath(folder), "tokenizer.json")
     if not os.path.exists(path):
         return None
