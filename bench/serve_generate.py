@@ -73,7 +73,7 @@ def write_model(work: Path, args) -> list[str]:
         attention_output_bias=False, feed_forward_bias=False, tie_word_embeddings=False,
         layer_norm_epsilon=1e-6,
     ).save_pretrained(folder, model_type="llama")  # fmt: skip
-    lm = CausalLM.from_pretrained(folder)
+    lm = CausalLM.from_pretrained(folder, preprocessor=None)  # ids; the tokenizer to export
     manifest = export_model(lm, work / "repo" / "llm" / "1", tokenizer=tokenizer,
                             formats=["onnx"], verbose=False)  # fmt: skip
     assert manifest["decoding"]["gqa"]["file"] == "decode_gqa.onnx", manifest["decoding"]
