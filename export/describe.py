@@ -145,6 +145,7 @@ def packer_spec(packer: StartEndPacker | SegmentPacker | None) -> dict[str, Any]
         "start_value": packer.start_value,
         "end_value": packer.end_value,
         "pad_value": packer.pad_value,
+        "truncate": packer.truncate if isinstance(packer, SegmentPacker) else None,
     }
 
 

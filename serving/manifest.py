@@ -56,6 +56,8 @@ class PackerSpec(_Strict):
     start_value: int | None
     end_value: int | None
     pad_value: int | None
+    # How a segment packer shortens a pair that does not fit (absent before pairs were served).
+    truncate: Literal["round_robin", "longest_first", "waterfall"] | None = None
 
 
 class EmbeddingSpec(_Strict):

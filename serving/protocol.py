@@ -67,7 +67,7 @@ OPENAI_ERROR_TYPES = {400: "invalid_request_error", 404: "invalid_request_error"
                       503: "server_error", 504: "timeout"}  # fmt: skip
 
 
-OPENAI_PATHS = ("/v1/chat/", "/v1/completions", "/v1/embeddings", "/v1/rerank")
+OPENAI_PATHS = ("/v1/chat/", "/v1/completions", "/v1/embeddings", "/v1/rerank", "/rerank")
 
 
 def error_body(path: str, message: str, status: int, param: str | None = None,

@@ -165,9 +165,32 @@ class TextModel:
                           ([end] if end is not None else []))  # fmt: skip
         return self.pack(packed)
 
-    def pack(self, packed: list[list[int]]) -> tuple[dict[str, np.ndarray], list[list[int]]]:
-        """`(feeds, packed)`: the model's inputs for rows of ids already packed, padded to the
-        longest with 0."""
+    def encode_pairs(self, pairs: list[tuple[str, str]]
+                     ) -> tuple[dict[str, np.ndarray], list[list[int]]]:  # fmt: skip
+        """`(feeds, ids)` of text pairs for a model trained on them (a segment packer):
+        `[CLS] a [SEP] b [SEP]`, segment ids 0 then 1, shortened by the packer's rule."""
+        from keras_attn_serving.pairs import pack_pair
+
+        packer = self.packer
+        if packer.get("type") != "segment":
+            raise ServingError(400, "this model was not trained on text pairs (its packer "
+                                    "packs one text): it cannot rerank")  # fmt: skip
+        length = packer["sequence_length"]
+        texts = [t for pair in pairs for t in pair]
+        ids = self.first_ids(texts, length)
+        rows, segments = [], []
+        start, end = packer["start_value"], packer["end_value"]
+        rule = packer.get("truncate") or "round_robin"
+        for k in range(len(pairs)):
+            row, segment = pack_pair(ids[2 * k], ids[2 * k + 1], length, start, end, rule)
+            rows.append(row)
+            segments.append(segment)
+        return self.pack(rows, segments)
+
+    def pack(self, packed: list[list[int]], segments: list[list[int]] | None = None
+             ) -> tuple[dict[str, np.ndarray], list[list[int]]]:  # fmt: skip
+        """`(feeds, packed)`: the model's inputs for rows of ids already packed (and their
+        segment ids, 0 when not given), padded to the longest with 0."""
         self.check_ids([i for ids in packed for i in ids], "text_input")
         width = self.fixed_length or max(1, max(len(ids) for ids in packed))
         token_ids = np.zeros((len(packed), width), np.int32)
@@ -179,6 +202,8 @@ class TextModel:
                 feeds[name] = token_ids
             elif name == "segment_ids":
                 feeds[name] = np.zeros_like(token_ids)
+                for row, ids in enumerate(segments or []):
+                    feeds[name][row, : len(ids)] = ids
             elif name == "padding_mask":
                 lengths = np.array([len(ids) for ids in packed])
                 feeds[name] = (np.arange(width) < lengths[:, None]).astype(np.int32)

@@ -426,6 +426,8 @@ OPENAI_BODY = st.one_of(
         "prompt": st.one_of(ODD_TEXT, st.lists(ODD_TEXT, max_size=3),
                             st.lists(st.integers(-2, 600), max_size=40), JSON),
         "input": st.one_of(ODD_TEXT, st.lists(ODD_TEXT, max_size=3), JSON),
+        "query": st.one_of(ODD_TEXT, JSON), "top_n": st.one_of(st.integers(-1, 5), JSON),
+        "documents": st.one_of(st.lists(ODD_TEXT, max_size=3), JSON),
         "messages": st.one_of(st.lists(st.fixed_dictionaries(
             {"role": st.one_of(ODD_TEXT, JSON)}, optional={"content": st.one_of(ODD_TEXT, JSON)}),
             max_size=3), JSON),
@@ -442,7 +444,7 @@ OPENAI_BODY = st.one_of(
 
 
 @FUZZ
-@given(route=st.sampled_from(["chat/completions", "completions", "embeddings"]),
+@given(route=st.sampled_from(["chat/completions", "completions", "embeddings", "rerank"]),
        body=OPENAI_BODY)  # fmt: skip
 def test_openai_bodies(client, route, body):
     check(client, client.post(f"/v1/{route}", content=dumps(body)))

@@ -53,15 +53,61 @@ def served(tmp_path_factory, toy_tokenizer, toy_artifact):
     export_model(encoder, root / "repo" / "encoder" / "1", tokenizer=toy_tokenizer,
                  packer=packer_for(toy_tokenizer), formats=["onnx"], verbose=False)  # fmt: skip
     shutil.copytree(toy_artifact[0], root / "repo" / "lm" / "1")
+    reranker = _reranker(toy_tokenizer)
+    export_model(reranker, root / "repo" / "reranker" / "1", formats=["onnx"], verbose=False)
     url, stop = serve_in_thread(create_app(ModelRepository(root / "repo")))
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
     yield SimpleNamespace(url=url, client=client, lm=lm, encoder=encoder, k=k, free=free,
-                          prompt_ids=list(ids), folder=root / "repo")  # fmt: skip
+                          prompt_ids=list(ids), folder=root / "repo",
+                          reranker=reranker)  # fmt: skip
     stop()
 
 
+def _reranker(tokenizer):
+    """A cross-encoder: `[CLS] query [SEP] document [SEP]` -> one relevance logit."""
+    from keras_attn.models import Encoder, SequenceClassifier
+    from keras_attn.preprocessing import SegmentPacker, TextPreprocessor
+
+    keras.utils.set_random_seed(4)
+    cls, sep = (tokenizer.token_to_id(t) for t in ("[CLS]", "[SEP]"))
+    packer = SegmentPacker(12, start_value=cls, end_value=sep)  # short: pairs get trimmed
+    encoder = Encoder(tokenizer.vocabulary_size(), 12, hidden_dim=16, num_layers=1,
+                      num_heads=2)  # fmt: skip
+    return SequenceClassifier(encoder, 1, dropout=0.0,
+                              preprocessor=TextPreprocessor(tokenizer, packer))  # fmt: skip
+
+
 def test_models_lists_the_repository(served):
-    assert sorted(m.id for m in served.client.models.list()) == ["chat", "encoder", "lm"]
+    assert sorted(m.id for m in served.client.models.list()) == [
+        "chat", "encoder", "lm", "reranker"]  # fmt: skip
+
+
+def test_rerank_orders_documents_by_the_keras_scores(served):
+    from keras_attn.preprocessing.preprocessor import model_inputs
+
+    query = "to be or not to be"
+    documents = [TEXTS[1], "whether tis nobler in the mind to suffer the slings", "sleep",
+                 query, "the question"]  # fmt: skip
+    model = served.reranker
+    features = model.preprocessor(([query] * len(documents), documents))
+    logits = keras.ops.convert_to_numpy(model(model_inputs(features, model.input)))[:, 0]
+    expected = 1 / (1 + np.exp(-logits.astype(np.float64)))
+    for path in ("/v1/rerank", "/rerank"):
+        body = {"model": "reranker", "query": query, "documents": documents, "top_n": 3}
+        answer = httpx.post(f"{served.url}{path}", json=body).json()
+        results = answer["results"]
+        assert [r["index"] for r in results] == list(np.argsort(-expected)[:3])
+        np.testing.assert_allclose([r["relevance_score"] for r in results],
+                                   np.sort(expected)[::-1][:3], atol=1e-5)  # fmt: skip
+        assert results[0]["document"]["text"] == documents[results[0]["index"]]
+    for bad, param in [({"query": "", "documents": ["a"]}, "query"),
+                       ({"query": "a", "documents": []}, "documents"),
+                       ({"query": "a", "documents": ["b"], "top_n": 0}, "top_n")]:  # fmt: skip
+        response = httpx.post(f"{served.url}/v1/rerank", json={"model": "reranker", **bad})
+        assert response.status_code == 400 and response.json()["error"]["param"] == param
+    one = httpx.post(f"{served.url}/v1/rerank", json={
+        "model": "encoder", "query": "a", "documents": ["b"]})  # fmt: skip
+    assert one.status_code == 400 and "task is 'embed'" in one.json()["error"]["message"]
 
 
 def test_chat_equals_keras_and_ends_at_the_checkpoints_end_of_turn(served):

@@ -84,7 +84,7 @@ def test_manifest_names_the_task_labels_and_packer(text_models):
     assert manifests["sentiment"]["labels"] == LABELS and manifests["encoder"]["labels"] is None
     assert manifests["tagger"].packer.model_dump() == {
         "type": "start_end", "sequence_length": 24, "start_value": 2, "end_value": 3,
-        "pad_value": 0}  # fmt: skip
+        "pad_value": 0, "truncate": None}  # fmt: skip
 
 
 def test_classify_equals_keras_softmax(text_models, toy_tokenizer):
