@@ -47,7 +47,7 @@ from keras_attn_serving.decode_requests import (
     _Sink,
 )
 from keras_attn_serving.generation import bind_cache
-from keras_attn_serving.prefix_cache import BLOCK, PrefixCache
+from keras_attn_serving.prefix_cache import PrefixCache
 
 if TYPE_CHECKING:
     import onnxruntime as ort
@@ -324,15 +324,16 @@ class DecodeBatcher:
         if not found:
             return False
         try:
-            for n, buffer in enumerate(self.prefill.buffers):
-                for j, arrays in enumerate(blocks):
-                    buffer[0, :, j * BLOCK : (j + 1) * BLOCK] = arrays[n]
             suffix = prompt[found:]
             row = len(self.active)
             request.next_token = prompt[-1]
+            # One id left: the blocks go straight into the request's row; else into the
+            # prefill row the rest of the prompt runs on.
+            target, at = (self.cache, row) if len(suffix) == 1 else (self.prefill, 0)
+            for n, buffer in enumerate(target.buffers):
+                buffer[at, :, :found] = np.concatenate([arrays[n] for arrays in blocks], 1)
             if len(suffix) == 1:
                 request.position = found
-                self.cache.copy_row(self.prefill, 0, row, found)
                 self.active.append(request)
                 return True
             logits = self._run(self.prefill, 1, np.array([suffix], np.int32),
@@ -383,7 +384,12 @@ class DecodeBatcher:
         if request.sampler is None:
             token = int(greedy)
         else:
-            token = int(request.sampler(self._banned(logits[None], np.float64))[0])
+            try:  # a request's own chooser (a grammar, say) fails that request alone
+                token = int(request.sampler(self._banned(logits[None], np.float64))[0])
+            except Exception as error:
+                _fail(request, error)
+                self._finish(row)
+                return
         request.produced += 1
         stopped = token in request.stop_ids
         if not stopped:

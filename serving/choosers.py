@@ -37,6 +37,10 @@ class Choice:
         if self.grammar is not None and self.grammar.done:
             return np.array([self.end_id])
         allowed = logits if self.grammar is None else self.grammar.mask(logits)
+        if self.grammar is not None and not np.isfinite(allowed).any():
+            # Nothing the grammar allows is an id the model can give: end, sending nothing.
+            self.grammar.done = True
+            return np.array([self.end_id])
         if self.sampler is None:
             chosen = allowed.argmax(-1)
         else:

@@ -87,6 +87,9 @@ class PrefixCache:
                 self.children[parent] = self.children.get(parent, 0) + 1
                 self.bytes += size
                 self._evict(keep=key)
+                if self.bytes > self.capacity_bytes:  # this prompt alone is past the bound
+                    self._drop(key)
+                    return
             else:
                 self.blocks.move_to_end(key)
             parent = entry[0]
@@ -99,9 +102,12 @@ class PrefixCache:
                     break
             else:
                 return  # only the block being stored and its parents: they stay
-            _, arrays = self.blocks.pop(key)
-            self.bytes -= sum(a.nbytes for a in arrays)
-            parent = key[0]
-            self.children[parent] -= 1
-            if not self.children[parent]:
-                del self.children[parent]
+            self._drop(key)
+
+    def _drop(self, key: tuple[int, tuple[int, ...]]) -> None:
+        _, arrays = self.blocks.pop(key)
+        self.bytes -= sum(a.nbytes for a in arrays)
+        parent = key[0]
+        self.children[parent] -= 1
+        if not self.children[parent]:
+            del self.children[parent]

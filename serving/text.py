@@ -175,7 +175,8 @@ class TextModel:
         if packer.get("type") != "segment":
             raise ServingError(400, "this model was not trained on text pairs (its packer "
                                     "packs one text): it cannot rerank")  # fmt: skip
-        length = packer["sequence_length"]
+        limits = (packer["sequence_length"], self.fixed_length, self.predictor.max_sequence_length)
+        length = min(x for x in limits if x)
         texts = [t for pair in pairs for t in pair]
         ids = self.first_ids(texts, length)
         rows, segments = [], []

@@ -40,6 +40,9 @@ def test_blocks_are_exact_bounded_and_least_recently_used_first():
     assert cache.bytes <= 3 * one_block
     assert cache.lookup(a, 40)[0] == BLOCK and cache.lookup(b, 32)[0] == 2 * BLOCK
     assert cache.lookup(c, 16)[0] == BLOCK
+    small = PrefixCache(one_block)  # a prompt past the bound keeps what fits, never more
+    small.store(a, 40, _buffers(1, 64, 1.0), 0)
+    assert small.bytes == one_block and small.lookup(a, 40)[0] == BLOCK
     assert not PrefixCache(0).enabled
     with pytest.raises(ValueError, match="capacity_bytes"):
         PrefixCache(-1)
