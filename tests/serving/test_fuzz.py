@@ -127,6 +127,17 @@ def client(toy_artifact, toy_tokenizer, tmp_path_factory):
         tokenizer.read_bytes()
     ).hexdigest()
     (root / "extra_tokens" / "1" / "manifest.json").write_text(json.dumps(manifest))
+    # A chat model (issue 42): the toy LM with a chat template and an end-of-turn id, as an
+    # export writes them (rehashed).
+    shutil.copytree(toy_artifact[0], root / "chat" / "1")
+    template = root / "chat" / "1" / "chat_template.jinja"
+    template.write_text("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+                        "{% if add_generation_prompt %}assistant:{% endif %}")  # fmt: skip
+    manifest = json.loads((root / "chat" / "1" / "manifest.json").read_text())
+    manifest["chat"] = {"template": "chat_template.jinja", "special_tokens": {},
+                        "end_token_ids": [3]}  # fmt: skip
+    manifest["files"]["chat_template.jinja"] = hashlib.sha256(template.read_bytes()).hexdigest()
+    (root / "chat" / "1" / "manifest.json").write_text(json.dumps(manifest))
     # `keras-attn-serve` in its own process, over loopback: its memory and its event loop are
     # measured apart from hypothesis's (which grows this process by ~10% in a long run).
     port = free_port()
@@ -422,7 +433,7 @@ def test_text_bodies(client, model, route, body):
 
 OPENAI_BODY = st.one_of(
     st.fixed_dictionaries({}, optional={
-        "model": st.one_of(st.sampled_from(["lm", "cls", "nope"]), JSON),
+        "model": st.one_of(st.sampled_from(["chat", "chat", "lm", "cls", "nope"]), JSON),
         "prompt": st.one_of(ODD_TEXT, st.lists(ODD_TEXT, max_size=3),
                             st.lists(st.integers(-2, 600), max_size=40), JSON),
         "input": st.one_of(ODD_TEXT, st.lists(ODD_TEXT, max_size=3), JSON),
