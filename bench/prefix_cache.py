@@ -20,7 +20,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,7 +31,7 @@ sys.path.insert(0, os.path.dirname(_HERE))
 
 import numpy as np  # noqa: E402
 
-from bench.serve_generate import free_port, write_model  # noqa: E402
+from bench.serve_generate import start_server, write_model  # noqa: E402
 
 
 def chat_prompts(work: Path, system_tokens: int, count: int) -> tuple[str, list[str]]:
@@ -52,26 +51,6 @@ def chat_prompts(work: Path, system_tokens: int, count: int) -> tuple[str, list[
         turn = tokenizer.tokenize(" ".join(lines[start : start + 8])).numpy()
         turns.append(tokenizer.detokenize(turn[: int(rng.integers(10, 41))]).numpy().decode())
     return system, turns
-
-
-def start(repository: Path, cache_bytes: int):
-    import httpx
-
-    port = free_port()
-    env = {**os.environ, "KERAS_ATTN_MODEL_REPOSITORY": str(repository),
-           "KERAS_ATTN_PORT": str(port), "KERAS_ATTN_PREFIX_CACHE_BYTES": str(cache_bytes),
-           "KERAS_ATTN_LOG_LEVEL": "warning", "KERAS_ATTN_REQUEST_TIMEOUT_S": "600"}  # fmt: skip
-    process = subprocess.Popen([sys.executable, "-m", "keras_attn_serving"], env=env)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            if httpx.get(f"{url}/v2/models/llm/ready").status_code == 200:
-                return process, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    process.kill()
-    raise RuntimeError("the server did not start")
 
 
 async def chat(url: str, system: str, turns: list[str], clients: int, new_tokens: int,
@@ -136,7 +115,8 @@ def main() -> None:
     write_model(work, args)
     system, turns = chat_prompts(work, args.system_tokens, 64)
     modes = {"no cache": 0, "prefix cache": 256 << 20}
-    servers = {mode: start(work / "repo", size) for mode, size in modes.items()}
+    servers = {mode: start_server(work / "repo", prefix_cache_bytes=str(size))
+               for mode, size in modes.items()}  # fmt: skip
     results: dict[str, list[dict]] = {mode: [] for mode in modes}
     try:
         for round_ in range(args.rounds):

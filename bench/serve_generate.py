@@ -216,13 +216,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(repository: Path, max_decode_rows: int):
+def start_server(repository: Path, max_decode_rows: int = 32, **settings: str):
+    """`keras-attn-serve` in its own process on loopback (`settings`: more `KERAS_ATTN_*`
+    variables, by lower-case name); `(process, url)` once `llm` is ready."""
     import httpx
 
     port = free_port()
     env = {**os.environ, "KERAS_ATTN_MODEL_REPOSITORY": str(repository),
            "KERAS_ATTN_PORT": str(port), "KERAS_ATTN_MAX_DECODE_ROWS": str(max_decode_rows),
-           "KERAS_ATTN_LOG_LEVEL": "warning", "KERAS_ATTN_REQUEST_TIMEOUT_S": "600"}  # fmt: skip
+           "KERAS_ATTN_LOG_LEVEL": "warning", "KERAS_ATTN_REQUEST_TIMEOUT_S": "600",
+           **{f"KERAS_ATTN_{k.upper()}": v for k, v in settings.items()}}  # fmt: skip
     process = subprocess.Popen([sys.executable, "-m", "keras_attn_serving"], env=env)
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):

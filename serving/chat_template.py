@@ -279,6 +279,29 @@ def _token_string(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def read_json_object(folder: str | os.PathLike[str], name: str,
+                     limit: int = 4 * MAX_TEMPLATE_CHARS) -> dict[str, Any]:  # fmt: skip
+    """The JSON object in `folder/name` (`{}` when there is no such file).
+
+    Raises:
+        ChatTemplateError: (a ValueError) the file is past `limit` bytes, not JSON, or not an
+            object, named.
+    """
+    path = os.path.join(os.fspath(folder), name)
+    if not os.path.exists(path):
+        return {}
+    if os.path.getsize(path) > limit:
+        raise ChatTemplateError(f"{name} is larger than {limit} bytes")
+    try:
+        with open(path, encoding="utf-8") as file:
+            value = json.load(file)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ChatTemplateError(f"{name} is not valid JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise ChatTemplateError(f"{name} must hold a JSON object")
+    return value
+
+
 def read_chat_template(folder: str | os.PathLike[str]) -> tuple[str | None, dict[str, str]]:
     """`(template source or None, named special tokens)` of a Hugging Face folder, as
     `transformers` reads them: `chat_template.jinja` first, else `tokenizer_config.json`'s
@@ -289,18 +312,7 @@ def read_chat_template(folder: str | os.PathLike[str]) -> tuple[str | None, dict
         ChatTemplateError: the file is not what `transformers` writes (named).
     """
     folder = os.fspath(folder)
-    config: dict[str, Any] = {}
-    path = os.path.join(folder, "tokenizer_config.json")
-    if os.path.exists(path):
-        if os.path.getsize(path) > 4 * MAX_TEMPLATE_CHARS:
-            raise ChatTemplateError("tokenizer_config.json is larger than 4 MiB")
-        try:
-            with open(path, encoding="utf-8") as file:
-                config = json.load(file)
-        except (ValueError, UnicodeDecodeError) as error:
-            raise ChatTemplateError(f"tokenizer_config.json is not valid JSON: {error}") from None
-        if not isinstance(config, dict):
-            raise ChatTemplateError("tokenizer_config.json must hold a JSON object")
+    config = read_json_object(folder, "tokenizer_config.json")
     tokens = {name: s for name in SPECIAL_TOKEN_NAMES
               if (s := _token_string(config.get(name))) is not None}  # fmt: skip
     jinja = os.path.join(folder, TEMPLATE_FILE)

@@ -134,3 +134,25 @@ def json_grammar(response_format: Any) -> str:
     if problem:
         raise ValueError(f"the JSON schema cannot be followed: {problem}"[:300])
     return grammar
+
+
+def model_grammar_tokenizer(model: Any) -> Any:
+    """The llguidance tokenizer of a served `TextModel`'s `tokenizer.json`, built once (under a
+    lock: two first requests build it once) for constrained decoding; a `ValueError` for
+    a tokenizer llguidance cannot read (our WordPiece settings file)."""
+    predictor = model.predictor
+    with predictor.grammar_lock:
+        if predictor.grammar_tokenizer is None:
+            native = getattr(model.words, "_tokenizer", None)
+            if native is None:
+                raise ValueError("JSON output needs a model served with a Hugging Face "
+                                 "tokenizer.json")  # fmt: skip
+            width = max(predictor.token_limit or 0, model.words.vocabulary_size)
+            try:
+                predictor.grammar_tokenizer = llguidance_tokenizer(
+                    native.to_str(), width, predictor.end_token_ids
+                )
+            except Exception as error:  # llguidance's own message: the decoder it lacks
+                raise ValueError(f"JSON output is not available for this tokenizer: "
+                                 f"{str(error)[:200]}") from None  # fmt: skip
+        return predictor.grammar_tokenizer

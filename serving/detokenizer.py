@@ -5,6 +5,7 @@ exactly once. Joined, the pieces equal the decoding of the prompt and the new id
 prompt's own text, without leading spaces."""
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 REPLACEMENT = "\ufffd"
 CONTEXT = 4  # ids decoded before each new one: word joins and spacing depend on them
@@ -46,3 +47,80 @@ class Detokenizer:
             piece = piece.lstrip()
             self.begun = bool(piece)
         return piece
+
+
+class Deltas:
+    """A generation's text, token by token: `push(id)` returns the `(id, text delta)` pairs
+    ready to send, holding back text that could begin a stop string (each pair then goes one
+    token late); `stopped` once the text holds a stop string (it is cut before it); `rest()`
+    the last pair when the ids end. The text grows through one `Detokenizer`: each character
+    is sent once, and the deltas join into the final text."""
+
+    def __init__(self, model: Any, prompt: list[int], stops: list[str]) -> None:
+        self.stops = stops
+        words, size = model.words, model.words.vocabulary_size
+        # Stop strings match the text with special tokens (`<|im_end|>`); the pairs sent
+        # leave those tokens' text out (`hidden`: spans of `text` that special ids wrote).
+        self.specials: frozenset[int] = (
+            getattr(words, "special_ids", frozenset()) if stops else frozenset())  # fmt: skip
+        keep = not self.specials
+
+        def decode(ids: Sequence[int]) -> str:  # ids past the tokenizer (a model's padded
+            # vocabulary: Qwen2 has 151,936 rows for 151,665 tokens) have no text
+            return words.decode([i for i in ids if 0 <= i < size], skip_special=keep)
+
+        self.words = Detokenizer(decode, prompt)
+        self.hidden: list[tuple[int, int]] = []
+        self.hold = max(map(len, stops), default=1) - 1
+        self.shown, self.text = 0, ""  # characters of `text` sent so far
+        self.held: tuple[int, str] | None = None  # the last pair, not sent yet
+        self.stopped = False
+
+    def _visible(self, start: int, end: int) -> str:
+        """`text[start:end]` less the characters special ids wrote."""
+        if not self.hidden:
+            return self.text[start:end]
+        keep = [True] * (end - start)
+        for a, b in self.hidden:
+            for i in range(max(a, start), min(b, end)):
+                keep[i - start] = False
+        return "".join(c for c, k in zip(self.text[start:end], keep, strict=True) if k)
+
+    def _add(self, piece: str) -> int | None:
+        """Appends `piece`; the index of the first stop string it completes, if any (only the
+        tail that `piece` can reach is searched)."""
+        start = max(0, len(self.text) - max(map(len, self.stops), default=0) + 1)
+        self.text += piece
+        found = (i for i in (self.text.find(stop, start) for stop in self.stops) if i >= 0)
+        return min(found, default=None) if piece else None
+
+    def push(self, token: int) -> list[tuple[int, str]]:
+        piece = self.words.push(token)
+        if token in self.specials:  # a special token's text is whole, at the piece's end
+            own = self.words.decode([token])
+            if own and piece.endswith(own):
+                end = len(self.text) + len(piece)
+                self.hidden.append((end - len(own), end))
+        cut = self._add(piece)
+        ready = [] if self.held is None else [self.held]
+        self.held = None
+        if cut is not None:
+            self.stopped = True
+            return [*ready, (token, self._visible(self.shown, max(cut, self.shown)))]
+        safe = max(self.shown, len(self.text) - self.hold)
+        pair = (token, self._visible(self.shown, safe))
+        self.shown = safe
+        if self.hold or self.words.pending:  # the text still to come rides on the last pair
+            self.held = pair
+        else:
+            ready.append(pair)
+        return ready
+
+    def rest(self) -> list[tuple[int, str]]:
+        cut = self._add(self.words.flush())
+        end = len(self.text) if cut is None else max(cut, self.shown)
+        tail = self._visible(self.shown, end)
+        self.shown = end
+        if self.held is None:  # nothing was held, so nothing is left: the text is all sent
+            return []
+        return [(self.held[0], self.held[1] + tail)]

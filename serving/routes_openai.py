@@ -9,25 +9,30 @@ artifact's chat template (`keras_attn_serving.chat_template`), and every choice 
 (`handling.error_response`). The model a client names is the repository's model name.
 """
 
-import asyncio
 import base64
-import contextlib
 import functools
 import json
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from keras_attn_serving.choosers import MAX_TOP_LOGPROBS, Choice, Grammar, json_grammar
 from keras_attn_serving.flow import Flow
 from keras_attn_serving.generation_request import generation_request
-from keras_attn_serving.handling import json_body, log, predict, request_timeout
+from keras_attn_serving.handling import json_body, predict, request_timeout
+from keras_attn_serving.openai_scores import (
+    _chat_logprobs,
+    _chat_scores,
+    _chosen,
+    _completion_logprobs,
+    _completion_scores,
+    _grammars,
+)
+from keras_attn_serving.openai_streams import _cached, _collect, _started, _stream_response, _usage
 from keras_attn_serving.protocol import ServingError, shown
-from keras_attn_serving.routes_text import ClosingStream, first_pair, json_answer, tokenized
+from keras_attn_serving.routes_text import json_answer, tokenized
 from keras_attn_serving.text import TextModel
 
 if TYPE_CHECKING:
@@ -155,154 +160,6 @@ def _stream_flag(payload: dict[str, Any]) -> tuple[bool, bool]:
     if options and not stream:
         raise ServingError(400, "`stream_options` needs `stream: true`", param="stream_options")
     return stream, bool(options.get("include_usage"))
-
-
-async def _collect(flows: list[Flow]) -> list[str]:
-    """Every flow run to its end, concurrently; their texts. When one fails, the others are
-    cancelled (their decode rows freed) and the failure is the answer."""
-
-    async def one(flow: Flow) -> str:
-        async with contextlib.aclosing(flow.pairs()) as pairs:
-            first = await first_pair(pairs)
-            if first is None:
-                return ""
-            try:
-                return first[1] + "".join([delta async for _, delta in pairs])
-            except TimeoutError as error:
-                raise ServingError(504, str(error)) from None
-
-    tasks = [asyncio.ensure_future(one(f)) for f in flows]
-    try:
-        return list(await asyncio.gather(*tasks))
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _sse(data: Any) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
-
-
-async def _merged(started: list[Any]) -> AsyncGenerator[tuple[int, int, str | None], None]:
-    """`(choice, id, delta)` of every started flow as they come, `(choice, -1, None)` once a
-    flow ends; a flow's failure is raised here, and every pump is cancelled on the way out."""
-    queue: asyncio.Queue[Any] = asyncio.Queue()
-
-    async def pump(index: int, pairs: Any, first: Any) -> None:
-        try:
-            if first is not None:
-                await queue.put((index, *first))
-                async for token, delta in pairs:
-                    await queue.put((index, token, delta))
-            await queue.put((index, -1, None))
-        except Exception as error:
-            await queue.put(error)
-
-    tasks = [asyncio.ensure_future(pump(i, pairs, first))
-             for i, (pairs, first) in enumerate(started)]  # fmt: skip
-    try:
-        ended = 0
-        while ended < len(tasks):
-            item = await queue.get()
-            if isinstance(item, Exception):
-                raise item
-            ended += item[2] is None
-            yield item
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def _close(started: list[Any]) -> None:
-    for pairs, _ in started:
-        await pairs.aclose()
-
-
-async def _started(flows: list[Flow]) -> list[tuple[Any, Any]]:
-    """Each flow's pairs and first pair, awaited before answering (errors are 4xx)."""
-    started: list[tuple[Any, Any]] = []
-    try:
-        for flow in flows:
-            pairs = flow.pairs()
-            started.append((pairs, None))
-            started[-1] = (pairs, await first_pair(pairs))
-    except BaseException:
-        await _close(started)
-        raise
-    return started
-
-
-def _usage(prompt_tokens: int, completion: int, cached: int = 0) -> dict[str, Any]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-            "total_tokens": prompt_tokens + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}  # fmt: skip
-
-
-def _cached(flows: list[Flow], n: int) -> int:
-    """Prompt positions the prefix cache served: each prompt's first choice's."""
-    return sum(int(f.outcome.get("cached_tokens", 0)) for f in flows[::n])
-
-
-def _error_event(message: str, kind: str) -> str:
-    return _sse({"error": {"message": message, "type": kind, "param": None, "code": None}})
-
-
-def _stream_response(kind: str, header: dict[str, Any], flows: list[Flow],
-                     started: list[Any], prompt_tokens: int, include_usage: bool,
-                     prefix: list[str] | None = None,
-                     logprobs_of: Any = None, choices_per_prompt: int = 1,
-                     ) -> ClosingStream:  # fmt: skip
-    """Server-Sent Events in OpenAI's chunk shape, ending with `data: [DONE]`."""
-
-    def chunk(index: int, text: str | None, finish: str | None, first: bool = False,
-              scores: Any = None) -> str:  # fmt: skip
-        if kind == "chat":
-            delta: dict[str, Any] = {} if text is None else {"content": text}
-            if first:
-                delta = {"role": "assistant", "content": ""}
-            choice = {"index": index, "delta": delta, "logprobs": scores, "finish_reason": finish}
-        else:
-            choice = {"index": index, "text": text or "", "logprobs": scores,
-                      "finish_reason": finish}  # fmt: skip
-        return _sse({**header, "choices": [choice]})
-
-    counts = [0] * len(flows)
-
-    async def events() -> AsyncIterator[str]:
-        try:
-            for i in range(len(flows)):
-                if kind == "chat":
-                    yield chunk(i, None, None, first=True)
-                elif prefix:
-                    yield chunk(i, prefix[i // (len(flows) // len(prefix))], None)
-            async with contextlib.aclosing(_merged(started)) as merged:
-                async for index, _, delta in merged:
-                    flow = flows[index]
-                    if delta is None:
-                        yield chunk(index, None, flow.finish_reason)
-                        continue
-                    scores = logprobs_of(kind, flow, counts[index], counts[index] + 1)
-                    counts[index] += 1
-                    if delta or scores is not None:
-                        yield chunk(index, delta, None, scores=scores)
-            if include_usage:
-                usage = _usage(
-                    prompt_tokens, sum(f.tokens for f in flows), _cached(flows, choices_per_prompt)
-                )
-                yield _sse({**header, "choices": [], "usage": usage})
-        except TimeoutError as error:  # begun: the last event says why it ends
-            yield _error_event(str(error), "timeout")
-        except Exception:  # e.g. the model was reloaded: the last event says the stream ends
-            log.exception("generation failed after its answer began")
-            yield _error_event("generation failed; the model may have been reloaded",
-                               "server_error")  # fmt: skip
-        finally:
-            await _close(started)
-        yield "data: [DONE]\n\n"
-
-    return ClosingStream(events(), media_type="text/event-stream")
 
 
 @router.post("/v1/chat/completions")
@@ -496,174 +353,3 @@ async def embeddings(request: Request):
               "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}  # fmt: skip
     return await json_answer(request, answer, outputs) if encoding == "float" else Response(
         json.dumps(answer), media_type="application/json")  # fmt: skip
-
-
-def _chat_logprobs(payload: dict[str, Any]) -> int | None:
-    """How many alternatives chat's `logprobs` / `top_logprobs` ask for; None: no scores."""
-    wanted, top = payload.get("logprobs") or False, payload.get("top_logprobs")
-    if not isinstance(wanted, bool):
-        raise ServingError(400, "`logprobs` must be true or false", param="logprobs")
-    if top is not None and (isinstance(top, bool) or not isinstance(top, int)
-                            or not 0 <= top <= MAX_TOP_LOGPROBS):  # fmt: skip
-        raise ServingError(400, f"`top_logprobs` must be an integer in [0, {MAX_TOP_LOGPROBS}]"
-                                f"; received {shown(top)}"[:200], param="top_logprobs")  # fmt: skip
-    if top is not None and not wanted:
-        raise ServingError(400, "`top_logprobs` needs `logprobs: true`", param="top_logprobs")
-    return (top or 0) if wanted else None
-
-
-def _completion_logprobs(payload: dict[str, Any]) -> int | None:
-    """Completions' `logprobs`: how many alternatives (0 to 5); None: no scores."""
-    top = payload.get("logprobs")
-    if top is None or top is False:
-        return None
-    if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 5:
-        raise ServingError(400, f"`logprobs` must be an integer in [0, 5]; received "
-                                f"{shown(top)}"[:200], param="logprobs")  # fmt: skip
-    return top
-
-
-def _chosen(model: TextModel, checked: list["GenerationRequest"], top: int | None,
-            grammars: list[Grammar] | None) -> list["GenerationRequest"]:  # fmt: skip
-    """The requests, their samplers wrapped in a `Choice` where scores or a grammar are
-    asked for (a grammar's end is the model's first end-of-turn id, a stop id)."""
-    if top is None and grammars is None:
-        return checked
-    end = model.predictor.end_token_ids[0] if model.predictor.end_token_ids else None
-    for i, one in enumerate(checked):
-        grammar = grammars[i] if grammars else None
-        one.sampler = Choice(one.sampler, top, grammar, end)  # type: ignore[assignment]
-        if grammar is not None and end not in one.stop_ids:
-            one.stop_ids = [*one.stop_ids, end]  # type: ignore[list-item]
-    return checked
-
-
-def _grammars(model: TextModel, response_format: dict[str, Any], n: int) -> list[Grammar]:
-    """`n` matchers of a JSON `response_format` (one per choice: each keeps its own state);
-    run off the event loop: compiling a schema, and at first the vocabulary, takes time."""
-    if not model.predictor.end_token_ids:
-        raise ServingError(400, "JSON output needs a model with an end-of-turn id (its "
-                                "generation_config.json's eos_token_id)",
-                           param="response_format")  # fmt: skip
-    try:
-        grammar = json_grammar(response_format)
-        tokenizer = model.grammar_tokenizer()
-        return [Grammar(tokenizer, grammar) for _ in range(n)]
-    except ValueError as error:
-        raise ServingError(400, str(error), param="response_format") from None
-
-
-def _token_text(model: TextModel, token: int) -> str:
-    if not 0 <= token < model.words.vocabulary_size:
-        return ""
-    return model.words.decode([token], skip_special=False)
-
-
-def _entry(model: TextModel, token: int, logprob: float) -> dict[str, Any]:
-    text = _token_text(model, token)
-    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
-
-
-def _scores(flow: Flow, start: int, end: int) -> list[tuple[int, float, Any]] | None:
-    choice = flow.request.sampler
-    if not isinstance(choice, Choice) or choice.top_logprobs is None:
-        return None
-    end = min(end, len(flow.ids), len(choice.scores))
-    return [(flow.ids[i], *choice.scores[i]) for i in range(start, end)]
-
-
-def _chat_scores(model: TextModel, flow: Flow, start: int, end: int) -> dict[str, Any] | None:
-    """Chat's `logprobs` of the ids `start:end` a flow sent: `{"content": [...]}`."""
-    scores = _scores(flow, start, end)
-    if scores is None:
-        return None
-    return {"content": [
-        {**_entry(model, token, logprob),
-         "top_logprobs": [_entry(model, i, lp) for i, lp in top]}
-        for token, logprob, top in scores
-    ]}  # fmt: skip
-
-
-def _completion_scores(model: TextModel, flow: Flow, start: int, end: int
-                       ) -> dict[str, Any] | None:  # fmt: skip
-    """Completions' `logprobs` of the ids `start:end`: tokens, their log-probabilities, the
-    alternatives and each token's character offset in the generated text."""
-    scores = _scores(flow, start, end)
-    if scores is None:
-        return None
-    texts = [_token_text(model, token) for token, _, _ in scores]
-    offsets = [sum(len(_token_text(model, t)) for t in flow.ids[:start])]
-    for text in texts[:-1]:
-        offsets.append(offsets[-1] + len(text))
-    return {"tokens": texts, "token_logprobs": [lp for _, lp, _ in scores],
-            "top_logprobs": [{_token_text(model, i): lp for i, lp in top}
-                             for _, _, top in scores],
-            "text_offset": offsets[: len(texts)]}  # fmt: skip
-
-
-RERANK_FIELDS = {"model", "query", "documents", "top_n", "return_documents", "user"}
-
-
-@router.post("/v1/rerank")
-@router.post("/rerank")
-async def rerank(request: Request):
-    """Documents ordered by relevance to a query, by a pair classifier (a cross-encoder):
-    the request and answer of vLLM, text-embeddings-inference, infinity and Jina/Cohere
-    (`query`, `documents`, `top_n` -> `results` of `index`, `relevance_score`)."""
-    payload = await _body(request, RERANK_FIELDS)
-    chosen, model = await _model(request, payload, "classify")
-    query, documents = payload.get("query"), payload.get("documents")
-    if not isinstance(query, str) or not query:
-        raise ServingError(400, f"`query` must be a non-empty string; received "
-                                f"{shown(query)}"[:200], param="query")  # fmt: skip
-    if isinstance(documents, list):
-        documents = [d.get("text") if isinstance(d, dict) else d for d in documents]
-    if not isinstance(documents, list) or not documents or not all(
-        isinstance(d, str) for d in documents
-    ):  # fmt: skip
-        raise ServingError(400, "`documents` must be a non-empty list of strings (or of "
-                                f"{{\"text\"}} objects); received {shown(documents)}"[:300],
-                           param="documents")  # fmt: skip
-    settings = request.app.state.settings
-    if len(documents) > settings.max_rows_per_request:
-        raise ServingError(413, f"request has {len(documents)} documents; at most "
-                                f"{settings.max_rows_per_request} (--max-rows-per-request)",
-                           param="documents")  # fmt: skip
-    top_n = payload.get("top_n")
-    if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int)
-                              or top_n < 1):  # fmt: skip
-        raise ServingError(400, f"`top_n` must be an integer >= 1; received {shown(top_n)}",
-                           param="top_n")  # fmt: skip
-    give_back = payload.get("return_documents", True)
-    if not isinstance(give_back, bool):
-        raise ServingError(400, "`return_documents` must be true or false",
-                           param="return_documents")  # fmt: skip
-    limit = settings.max_text_chars
-    for field, text in [("query", query), *(("documents", d) for d in documents)]:
-        _unicode(text, field)
-    pairs = [(query[:limit], document[:limit]) for document in documents]
-    feeds, packed = await tokenized(request, model.encode_pairs, pairs)
-    assert model.batcher is not None  # `_model` built it with the server's batcher
-    _, outputs = await predict(request, (chosen, model.predictor, model.batcher), feeds)
-    scores = relevance(next(iter(outputs.values())))
-    order = sorted(range(len(documents)), key=lambda i: -scores[i])[:top_n]
-    results = [{"index": i, "relevance_score": float(scores[i]),
-                **({"document": {"text": documents[i]}} if give_back else {})}
-               for i in order]  # fmt: skip
-    tokens = sum(len(p) for p in packed)
-    return {
-        "id": f"rerank-{uuid.uuid4().hex}",
-        "model": payload["model"],
-        "results": results,
-        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-    }
-
-
-def relevance(logits: Any) -> np.ndarray:
-    """A pair classifier's relevance scores in [0, 1]: the sigmoid of a single logit, or
-    the probability of the last class (`relevant`) of several."""
-    logits = np.asarray(logits, np.float64).reshape(len(logits), -1)
-    if logits.shape[1] == 1:
-        return 1.0 / (1.0 + np.exp(-logits[:, 0]))
-    shifted = np.exp(logits - logits.max(1, keepdims=True))
-    return shifted[:, -1] / shifted.sum(1)

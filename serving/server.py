@@ -45,6 +45,7 @@ def create_app(
     from keras_attn_serving import (
         routes_openai,
         routes_repository,
+        routes_rerank,
         routes_text,
         routes_tfs,
         routes_v2,
@@ -109,7 +110,14 @@ def create_app(
                 metrics.prefix_cache_hit_tokens.labels(name).set(decoder.prefix.hit_tokens)
         return Response(metrics.exposition(), media_type="text/plain; version=0.0.4")
 
-    for module in (routes_v2, routes_text, routes_openai, routes_tfs, routes_repository):
+    for module in (
+        routes_v2,
+        routes_text,
+        routes_openai,
+        routes_rerank,
+        routes_tfs,
+        routes_repository,
+    ):
         app.include_router(module.router)
     return app
 

@@ -9,11 +9,11 @@ except `TextModel.stream`, which drives the decode graph step by step.
 """
 
 import re
-from collections.abc import AsyncGenerator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from keras_attn_serving.detokenizer import Detokenizer
+from keras_attn_serving.detokenizer import Deltas
 from keras_attn_serving.protocol import ServingError, shown
 
 if TYPE_CHECKING:
@@ -337,29 +337,6 @@ class TextModel:
         self.check_ids(list(ids), field)
         return list(ids)
 
-    def grammar_tokenizer(self) -> Any:
-        """The llguidance tokenizer of this model's `tokenizer.json`, built once (under a
-        lock: two first requests build it once) for constrained decoding; a `ValueError` for
-        a tokenizer llguidance cannot read (our WordPiece settings file)."""
-        from keras_attn_serving.choosers import llguidance_tokenizer
-
-        predictor = self.predictor
-        with predictor.grammar_lock:
-            if predictor.grammar_tokenizer is None:
-                native = getattr(self.words, "_tokenizer", None)
-                if native is None:
-                    raise ValueError("JSON output needs a model served with a Hugging Face "
-                                     "tokenizer.json")  # fmt: skip
-                width = max(predictor.token_limit or 0, self.words.vocabulary_size)
-                try:
-                    predictor.grammar_tokenizer = llguidance_tokenizer(
-                        native.to_str(), width, predictor.end_token_ids
-                    )
-                except Exception as error:  # llguidance's own message: the decoder it lacks
-                    raise ValueError(f"JSON output is not available for this tokenizer: "
-                                     f"{str(error)[:200]}") from None  # fmt: skip
-            return predictor.grammar_tokenizer
-
     def packed_ids(self, ids: list[int], field: str) -> list[int]:
         """A client's token ids for an encoder, packed as a text's ids are (the packer's
         start and end ids around them); more than the model takes is a 400."""
@@ -392,7 +369,7 @@ class TextModel:
         `request.stop_strings` (the token that completes it is the last one). With stop
         strings, text that could be the start of one is held back, and each pair is sent one
         token late (the last one carries the rest of the text)."""
-        deltas = _Deltas(self, prompt, request.stop_strings)
+        deltas = Deltas(self, prompt, request.stop_strings)
         tokens = self.predictor.stream_ids(
             prompt, request.max_tokens, request.stop_ids, sampler=request.sampler
         )
@@ -421,7 +398,7 @@ class TextModel:
     async def _astream(self, prompt: list[int], request: "GenerationRequest",
                        tokens: AsyncGenerator[int, None], outcome: dict[str, Any] | None,
                        ) -> AsyncGenerator[tuple[int, str], None]:  # fmt: skip
-        deltas = _Deltas(self, prompt, request.stop_strings)
+        deltas = Deltas(self, prompt, request.stop_strings)
         try:
             async for token in tokens:
                 for pair in deltas.push(token):
@@ -434,80 +411,3 @@ class TextModel:
                 yield pair
         finally:
             await tokens.aclose()
-
-
-class _Deltas:
-    """A generation's text, token by token: `push(id)` returns the `(id, text delta)` pairs
-    ready to send, holding back text that could begin a stop string (each pair then goes one
-    token late); `stopped` once the text holds a stop string (it is cut before it); `rest()`
-    the last pair when the ids end. The text grows through one `Detokenizer`: each character
-    is sent once, and the deltas join into the final text."""
-
-    def __init__(self, model: TextModel, prompt: list[int], stops: list[str]) -> None:
-        self.stops = stops
-        words, size = model.words, model.words.vocabulary_size
-        # Stop strings match the text with special tokens (`<|im_end|>`); the pairs sent
-        # leave those tokens' text out (`hidden`: spans of `text` that special ids wrote).
-        self.specials: frozenset[int] = (
-            getattr(words, "special_ids", frozenset()) if stops else frozenset())  # fmt: skip
-        keep = not self.specials
-
-        def decode(ids: Sequence[int]) -> str:  # ids past the tokenizer (a model's padded
-            # vocabulary: Qwen2 has 151,936 rows for 151,665 tokens) have no text
-            return words.decode([i for i in ids if 0 <= i < size], skip_special=keep)
-
-        self.words = Detokenizer(decode, prompt)
-        self.hidden: list[tuple[int, int]] = []
-        self.hold = max(map(len, stops), default=1) - 1
-        self.shown, self.text = 0, ""  # characters of `text` sent so far
-        self.held: tuple[int, str] | None = None  # the last pair, not sent yet
-        self.stopped = False
-
-    def _visible(self, start: int, end: int) -> str:
-        """`text[start:end]` less the characters special ids wrote."""
-        if not self.hidden:
-            return self.text[start:end]
-        keep = [True] * (end - start)
-        for a, b in self.hidden:
-            for i in range(max(a, start), min(b, end)):
-                keep[i - start] = False
-        return "".join(c for c, k in zip(self.text[start:end], keep, strict=True) if k)
-
-    def _add(self, piece: str) -> int | None:
-        """Appends `piece`; the index of the first stop string it completes, if any (only the
-        tail that `piece` can reach is searched)."""
-        start = max(0, len(self.text) - max(map(len, self.stops), default=0) + 1)
-        self.text += piece
-        found = (i for i in (self.text.find(stop, start) for stop in self.stops) if i >= 0)
-        return min(found, default=None) if piece else None
-
-    def push(self, token: int) -> list[tuple[int, str]]:
-        piece = self.words.push(token)
-        if token in self.specials:  # a special token's text is whole, at the piece's end
-            own = self.words.decode([token])
-            if own and piece.endswith(own):
-                end = len(self.text) + len(piece)
-                self.hidden.append((end - len(own), end))
-        cut = self._add(piece)
-        ready = [] if self.held is None else [self.held]
-        self.held = None
-        if cut is not None:
-            self.stopped = True
-            return [*ready, (token, self._visible(self.shown, max(cut, self.shown)))]
-        safe = max(self.shown, len(self.text) - self.hold)
-        pair = (token, self._visible(self.shown, safe))
-        self.shown = safe
-        if self.hold or self.words.pending:  # the text still to come rides on the last pair
-            self.held = pair
-        else:
-            ready.append(pair)
-        return ready
-
-    def rest(self) -> list[tuple[int, str]]:
-        cut = self._add(self.words.flush())
-        end = len(self.text) if cut is None else max(cut, self.shown)
-        tail = self._visible(self.shown, end)
-        self.shown = end
-        if self.held is None:  # nothing was held, so nothing is left: the text is all sent
-            return []
-        return [(self.held[0], self.held[1] + tail)]

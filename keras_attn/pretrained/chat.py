@@ -3,29 +3,12 @@ special tokens it sees (`keras_attn_serving.chat_template.read_chat_template`), 
 that end a turn (`generation_config.json`'s `eos_token_id`, else `config.json`'s; one id or a
 list, as `transformers`' `generate` reads them)."""
 
-import json
 import os
 from typing import Any
 
-from keras_attn_serving.chat_template import ChatTemplate, read_chat_template
+from keras_attn_serving.chat_template import ChatTemplate, read_chat_template, read_json_object
 
 MAX_CONFIG_BYTES = 1 << 20
-
-
-def _json(folder: str, name: str) -> dict[str, Any]:
-    path = os.path.join(folder, name)
-    if not os.path.exists(path):
-        return {}
-    if os.path.getsize(path) > MAX_CONFIG_BYTES:
-        raise ValueError(f"{name} is larger than {MAX_CONFIG_BYTES} bytes")
-    try:
-        with open(path, encoding="utf-8") as file:
-            value = json.load(file)
-    except (ValueError, UnicodeDecodeError) as error:
-        raise ValueError(f"{name} is not valid JSON: {error}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{name} must hold a JSON object. Received: {type(value).__name__}")
-    return value
 
 
 def end_token_ids(folder: str | os.PathLike[str], vocabulary_size: int) -> list[int]:
@@ -37,7 +20,7 @@ def end_token_ids(folder: str | os.PathLike[str], vocabulary_size: int) -> list[
     """
     folder = os.fspath(folder)
     for name in ("generation_config.json", "config.json"):
-        value = _json(folder, name).get("eos_token_id")
+        value = read_json_object(folder, name, MAX_CONFIG_BYTES).get("eos_token_id")
         if value is None:
             continue
         ids = value if isinstance(value, list) else [value]

@@ -7,8 +7,7 @@ import types
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from keras_attn_serving.detokenizer import Detokenizer
-from keras_attn_serving.text import _Deltas
+from keras_attn_serving.detokenizer import Deltas, Detokenizer
 from keras_attn_serving.tokenizer import JsonTextTokenizer
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -41,7 +40,7 @@ def _expected(words, prompt, new):
 
 
 def _streamed(words, prompt, new, stops=()):
-    deltas = _Deltas(types.SimpleNamespace(words=words), prompt, list(stops))
+    deltas = Deltas(types.SimpleNamespace(words=words), prompt, list(stops))
     pairs = []
     for token in new:
         pairs += deltas.push(token)

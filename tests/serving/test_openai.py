@@ -12,8 +12,8 @@ import httpx
 import keras
 import numpy as np
 import pytest
+from keras_attn_serving.detokenizer import Deltas
 from keras_attn_serving.server import ModelRepository, create_app
-from keras_attn_serving.text import _Deltas
 from keras_attn_serving.tokenizer import load_text_tokenizer
 
 from keras_attn.models import CausalLM
@@ -281,7 +281,7 @@ def test_stop_strings_match_special_tokens_and_answers_leave_them_out(served):
     model = SimpleNamespace(words=words)
 
     def text(stops):
-        deltas, pairs = _Deltas(model, [5], stops), []
+        deltas, pairs = Deltas(model, [5], stops), []
         for token in ids:  # as `TextModel.stream` runs it: a stop ends the ids
             pairs += deltas.push(token)
             if deltas.stopped:
