@@ -16,7 +16,7 @@ import keras_attn  # noqa: F401  registers the layers and models for loading
 from keras_attn.models import CausalLM, EncoderBackbone
 from keras_attn.models.heads import folder_preprocessor
 from keras_attn.pretrained.folder import read_config
-from keras_attn.pretrained.layouts import architecture_for_config
+from keras_attn.pretrained.registry import layout_for_config
 from keras_attn.tokenizers import (
     BytePairTokenizer,
     Tokenizer,
@@ -134,7 +134,7 @@ def load_folder(path: str, sequence_length: int | None) -> tuple["keras.Model", 
     """`(model, tokenizer, packer)` of a Hugging Face folder: an encoder with the folder's
     pooling, tokenizer and `[CLS] text [SEP]` packer; a causal LM with its own preprocessor
     (tokenizer and packer None)."""
-    kind = architecture_for_config(read_config(path)).model_class
+    kind = layout_for_config(read_config(path)).model_class
     if kind == "DecoderBackbone":
         return CausalLM.from_pretrained(path), None, None
     model = EncoderBackbone.from_pretrained(path)

@@ -1,12 +1,13 @@
-"""Checkpoint key layouts: which Hugging Face tensor each of our variables is, per architecture.
+"""The encoder layouts (BERT, RoBERTa, DistilBERT) and GPT-2's: which Hugging Face tensor
+each of our variables is.
 
-An architecture answers three questions: the constructor arguments of our model for a
-`config.json` (`model_kwargs`), the `config.json` of one of our models (`hf_config`), and the
-checkpoint key of every variable (`tensors`, built of `keras_attn.pretrained.tensors.Tensor`,
-which says how one variable is stored).
+A layout (`keras_attn.pretrained.registry.Layout`) answers: the constructor arguments of our
+model for a `config.json` (`model_kwargs`), the `config.json` of one of our models
+(`hf_config`), and the checkpoint key of every variable (`tensors`, built of
+`keras_attn.pretrained.tensors.Tensor`, which says how one variable is stored).
 """
 
-from typing import Any
+from typing import Any, ClassVar
 
 from keras_attn.pretrained.hf_config import (
     activation,
@@ -14,8 +15,7 @@ from keras_attn.pretrained.hf_config import (
     hf_activation,
     sizes,
 )
-from keras_attn.pretrained.llama import Llama
-from keras_attn.pretrained.registry import model_class
+from keras_attn.pretrained.registry import BaseLayout, register_layout
 from keras_attn.pretrained.tensors import (
     Tensor,
     attention_block,
@@ -50,11 +50,12 @@ def _encoder_kwargs(config, names, **rest):
     return sizes(config, names, pad_token_id=config.get("pad_token_id") or 0, **rest)
 
 
-class Bert:
+@register_layout
+class Bert(BaseLayout):
     """BERT, and every checkpoint in its key layout (MiniLM, sentence-transformers)."""
 
-    model_types: tuple[str, ...] = ("bert",)
-    prefixes: tuple[str, ...] = ("bert.",)
+    model_types: ClassVar[tuple[str, ...]] = ("bert",)
+    prefixes: ClassVar[tuple[str, ...]] = ("bert.",)
     model_class = "EncoderBackbone"
     config_keys = BERT_KEYS
 
@@ -82,7 +83,11 @@ class Bert:
     def _position_offset(self, model):
         return 0
 
-    def hf_config(self, model: Any) -> dict[str, Any]:
+    def writes(self, model: Any) -> str | None:
+        distilbert = model.num_segments is None and not model.use_pooler
+        return None if model.position_offset or distilbert else "bert"
+
+    def hf_config(self, model: Any, model_type: str) -> dict[str, Any]:
         check_exportable(
             model,
             normalize_first=False,
@@ -91,7 +96,7 @@ class Bert:
         )
         return {
             "architectures": [self.architecture],
-            "model_type": self.model_types[0],
+            "model_type": model_type,
             "vocab_size": model.vocabulary_size,
             "hidden_size": model.hidden_dim,
             "num_hidden_layers": model.num_layers,
@@ -147,6 +152,7 @@ class Bert:
         return flatten(tree)
 
 
+@register_layout
 class Roberta(Bert):
     """RoBERTa: BERT's keys under `roberta.`; padding id 1, positions counted from 2."""
 
@@ -164,8 +170,12 @@ class Roberta(Bert):
     def _position_offset(self, model):
         return model.pad_token_id + 1
 
+    def writes(self, model: Any) -> str | None:
+        return "roberta" if model.position_offset else None
 
-class DistilBert:
+
+@register_layout
+class DistilBert(BaseLayout):
     """DistilBERT: no segments, no pooler, its own key names."""
 
     model_types = ("distilbert",)
@@ -197,7 +207,11 @@ class DistilBert:
             use_pooler=False,
         )
 
-    def hf_config(self, model: Any) -> dict[str, Any]:
+    def writes(self, model: Any) -> str | None:
+        plain = not model.position_offset and model.num_segments is None
+        return "distilbert" if plain and not model.use_pooler else None
+
+    def hf_config(self, model: Any, model_type: str) -> dict[str, Any]:
         check_exportable(
             model, normalize_first=False, position_encoding="learned", position_offset=0,
             num_segments=None, use_pooler=False, layer_norm_epsilon=1e-12,
@@ -245,7 +259,8 @@ class DistilBert:
         return flatten(tree)
 
 
-class Gpt2:
+@register_layout
+class Gpt2(BaseLayout):
     """GPT-2: pre-norm blocks, a final norm, tanh GELU, `Conv1D` weights `(in, out)` with q|k|v
     fused, token embedding tied to the output."""
 
@@ -284,7 +299,10 @@ class Gpt2:
             layer_norm_epsilon=config.get("layer_norm_epsilon", 1e-5),
         )
 
-    def hf_config(self, model: Any) -> dict[str, Any]:
+    def writes(self, model: Any) -> str | None:
+        return None if getattr(model, "position_encoding", None) == "rotary" else "gpt2"
+
+    def hf_config(self, model: Any, model_type: str) -> dict[str, Any]:
         check_exportable(
             model, normalize_first=True, position_encoding="learned", normalization="layer_norm",
             gated_feed_forward=False, num_key_value_heads=None, head_dim=None,
@@ -337,44 +355,3 @@ class Gpt2:
                 },
             }
         return flatten(tree)
-
-
-Architecture = Bert | DistilBert | Gpt2 | Llama
-ARCHITECTURES: tuple[Architecture, ...] = (Bert(), Roberta(), DistilBert(), Gpt2(), Llama())
-
-
-def architecture_for_config(config: dict[str, Any]) -> Architecture:
-    """The layout of a `config.json`, by its `model_type`."""
-    model_type = config.get("model_type")
-    for architecture in ARCHITECTURES:
-        if model_type in architecture.model_types:
-            return architecture
-    supported = sorted(t for a in ARCHITECTURES for t in a.model_types)
-    raise ValueError(
-        f"config.json's model_type is not supported. Received: model_type={model_type!r}; "
-        f"supported: {supported}"
-    )
-
-
-def architecture_for_model(model: Any, model_type: str | None = None) -> Architecture:
-    """The layout to write `model` in: `model_type` if given, else inferred from the model
-    (a decoder backbone with rotary positions is Llama, or Qwen2 with biases on q, k, v only,
-    other decoders GPT-2; an encoder with a position offset RoBERTa, without segments and
-    pooler DistilBERT, else BERT)."""
-    if model_type is not None:
-        architecture = architecture_for_config({"model_type": model_type})
-    elif isinstance(model, model_class("DecoderBackbone")):
-        rotary = getattr(model, "position_encoding", None) == "rotary"
-        architecture = ARCHITECTURES[4] if rotary else ARCHITECTURES[3]
-    elif getattr(model, "position_offset", 0):
-        architecture = ARCHITECTURES[1]
-    elif model.num_segments is None and not model.use_pooler:
-        architecture = ARCHITECTURES[2]
-    else:
-        architecture = ARCHITECTURES[0]
-    if not isinstance(model, model_class(architecture.model_class)):
-        raise ValueError(
-            f"model_type {architecture.model_types[0]!r} is a {architecture.model_class}. "
-            f"Received: a {type(model).__name__}"
-        )
-    return architecture

@@ -1,10 +1,11 @@
 """The Llama family's checkpoint layout (Llama 2/3, Mistral, Qwen2, SmolLM, TinyLlama) into
-`DecoderBackbone`; see `keras_attn.pretrained.layouts` for what a layout answers."""
+`DecoderBackbone`; see `keras_attn.pretrained.registry.Layout` for what a layout answers."""
 
 from typing import Any
 
 from keras_attn.layers.rotary_embedding import ROPE_TYPES, check_rope_scaling
 from keras_attn.pretrained.hf_config import activation, check_exportable, sizes
+from keras_attn.pretrained.registry import BaseLayout, register_layout
 from keras_attn.pretrained.tensors import Tensor, flatten, linear, table
 
 LLAMA_ARCHITECTURES = {
@@ -97,7 +98,8 @@ def attention_window(config: dict[str, Any], positions: int) -> int | None:
     return window if window < positions else None
 
 
-class Llama:
+@register_layout
+class Llama(BaseLayout):
     """The Llama family (Llama 2/3, Mistral, Qwen2, SmolLM, TinyLlama): pre-norm RMSNorm blocks,
     rotary queries and keys (`rope_theta`, `rope_scaling`), grouped-query attention, SwiGLU,
     no biases (Qwen2: biased q, k, v), an untied `lm_head` unless `tie_word_embeddings`."""
@@ -161,13 +163,15 @@ class Llama:
         `lm_head`), so `transformers` loads the folder as the causal LM it is."""
         return key if key == "lm_head.weight" else f"model.{key}"
 
-    def model_type_of(self, model: Any) -> str:
-        """Qwen2 when only q, k, v have biases, else Llama."""
+    def writes(self, model: Any) -> str | None:
+        """Rotary decoders: Qwen2 when only q, k, v have biases, else Llama."""
+        if getattr(model, "position_encoding", None) != "rotary":
+            return None
         qwen2 = model.attention_bias and model.attention_output_bias is False
         return "qwen2" if qwen2 else "llama"
 
-    def hf_config(self, model: Any, model_type: str | None = None) -> dict[str, Any]:
-        kind = model_type or self.model_type_of(model)
+    def hf_config(self, model: Any, model_type: str) -> dict[str, Any]:
+        kind = model_type
         check_exportable(
             model, normalize_first=True, position_encoding="rotary", normalization="rms_norm",
             gated_feed_forward=True, activation="swish",

@@ -12,7 +12,7 @@ from safetensors.numpy import load_file
 from keras_attn.layers.rotary_embedding import check_rope_scaling
 from keras_attn.models import CausalLM, DecoderBackbone
 from keras_attn.pretrained import load_pretrained
-from keras_attn.pretrained.layouts import architecture_for_model
+from keras_attn.pretrained.registry import layout_for_model
 from tests.helpers import run_in_fresh_process, to_numpy
 from tests.models import llama_reference as ref
 
@@ -54,7 +54,7 @@ def test_layout_matches_the_float64_forward_and_round_trips_exactly(case, tmp_pa
     # Round trip, sharded: every tensor back bit for bit, the architecture fields unchanged.
     # Mistral is Llama's computation: without `model_type` it is written as Llama.
     inferred = "llama" if config["model_type"] == "mistral" else config["model_type"]
-    assert architecture_for_model(lm.backbone).model_type_of(lm.backbone) == inferred
+    assert layout_for_model(lm.backbone)[1] == inferred
     lm.save_pretrained(tmp_path / "out", model_type=config["model_type"], max_shard_size=20_000)
     index = json.loads((tmp_path / "out" / "model.safetensors.index.json").read_text())
     shards = sorted(set(index["weight_map"].values()))
