@@ -94,6 +94,7 @@ CASES = [
             "mask_zero": True,
             "embeddings_initializer": "he_normal",
             "tie_weights": False,
+            "reverse_bias": True,
         },
         [ids(2, 5)],
     ),
@@ -105,7 +106,22 @@ CASES = [
     Case(
         ka.PositionEmbedding, {"sequence_length": 16, "initializer": "he_normal"}, [floats(2, 5, 8)]
     ),
-    Case(ka.SinusoidalPositionEncoding, {"max_wavelength": 500}, [floats(2, 5, 7)]),
+    Case(
+        ka.SinusoidalPositionEncoding,
+        {"max_wavelength": 500, "layout": "halves"},
+        [floats(2, 5, 7)],
+    ),
+    Case(
+        ka.RelativePositionBias,
+        {
+            "num_heads": 3,
+            "num_buckets": 8,
+            "max_distance": 20,
+            "bidirectional": False,
+            "embeddings_initializer": "he_normal",
+        },
+        [floats(2, 5, 7)],
+    ),
     Case(
         ka.RotaryEmbedding,
         {

@@ -17,6 +17,7 @@ from keras_attn.layers.masks import (
     padding_mask_to_attention_mask,
 )
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
+from keras_attn.layers.relative_position_bias import RelativePositionBias
 from keras_attn.layers.rotary_embedding import RotaryEmbedding
 from keras_attn.layers.scores import (
     AdditiveScore,
@@ -38,6 +39,7 @@ __all__ = [
     "FeedForward",
     "MultiHeadAttention",
     "PositionEmbedding",
+    "RelativePositionBias",
     "RotaryEmbedding",
     "ScaledDotScore",
     "Score",

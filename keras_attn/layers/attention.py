@@ -24,18 +24,23 @@ def attend(
     mask: Tensor | None = None,
     dropout: keras.layers.Dropout | None = None,
     training: bool | None = None,
+    bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """softmax(score(q, k)) · v over the last two axes, with masking and optional dropout.
+    """softmax(score(q, k) + bias) · v over the last two axes, with masking and optional dropout.
 
     Args:
         query: `(..., T, d_q)`. key: `(..., S, d_k)`. value: `(..., S, d_v)`.
         score: a `Score` layer.
         mask: optional bool, broadcastable to `(..., T, S)`; `True` = may attend.
         dropout: optional `keras.layers.Dropout` applied to the weights.
+        bias: optional float, broadcastable to `(..., T, S)`: added to the scores before the
+            mask and softmax (T5's relative position bias).
     Returns:
         `(output (..., T, d_v), weights (..., T, S))`. `weights` are before dropout.
     """
     scores = score(query, key)
+    if bias is not None:
+        scores = scores + ops.cast(bias, scores.dtype)
     weights = masked_softmax(scores, mask)
     dropped = dropout(weights, training=training) if dropout is not None else weights
     return ops.matmul(dropped, value), weights

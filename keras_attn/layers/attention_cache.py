@@ -28,7 +28,7 @@ class KeyValueCache:
 
     def _call_cached(
         self, query, query_mask, key_padding_mask, attention_mask, cache, cache_update_index,
-        return_attention_scores, training,
+        return_attention_scores, training, score_bias=None,
     ):  # fmt: skip
         """Causal self-attention of new tokens over a key/value cache (incremental decoding).
 
@@ -60,7 +60,7 @@ class KeyValueCache:
             cache = ops.stack([keys, values], axis=1)
         else:  # cross-attention over keys and values projected once by `key_value_cache`
             keys, values = cache[:, 0], cache[:, 1]
-        fused = self.score.is_scaled_dot and not return_attention_scores
+        fused = self.score.is_scaled_dot and not return_attention_scores and score_bias is None
         q, k, v = (
             self._rope(self.query_dense(query), positions, 1),
             ops.cast(keys, query.dtype),
@@ -72,7 +72,7 @@ class KeyValueCache:
         outputs = self._attend_projected(
             q, k, v, query_mask, key_padding_mask, None, attention_mask, causal,
             fused, False, return_attention_scores, training,
-            causal_offset=cache_update_index if causal else 0,
+            causal_offset=cache_update_index if causal else 0, score_bias=score_bias,
         )  # fmt: skip
         if return_attention_scores:
             return (*outputs, cache)

@@ -39,6 +39,8 @@ class TokenEmbedding(keras.layers.Layer):
         tie_weights: bool. `reverse=True` projects with `E` itself (GPT-2); `False` gives the
             output projection its own matrix `reverse_embeddings (vocabulary_size,
             embedding_dim)` (Llama's untied `lm_head`). Defaults to `True`.
+        reverse_bias: bool. `reverse=True` adds a bias `reverse_bias (vocabulary_size,)` to
+            the logits (BART's and Marian's `final_logits_bias`). Defaults to `False`.
     Call arguments:
         inputs: int ids `(batch, seq_len)`, or with `reverse=True` float `(..., embedding_dim)`.
         reverse: bool. Project to logits with `Eᵀ` (or the untied matrix) instead of looking
@@ -58,12 +60,14 @@ class TokenEmbedding(keras.layers.Layer):
         mask_zero: bool = False,
         embeddings_initializer: Initializer = "glorot_uniform",
         tie_weights: bool = True,
+        reverse_bias: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         check_positive_int("vocabulary_size", vocabulary_size)
         check_positive_int("embedding_dim", embedding_dim)
         self.tie_weights = bool(tie_weights)
+        self.reverse_bias = bool(reverse_bias)
         self.vocabulary_size = vocabulary_size
         self.embedding_dim = embedding_dim
         self.mask_zero = mask_zero
@@ -83,6 +87,11 @@ class TokenEmbedding(keras.layers.Layer):
                 shape=(self.vocabulary_size, self.embedding_dim),
                 initializer=self.embeddings_initializer,
             )
+        self.logits_bias = None
+        if self.reverse_bias:
+            self.logits_bias = self.add_weight(
+                name="reverse_bias", shape=(self.vocabulary_size,), initializer="zeros"
+            )
 
     def call(self, inputs: Tensor, reverse: bool = False) -> Tensor:
         if reverse:
@@ -93,7 +102,10 @@ class TokenEmbedding(keras.layers.Layer):
                 )
             table = self.embeddings if self.reverse_embeddings is None else self.reverse_embeddings
             kernel = ops.cast(table, self.compute_dtype)
-            return ops.matmul(inputs, ops.transpose(kernel))
+            logits = ops.matmul(inputs, ops.transpose(kernel))
+            if self.logits_bias is not None:
+                logits = logits + ops.cast(self.logits_bias, self.compute_dtype)
+            return logits
         if "int" not in keras.backend.standardize_dtype(inputs.dtype):
             inputs = ops.cast(inputs, "int32")
         return ops.take(self.embeddings, inputs, axis=0)
@@ -113,6 +125,7 @@ class TokenEmbedding(keras.layers.Layer):
             "mask_zero": self.mask_zero,
             "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
             "tie_weights": self.tie_weights,
+            "reverse_bias": self.reverse_bias,
         }
 
 
@@ -206,17 +219,31 @@ class PositionEmbedding(keras.layers.Layer):
         }
 
 
+SINUSOIDAL_LAYOUTS = ("interleaved", "halves")
+
+
 def sinusoidal_encoding(
-    positions: Tensor, dim: int, max_wavelength: float = 10000.0, dtype: DType = "float32"
+    positions: Tensor,
+    dim: int,
+    max_wavelength: float = 10000.0,
+    dtype: DType = "float32",
+    layout: str = "interleaved",
 ) -> Tensor:
     """Vaswani's encoding for float positions `(T,)`: `(T, dim)` with
-    `PE[p, 2i] = sin(p / max_wavelength^(2i/dim))`, `PE[p, 2i+1] = cos(same angle)`."""
+    `PE[p, 2i] = sin(p / max_wavelength^(2i/dim))`, `PE[p, 2i+1] = cos(same angle)`;
+    `layout="halves"` puts every sine first, then every cosine (`PE[p, i]` and
+    `PE[p, dim/2 + i]`; Marian's and tensor2tensor's layout)."""
     index = ops.arange(dim, dtype="float32")
-    pair = ops.floor(index / 2.0) * 2.0  # 2i for both members of a sin/cos pair
+    if layout == "halves":
+        half = (dim + 1) // 2
+        pair = ops.where(index < half, index, index - half) * 2.0
+        is_sine = index < half
+    else:
+        pair = ops.floor(index / 2.0) * 2.0  # 2i for both members of a sin/cos pair
+        is_sine = ops.equal(ops.mod(ops.arange(dim), 2), 0)
     inv_freq = ops.exp(-math.log(max_wavelength) * pair / dim)  # (dim,)
     angles = ops.expand_dims(ops.cast(positions, "float32"), -1) * inv_freq  # (T, dim)
-    is_even = ops.equal(ops.mod(ops.arange(dim), 2), 0)
-    return ops.cast(ops.where(is_even, ops.sin(angles), ops.cos(angles)), dtype)
+    return ops.cast(ops.where(is_sine, ops.sin(angles), ops.cos(angles)), dtype)
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -225,6 +252,8 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
 
     Args:
         max_wavelength: float. Longest wavelength, `10000` in the paper.
+        layout: `"interleaved"` (sine and cosine alternate, as the paper writes it; the
+            default) or `"halves"` (all sines, then all cosines: Marian).
     Call arguments:
         inputs: `(batch, seq_len, dim)`. start_index: position of the first step.
         position_ids: optional int `(batch, seq_len)`, overriding `start_index`.
@@ -232,8 +261,15 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
         `(batch, seq_len, dim)` encodings, broadcast over the batch.
     """
 
-    def __init__(self, max_wavelength: float = 10000, **kwargs: Any) -> None:
+    def __init__(
+        self, max_wavelength: float = 10000, layout: str = "interleaved", **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
+        if layout not in SINUSOIDAL_LAYOUTS:
+            raise ValueError(
+                f"`layout` must be one of {SINUSOIDAL_LAYOUTS}. Received: layout={layout!r}"
+            )
+        self.layout = layout
         if not max_wavelength > 1:
             raise ValueError(
                 "`max_wavelength` must be greater than 1. "
@@ -255,13 +291,14 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
         shape = ops.shape(inputs)
         if position_ids is not None:  # (batch, seq) -> (batch, seq, dim)
             return sinusoidal_encoding(
-                position_ids, inputs.shape[-1], self.max_wavelength, self.compute_dtype
-            )
+                position_ids, inputs.shape[-1], self.max_wavelength, self.compute_dtype,
+                self.layout,
+            )  # fmt: skip
         positions = ops.add(
             ops.arange(shape[-2], dtype="float32"), ops.cast(start_index, "float32")
         )
         encoding = sinusoidal_encoding(
-            positions, inputs.shape[-1], self.max_wavelength, self.compute_dtype
+            positions, inputs.shape[-1], self.max_wavelength, self.compute_dtype, self.layout
         )
         return ops.broadcast_to(encoding, shape)
 
@@ -269,4 +306,8 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
         return inputs_shape
 
     def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "max_wavelength": self.max_wavelength}
+        return {
+            **super().get_config(),
+            "max_wavelength": self.max_wavelength,
+            "layout": self.layout,
+        }

@@ -79,6 +79,10 @@ class MultiHeadAttention(KeyValueCache, keras.layers.Layer):
         cache_update_index: int or scalar tensor: position of the first new token in `cache`.
         position_ids: optional int `(batch, T)`: the rotary position of each token (left
             padding); defaults to `0 … T-1`.
+        score_bias: optional float, broadcastable to `(batch, num_heads, T, S)` (with a
+            cache, S is its `max_length`): added to the scores before masking and softmax
+            (T5's relative position bias, from `RelativePositionBias`). Takes the explicit
+            path rather than the fused kernel.
     Returns:
         `(batch, T, output_dim)`, and the weights when asked for. Padded queries give zeros.
         With a cache, the updated cache comes last.
@@ -244,11 +248,13 @@ class MultiHeadAttention(KeyValueCache, keras.layers.Layer):
         cache: Tensor | None = None,
         cache_update_index: int | Tensor | None = None,
         position_ids: Tensor | None = None,
+        score_bias: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, ...]:
         if cache is not None:
             return self._call_cached(
                 query, query_mask if query_mask is not None else mask, value_mask,
                 attention_mask, cache, cache_update_index, return_attention_scores, training,
+                score_bias,
             )  # fmt: skip
         query_mask, value_mask, key_mask = resolve_input_masks(
             value, key, query_mask, value_mask, key_mask, mask
@@ -263,6 +269,7 @@ class MultiHeadAttention(KeyValueCache, keras.layers.Layer):
         fused = (
             self.score.is_scaled_dot
             and not return_attention_scores
+            and score_bias is None
             and (on_tensorflow() or (same_width and not use_dropout))
         )
         if (
@@ -301,6 +308,7 @@ class MultiHeadAttention(KeyValueCache, keras.layers.Layer):
         return self._attend_projected(
             q, k, v, query_mask, value_mask, key_mask, attention_mask, use_causal_mask,
             fused, use_dropout, return_attention_scores, training, per_head=per_head,
+            score_bias=score_bias,
         )  # fmt: skip
 
     def _rope(self, x, positions, sequence_axis):
@@ -313,6 +321,7 @@ class MultiHeadAttention(KeyValueCache, keras.layers.Layer):
     def _attend_projected(
         self, q, k, v, query_mask, value_mask, key_mask, attention_mask, use_causal_mask,
         fused, use_dropout, return_attention_scores, training, causal_offset=0, per_head=False,
+        score_bias=None,
     ):  # fmt: skip
         """Masks, attention and W_O on projected heads, laid out as `fused` needs."""
         heads_first = per_head or not fused  # (B, H, T, d) rather than (B, T, H, d)
@@ -350,6 +359,7 @@ class MultiHeadAttention(KeyValueCache, keras.layers.Layer):
                 mask=head_mask,
                 dropout=self.dropout_layer if use_dropout else None,
                 training=training,
+                bias=score_bias,
             )  # (B, H, T, dv)
         if not heads_first or self.output_dense.quantization_mode:
             if heads_first:

@@ -35,6 +35,9 @@ class TransformerDecoder(TransformerBlock):
             computed once for a whole decoding; `encoder_sequence` may then be omitted.
         position_ids: optional int `(batch, T)`: rotary positions of the tokens (left padding),
             for blocks with `rope_max_wavelength`.
+        score_bias: optional float, broadcastable to `(batch, heads, T, T)` (with a cache,
+            `(…, T, max_length)`): added to the self-attention scores (T5's relative position
+            bias, computed once by `RelativePositionBias` and shared by every block).
     Returns:
         `(batch, T, hidden_dim)`; with `return_attention_scores`, `(outputs, self_weights)` or
         `(outputs, self_weights, cross_weights)`; with a cache, the updated cache comes last.
@@ -97,6 +100,7 @@ class TransformerDecoder(TransformerBlock):
         self_attention_cache_update_index: int | Tensor | None = None,
         cross_attention_cache: Tensor | None = None,
         position_ids: Tensor | None = None,
+        score_bias: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, ...]:
         # Incremental decoding reads only a padding mask passed as such: one that Keras
         # propagates from the new tokens' embedding covers them, not the whole cache.
@@ -129,6 +133,7 @@ class TransformerDecoder(TransformerBlock):
                     use_causal_mask=use_causal_mask,
                     training=training,
                     **({} if position_ids is None else {"position_ids": position_ids}),
+                    **({} if score_bias is None else {"score_bias": score_bias}),
                 )
             # Incremental decoding: the padding mask, if any, covers the whole cache.
             output, scores, cache = self._attend_cached(
@@ -139,6 +144,7 @@ class TransformerDecoder(TransformerBlock):
                 cache=self_attention_cache,
                 cache_update_index=self_attention_cache_update_index,
                 training=training,
+                **({} if score_bias is None else {"score_bias": score_bias}),
             )
             new_cache.append(cache)
             return output, scores

@@ -41,6 +41,8 @@ class TransformerEncoder(TransformerBlock):
         attention_mask: optional bool `(batch, seq_len, seq_len)`; ANDed with the padding mask.
         use_causal_mask: bool. Causal self-attention. Defaults to `False`.
         return_attention_scores: bool. Also return the weights `(batch, heads, seq, seq)`.
+        score_bias: optional float, broadcastable to `(batch, heads, seq, seq)`: added to the
+            attention scores (T5's relative position bias from `RelativePositionBias`).
     Returns:
         float tensor `(batch, seq_len, hidden_dim)` (and the weights when asked for). At padded
         positions attention contributes zeros; only real positions carry meaning.
@@ -80,6 +82,7 @@ class TransformerEncoder(TransformerBlock):
         training: bool | None = None,
         mask: Tensor | None = None,
         inputs_mask: Tensor | None = None,
+        score_bias: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         # Keras delivers the propagated mask as `mask` (one tensor passed) or `inputs_mask`.
         if padding_mask is None:
@@ -95,6 +98,7 @@ class TransformerEncoder(TransformerBlock):
                 attention_mask=attention_mask,
                 use_causal_mask=use_causal_mask,
                 training=training,
+                **({} if score_bias is None else {"score_bias": score_bias}),
             )
 
         x, scores = self._residual(

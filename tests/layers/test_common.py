@@ -64,6 +64,8 @@ def test_one_fit_step_updates_weights(case):
     target = np.ones_like(model.predict(case.inputs, verbose=0))
     if not model.trainable_weights:
         pytest.skip(f"{case.name} has no weights; its fit step is covered by the blocks using it")
+    if target.shape[0] != len(case.inputs[0]):
+        pytest.skip(f"{case.name} is one tensor for the batch; its fit step is the T5 case's")
     before = [to_numpy(w).copy() for w in model.trainable_weights]
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
     history = model.fit(case.inputs, target, batch_size=2, epochs=1, verbose=0)
