@@ -7,8 +7,9 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_attn.decoding.runners import Runner, compiled, position, select_rows
-from keras_attn.decoding.samplers import Sampler, log_softmax
+from keras_attn.decoding.beam import ban_ngrams, beam_search, check_beam_arguments
+from keras_attn.decoding.runners import Runner, compiled, position
+from keras_attn.decoding.samplers import Sampler
 from keras_attn.types import Tensor
 
 SAMPLERS = ("greedy", "sample", "beam")
@@ -70,11 +71,13 @@ def decode(
     top_k: int | None = None,
     top_p: float | None = None,
     num_beams: int = 4,
-    length_penalty: float = 0.6,
+    length_penalty: float = 1.0,
     stop_token_ids: Iterable[int] = (),
     seed: int | None = None,
     use_cache: bool = True,
     pad_token_id: int | None = 0,
+    early_stopping: bool | str = False,
+    no_repeat_ngram_size: int = 0,
 ) -> list[list[int]]:
     """Continues each prompt by up to `max_new_tokens` ids.
 
@@ -90,8 +93,13 @@ def decode(
         sampler: `"greedy"`, `"sample"` (temperature, top-k, top-p) or `"beam"`.
         temperature, top_k, top_p, seed: see `Sampler`.
         num_beams: int. Beams for `"beam"`. Defaults to `4`.
-        length_penalty: float α of Wu et al.'s `((5 + n) / 6)^α`; beam scores are summed
-            log-probabilities divided by it. `0` ranks by raw log-probability.
+        length_penalty: float α: a finished beam's score is its summed log-probability over
+            `length ** α` (`length`: its new ids, the stop id included), as `transformers`
+            scores it. `0` ranks by raw log-probability. Defaults to `1.0`.
+        early_stopping: `True`, `False` (the default) or `"never"`: when beam search ends,
+            as `transformers` decides it (see `keras_attn.decoding.beam`).
+        no_repeat_ngram_size: int. No n-gram of this size occurs twice in a row's ids
+            (prompt included). Defaults to `0` (off).
         stop_token_ids: ids that end a sequence; they are not returned.
         use_cache: bool. `False` recomputes the whole prefix every step (the reference).
         pad_token_id: int or None. Padding id, never generated. Defaults to `0`. `None`: no
@@ -132,11 +140,8 @@ def decode(
             "table). Shorten the prompt or ask for fewer tokens."
         )
     stop = set(int(s) for s in stop_token_ids)
+    check_beam_arguments(num_beams, early_stopping, no_repeat_ngram_size)
     if sampler == "beam":
-        if not isinstance(num_beams, int) or num_beams <= 0:
-            raise ValueError(
-                f"`num_beams` must be a positive int. Received: num_beams={num_beams!r}"
-            )
         return [
             beam_search(
                 runner,
@@ -148,6 +153,8 @@ def decode(
                 stop,
                 pad_token_id,
                 use_cache,
+                early_stopping,
+                no_repeat_ngram_size,
             )
             for row, prompt in enumerate(prompts)
         ]
@@ -162,7 +169,7 @@ def decode(
     state = runner.initial_state(list(range(len(prompts))), width)
     if use_cache:
         logits, state = runner.compiled_step(buffer[:, :start], state, position(0))
-    if use_cache and sampler == "greedy" and hasattr(runner, "model"):
+    if use_cache and sampler == "greedy" and hasattr(runner, "model") and not no_repeat_ngram_size:
         # Backend tensors in: PyTorch compares a tensor with a NumPy array by neither rule.
         tensor = ops.convert_to_tensor
         buffer, finished = greedy_loop(runner)(
@@ -176,7 +183,11 @@ def decode(
         logits = runner.compiled_full(buffer[:, :start], state)
     finished = np.zeros(len(prompts), dtype=bool)
     for t in range(start, width):
-        chosen = choose(_last_logits(logits, pad_token_id))
+        last = _last_logits(logits, pad_token_id)
+        if no_repeat_ngram_size:
+            ban_ngrams(last, [buffer[r, :t].tolist() for r in range(len(prompts))],
+                       no_repeat_ngram_size)  # fmt: skip
+        chosen = choose(last)
         generated = t >= lengths
         chosen = np.where(finished, fill, chosen)
         buffer[:, t] = np.where(generated, chosen, buffer[:, t])
@@ -267,74 +278,3 @@ def greedy_loop(runner: Runner) -> Callable[..., tuple[Tensor, Tensor]]:
         return loop
 
     return compiled(runner.model, "greedy_loop", build)
-
-
-def length_normalized(score: float, length: int, alpha: float) -> float:
-    """Wu et al. (GNMT): `score / ((5 + length) / 6)^alpha`."""
-    return score / ((5.0 + length) / 6.0) ** alpha
-
-
-def beam_search(
-    runner: Runner,
-    row: int,
-    prompt: list[int],
-    max_new_tokens: int,
-    num_beams: int,
-    length_penalty: float,
-    stop: set[int],
-    pad_token_id: int | None,
-    use_cache: bool = True,
-) -> list[int]:
-    """Beam search for one prompt; returns the best hypothesis's new ids.
-
-    Each step extends every live beam by every token and keeps the `num_beams` best
-    candidates by summed log-probability; a candidate ending in a stop token is set aside as
-    finished (scored with the length penalty) and its beam retires. The search ends when no
-    beam is live or after `max_new_tokens`; the best finished or live hypothesis wins. With
-    one beam this is greedy decoding.
-    """
-    width = len(prompt) + max_new_tokens
-    state = runner.initial_state([row], width)
-    ids = np.asarray([prompt], dtype="int32")
-    if use_cache:
-        logits, state = runner.compiled_step(ids, state, position(0))
-    else:
-        logits = runner.compiled_full(ids, state)
-    log_probs = log_softmax(_last_logits(logits, pad_token_id))
-    beams: list[list[int]]
-    beams, scores = [[]], np.zeros(1)
-    finished = []
-    for n in range(max_new_tokens):
-        candidates = (scores[:, None] + log_probs).ravel()
-        vocab = log_probs.shape[-1]
-        best = np.argsort(-candidates, kind="stable")[:num_beams]
-        live, sources, live_scores = [], [], []
-        for flat in best:
-            if not np.isfinite(candidates[flat]):
-                continue
-            beam, token = divmod(int(flat), vocab)
-            sequence = [*beams[beam], token]
-            if token in stop:
-                finished.append((length_normalized(candidates[flat], len(sequence),
-                                                   length_penalty), sequence[:-1]))  # fmt: skip
-            else:
-                live.append(sequence)
-                sources.append(beam)
-                live_scores.append(candidates[flat])
-        beams, scores = live, np.asarray(live_scores)
-        if not beams or n == max_new_tokens - 1:
-            break
-        state = select_rows(state, sources)
-        ids = np.asarray([[b[-1]] for b in beams], dtype="int32")
-        t = len(prompt) + n
-        if use_cache:
-            logits, state = runner.compiled_step(ids, state, position(t))
-        else:
-            prefix = np.asarray([[*prompt, *b] for b in beams], dtype="int32")
-            logits = runner.compiled_full(prefix, state)
-        log_probs = log_softmax(_last_logits(logits, pad_token_id))
-    finished += [
-        (length_normalized(s, len(b), length_penalty), b)
-        for b, s in zip(beams, scores, strict=True)
-    ]
-    return max(finished, key=lambda item: item[0])[1]
