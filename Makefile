@@ -43,7 +43,7 @@ test: lint
 	$(VENV)/bin/mkdocs build --strict -q -d build/site
 	KERAS_BACKEND=torch $(WORKER_ENV) $(PY) -m pytest -n 2 -q $(BACKEND_TESTS) -m "not tf_only"
 	KERAS_BACKEND=jax $(PY) -m pytest -n 2 -q tests/layers tests/models/test_pretrained.py \
-		tests/models/test_llama.py \
+		tests/models/test_llama.py tests/models/test_seq2seq_pretrained.py \
 		tests/decoding tests/test_visualization.py -m "not tf_only"
 
 # The server fuzz suite, longer and random (make test runs it bounded and derandomized).

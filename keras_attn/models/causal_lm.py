@@ -289,8 +289,8 @@ class CausalLM(HoldsBackbone, CachedCausalLM, Task):
         conversations through its chat template: the assistant's reply as text).
 
         Keyword arguments: `sampler` ("greedy", "sample" or "beam"), `temperature`, `top_k`,
-        `top_p`, `num_beams`, `length_penalty`, `stop_token_ids`, `stop_strings` (text
-        prompts), `seed`, `use_cache`,
+        `top_p`, `num_beams`, `length_penalty`, `early_stopping`, `no_repeat_ngram_size`,
+        `stop_token_ids`, `stop_strings` (text prompts), `seed`, `use_cache`,
         `pad_token_id`. Returns a list with the new ids of each prompt.
 
         Raises:
@@ -359,22 +359,6 @@ def lm_loss(pad_token_id: int | None = 0, label_smoothing: float = 0.0) -> Spars
 register_model_class("DecoderBackbone", DecoderBackbone)
 
 
-def _start_id(spec: dict[str, Any]) -> int | None:
-    """The id a tokenizer.json's post-processor puts before a single text (Llama's
-    `<|begin_of_text|>`), or None (GPT-2, Qwen2): the packer's `start_value`."""
-    post = spec.get("post_processor") or {}
-    steps = post.get("processors", [post]) if post.get("type") == "Sequence" else [post]
-    for step in steps:
-        if not isinstance(step, dict) or step.get("type") != "TemplateProcessing":
-            continue
-        first = (step.get("single") or [{}])[0]
-        token = (first.get("SpecialToken") or {}).get("id") if isinstance(first, dict) else None
-        ids = ((step.get("special_tokens") or {}).get(token) or {}).get("ids") or []
-        if len(ids) == 1 and isinstance(ids[0], int):
-            return ids[0]
-    return None
-
-
 def causal_folder_preprocessor(
     folder: str | os.PathLike[str], sequence_length: int, vocabulary_size: int
 ) -> Any:
@@ -385,6 +369,7 @@ def causal_folder_preprocessor(
     # does not load (the JAX and PyTorch backends need none).
     from keras_attn.preprocessing import CausalLMPreprocessor, StartEndPacker
     from keras_attn.tokenizers import from_tokenizer_json
+    from keras_attn.tokenizers.loading import single_text_ids
     from keras_attn.tokenizers.pipeline import read_json_file
 
     path = os.path.join(os.fspath(folder), "tokenizer.json")
@@ -392,5 +377,5 @@ def causal_folder_preprocessor(
         return None
     spec = read_json_file(path, "folder")
     tokenizer = from_tokenizer_json(spec)
-    packer = StartEndPacker(sequence_length, start_value=_start_id(spec))
+    packer = StartEndPacker(sequence_length, start_value=single_text_ids(spec)[0])
     return CausalLMPreprocessor(tokenizer, packer, **folder_chat(folder, vocabulary_size))

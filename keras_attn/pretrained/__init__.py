@@ -13,6 +13,7 @@ disagrees with `config.json` is named with both shapes.
 """
 
 import os
+from collections.abc import Collection
 from typing import Any
 
 import keras
@@ -27,9 +28,11 @@ from keras_attn.pretrained.folder import (
     read_weights,
 )
 from keras_attn.pretrained.hf_config import IGNORED_SUFFIXES, check_keys, check_sizes
-from keras_attn.pretrained.layouts import architecture_for_config, architecture_for_model
-from keras_attn.pretrained.llama import Llama
+from keras_attn.pretrained.registry import layout_for_config, layout_for_model
 from keras_attn.pretrained.registry import model_class as registered_class
+
+# Each family's module registers its layout when imported.
+from keras_attn.pretrained import bart, layouts, llama, t5  # noqa: F401  isort: skip
 
 __all__ = ["load_pretrained", "read_pooling", "read_vocabulary", "save_pretrained"]
 
@@ -56,6 +59,7 @@ def load_pretrained(
     folder: str | os.PathLike[str],
     model_class: type | None = None,
     strict: bool = True,
+    head_keys: Collection[str] = (),
     **overrides: Any,
 ) -> Any:
     """Builds our model for a Hugging Face folder and copies its weights in.
@@ -67,6 +71,8 @@ def load_pretrained(
             one the architecture needs.
         strict: bool. Checkpoint tensors the model does not use (a pretraining head's
             `cls.*`, a classifier) raise a `ValueError` naming them; `False` drops them.
+        head_keys: checkpoint keys a task's head reads itself (`keras_attn.pretrained.heads`):
+            not the backbone's, and not unused.
         **overrides: constructor arguments that replace those read from `config.json`
             (e.g. `dropout=0.0`); they must keep every weight's shape.
     Returns:
@@ -76,7 +82,7 @@ def load_pretrained(
             tensor whose shape disagrees with `config.json` (key and both shapes named).
     """
     config = read_config(folder)
-    architecture = architecture_for_config(config)
+    architecture = layout_for_config(config)
     expected = registered_class(architecture.model_class)
     if model_class is not None and not issubclass(model_class, expected):
         raise ValueError(
@@ -103,12 +109,12 @@ def load_pretrained(
     kwargs.update(overrides)
     weights = _strip_prefixes(read_weights(folder), architecture.prefixes)
     model = (model_class or expected)(**kwargs)
-    _copy_in(model, architecture, weights, strict)
+    _copy_in(model, architecture, weights, strict, set(head_keys))
     model.from_checkpoint = True  # a task's compile() then defaults to a fine-tuning rate
     return model
 
 
-def _copy_in(model, architecture, weights, strict):
+def _copy_in(model, architecture, weights, strict, head_keys):
     tensors = architecture.tensors(model)
     unmapped = [v.path for v in model.weights if v.path not in tensors]
     if unmapped:
@@ -130,6 +136,7 @@ def _copy_in(model, architecture, weights, strict):
                     "embeddings are supported."
                 )
             consumed.add(key)
+    consumed.update(key for key in (*architecture.ignored, *head_keys) if key in weights)
     unused = {
         key
         for key in weights
@@ -171,11 +178,8 @@ def save_pretrained(
 
     check_shard_size(max_shard_size)
     model = getattr(model, "backbone", model)
-    architecture = architecture_for_model(model, model_type)
-    if isinstance(architecture, Llama):  # one layout, several model types
-        config = architecture.hf_config(model, model_type)
-    else:
-        config = architecture.hf_config(model)
+    architecture, model_type = layout_for_model(model, model_type)
+    config = architecture.hf_config(model, model_type)
     tensors = architecture.tensors(model)
     stored: dict[str, np.ndarray]
     fused: dict[str, list[Any]]
@@ -189,8 +193,7 @@ def save_pretrained(
             stored[entry.key] = value
     for key, pieces in fused.items():
         stored[key] = np.concatenate([v for _, v in pieces], axis=0 if pieces[0][0].linear else -1)
-    if isinstance(architecture, Llama):
-        stored = {architecture.stored_key(key): value for key, value in stored.items()}
+    stored = {architecture.stored_key(key): value for key, value in stored.items()}
     vocabulary, extra = None, {}
     if tokenizer is not None:
         vocabulary = tokenizer.get_vocabulary()

@@ -127,7 +127,7 @@ def check_keys(config: dict[str, Any], understood: Sequence[str]) -> None:
             "Keys that may change the computation are refused rather than ignored."
         )
     for key, allowed in FIXED_KEYS.items():
-        if key in config and config[key] not in allowed:
+        if key in config and key not in understood and config[key] not in allowed:
             raise ValueError(
                 f"config.json's {key} is not supported for model_type {kind!r}. Received: "
                 f"{key}={config[key]!r}; supported: {allowed[0]!r}"
@@ -140,6 +140,8 @@ SIZE_BOUNDS = {
     "max_sequence_length": 1 << 24,
     "hidden_dim": 1 << 17,
     "num_layers": 1 << 10,
+    "num_encoder_layers": 1 << 10,
+    "num_decoder_layers": 1 << 10,
     "num_heads": 1 << 12,
     "num_key_value_heads": 1 << 12,
     "head_dim": 1 << 12,
@@ -158,9 +160,12 @@ def check_sizes(
     Raises:
         ValueError: naming the size, or the tensor with both shapes.
     """
+    optional = ("num_key_value_heads", "head_dim", "num_segments", "max_sequence_length")
     for name, bound in SIZE_BOUNDS.items():
+        if name.startswith("num_") and name.endswith("layers") and name not in kwargs:
+            continue  # a backbone counts its layers as num_layers or per side
         value = kwargs.get(name)
-        if not value and name in ("num_key_value_heads", "head_dim", "num_segments"):
+        if name in optional and (value is None or (not value and name != optional[-1])):
             continue  # optional: None (or no segments) means the default
         if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= bound:
             raise ValueError(
@@ -182,7 +187,7 @@ def check_sizes(
         if key not in shapes:
             raise ValueError(
                 f"The checkpoint lacks {key!r}, which config.json's sizes imply "
-                f"(num_hidden_layers={kwargs['num_layers']})."
+                f"(layers: {kwargs.get('num_layers', kwargs.get('num_encoder_layers'))})."
             )
         if tuple(shapes[key]) != tuple(shape):
             raise ValueError(

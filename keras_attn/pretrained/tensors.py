@@ -22,6 +22,7 @@ class Tensor:
             for an attention output `(heads, head_dim, out)`); 0 for a vector (bias, norm).
         part, parts: this variable is slice `part` of `parts` equal slices of the stored
             tensor's last axis (GPT-2's fused q|k|v).
+        row: a vector stored as one row `(1, n)` (BART's `final_logits_bias`).
     """
 
     key: str
@@ -29,11 +30,12 @@ class Tensor:
     in_axes: int = 0
     part: int = 0
     parts: int = 1
+    row: bool = False
 
     def stored_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """The checkpoint shape holding a variable of `shape` (the whole fused tensor)."""
         if self.in_axes == 0:
-            flat: tuple[int, ...] = (math.prod(shape),)
+            flat: tuple[int, ...] = (1, math.prod(shape)) if self.row else (math.prod(shape),)
         else:
             flat = (math.prod(shape[: self.in_axes]), math.prod(shape[self.in_axes :]))
         flat = (*flat[:-1], flat[-1] * self.parts)
@@ -57,7 +59,7 @@ class Tensor:
         """The stored form of our variable's value (one slice, for a fused tensor)."""
         shape = value.shape
         if self.in_axes == 0:
-            return np.reshape(value, (-1,))
+            return np.reshape(value, (1, -1) if self.row else (-1,))
         value = np.reshape(value, (math.prod(shape[: self.in_axes]), -1))
         return value.T if self.linear else value
 

@@ -118,9 +118,14 @@ def _steps(spec, plan_flags):
         raise _unsupported("pre-tokenizer after ByteLevel", spec)
     if kind == "Sequence":
         items = spec["pretokenizers"]
-        if len(items) > 1 and any(item.get("type") == "Metaspace" for item in items):
+        # Metaspace after whitespace splitting (T5's) marks each word; after anything else
+        # its "first" piece would differ from the one `tokenizers` sees.
+        kinds = [item.get("type") for item in items]
+        if "Metaspace" in kinds and kinds not in (["Metaspace"], ["WhitespaceSplit", "Metaspace"]):
             raise _unsupported("pre-tokenizer Metaspace in a sequence", spec)
         return [step for item in items for step in _steps(item, plan_flags)]
+    if kind == "WhitespaceSplit":  # Rust's char::is_whitespace (Unicode White_Space), removed
+        return [lambda s, first: tf_text.regex_split(s, bpe_ops.WHITESPACE_RUN, "")]
     if kind == "ByteLevel":
         plan_flags["byte_level"] = True
         steps = []

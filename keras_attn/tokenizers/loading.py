@@ -45,3 +45,36 @@ def from_tokenizer_json(
     raise ValueError(
         f"tokenizer.json's model must be WordPiece, BPE or Unigram. Received: model type {kind!r}"
     )
+
+
+def single_text_ids(spec: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """The ids a `tokenizer.json`'s post-processor puts before and after a single text: BART's
+    and RoBERTa's `(<s>, </s>)`, Llama's `(<|begin_of_text|>, None)`, T5's `(None, </s>)`,
+    GPT-2's and Qwen2's `(None, None)`; the start and end values of a packer."""
+    post = spec.get("post_processor") or {}
+    steps = post.get("processors", [post]) if post.get("type") == "Sequence" else [post]
+    start = end = None
+    for step in steps:
+        if not isinstance(step, dict):
+            continue
+        if step.get("type") in ("RobertaProcessing", "BertProcessing"):
+            cls, sep = step.get("cls") or [None, None], step.get("sep") or [None, None]
+            start, end = _int_or_none(cls[1]), _int_or_none(sep[1])
+        elif step.get("type") == "TemplateProcessing":
+            single = [part for part in step.get("single") or [] if isinstance(part, dict)]
+            special = step.get("special_tokens") or {}
+
+            def id_of(part: dict[str, Any], special: dict[str, Any] = special) -> int | None:
+                token = str((part.get("SpecialToken") or {}).get("id"))
+                ids = (special.get(token) or {}).get("ids") or []
+                return _int_or_none(ids[0]) if len(ids) == 1 else None
+
+            if single and "SpecialToken" in single[0]:
+                start = id_of(single[0])
+            if len(single) > 1 and "SpecialToken" in single[-1]:
+                end = id_of(single[-1])
+    return start, end
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

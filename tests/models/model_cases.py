@@ -82,6 +82,46 @@ MODELS = {
         SEQ2SEQ_INPUTS,
         np.array([[12, 13, 2, 0, 0], [14, 15, 16, 17, 2]]),
     ),
+    # The pretrained families' options: T5's relative bias, RMSNorm, gated GELU, scaled head;
+    # BART's offset positions, embedding norm, scale and output bias with padding id 1.
+    "seq2seq_t5": (
+        lambda: seq2seq(
+            position_encoding="relative",
+            normalize_first=True,
+            normalization="rms_norm",
+            gated_feed_forward=True,
+            activation="gelu_tanh",
+            score="dot",
+            attention_bias=False,
+            feed_forward_bias=False,
+            tie_word_embeddings=False,
+            logit_scale=0.25,
+            head_dim=6,
+            mask_decoder_padding=False,
+            relative_attention_num_buckets=8,
+            relative_attention_max_distance=12,
+            decoder_start_token_id=0,
+        ),
+        SEQ2SEQ_INPUTS,
+        np.array([[12, 13, 2, 0, 0], [14, 15, 16, 17, 2]]),
+    ),
+    "seq2seq_bart": (
+        lambda: seq2seq(
+            position_encoding="learned",
+            position_offset=2,
+            embedding_layer_norm=True,
+            scale_embedding=True,
+            output_bias=True,
+            pad_token_id=1,
+            mask_decoder_padding=False,
+            activation="gelu",
+        ),
+        {
+            "encoder_token_ids": np.array([[5, 6, 7, 1], [8, 9, 10, 11]], "int32"),
+            "decoder_token_ids": np.array([[2, 12, 13, 1, 1], [2, 14, 15, 16, 17]], "int32"),
+        },
+        np.array([[12, 13, 2, 1, 1], [14, 15, 16, 17, 2]]),
+    ),
     "classifier_cls": (lambda: SequenceClassifier(encoder(), 3), ENCODER_INPUTS, np.array([0, 2])),
     "classifier_mean": (
         lambda: SequenceClassifier(encoder(normalize_first=True), 3, pooling="mean", dropout=0.2),

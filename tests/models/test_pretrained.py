@@ -360,9 +360,14 @@ def test_unused_and_missing_tensors_are_named(tmp_path):
 
 def test_unsupported_configs_are_refused(tmp_path):
     config, make_weights, _ = LAYOUTS["bert"]
+    write_checkpoint(tmp_path, {**config, "model_type": "xlnet"}, make_weights())
+    with pytest.raises(
+        ValueError, match=r"model_type is not supported\. Received: model_type='xlnet'"
+    ):
+        Encoder.from_pretrained(tmp_path)
     write_checkpoint(tmp_path, {**config, "model_type": "t5"}, make_weights())
     with pytest.raises(
-        ValueError, match=r"model_type is not supported\. Received: model_type='t5'"
+        ValueError, match=r"model_type 't5' loads into Seq2SeqBackbone\. Received: model_class="
     ):
         Encoder.from_pretrained(tmp_path)
     write_checkpoint(tmp_path, config, make_weights())

@@ -1,0 +1,118 @@
+"""`Seq2SeqLM.from_pretrained` on BART and T5 folders with their tokenizers, all written by
+`transformers`: the source ids, the teacher-forcing batch and the generated text equal what
+`transformers` computes."""
+
+import json
+
+import numpy as np
+import pytest
+
+from keras_attn.models import Seq2SeqLM
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+pytestmark = pytest.mark.tf_only  # the preprocessor's tokenizer runs in TensorFlow
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.", "Hello world, this is a test!",
+    "the house is wonderful.", "translate English to German: the house is small.",
+    "naïve café, déjà vu: 123 and 4567.",
+]  # fmt: skip
+TEXTS = [*CORPUS, "  leading and  double  spaces", "hello", "unseen wörds ünïcode 🙂"]
+
+
+def _bart_tokenizer():
+    bpe = tokenizers.ByteLevelBPETokenizer()
+    bpe.train_from_iterator(CORPUS * 20, vocab_size=300, show_progress=False,
+                            special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])  # fmt: skip
+    model = json.loads(bpe.to_str())["model"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    return transformers.BartTokenizer(vocab=model["vocab"], merges=merges)
+
+
+def _t5_tokenizer():
+    unigram = tokenizers.SentencePieceUnigramTokenizer()
+    unigram.train_from_iterator(
+        CORPUS * 20, vocab_size=120, show_progress=False, unk_token="<unk>",
+        special_tokens=["<pad>", "</s>", "<unk>"],
+    )  # fmt: skip
+    vocab = [tuple(piece) for piece in json.loads(unigram.to_str())["model"]["vocab"]]
+    return transformers.T5Tokenizer(vocab=vocab, extra_ids=4)
+
+
+def _bart(vocab):
+    config = transformers.BartConfig(
+        vocab_size=vocab, d_model=32, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=37,
+        decoder_ffn_dim=37, max_position_embeddings=64, forced_eos_token_id=None,
+    )  # fmt: skip
+    return transformers.BartForConditionalGeneration(config)
+
+
+def _t5(vocab):
+    config = transformers.T5Config(
+        vocab_size=vocab, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
+        feed_forward_proj="gated-gelu", tie_word_embeddings=False, decoder_start_token_id=0,
+    )  # fmt: skip
+    return transformers.T5ForConditionalGeneration(config)
+
+
+FAMILIES = {"bart": (_bart_tokenizer, _bart), "t5": (_t5_tokenizer, _t5)}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def folder(request, tmp_path_factory):
+    make_tokenizer, make_model = FAMILIES[request.param]
+    torch.manual_seed(1)
+    tokenizer = make_tokenizer()
+    model = make_model(len(tokenizer)).eval()
+    with torch.no_grad():  # random weights that write words, not only end ids at once
+        for parameter in model.parameters():
+            parameter.mul_(2.0)
+        if request.param == "bart":
+            model.final_logits_bias[0, :5] -= 4.0  # its special tokens
+    path = tmp_path_factory.mktemp(request.param)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return request.param, model, tokenizer, path
+
+
+def test_source_ids_equal_transformers_tokenizer(folder):
+    name, _, tokenizer, path = folder
+    lm = Seq2SeqLM.from_pretrained(path)
+    ours = np.asarray(lm.preprocessor(TEXTS)["encoder_token_ids"])
+    for row, text in zip(ours, TEXTS, strict=True):
+        expected = tokenizer(text).input_ids
+        assert row[: len(expected)].tolist() == expected, (name, text)
+        assert (row[len(expected) :] == tokenizer.pad_token_id).all()
+
+
+def test_training_batch_equals_transformers_labels_and_decoder_inputs(folder):
+    _, model, tokenizer, path = folder
+    lm = Seq2SeqLM.from_pretrained(path)
+    sources, targets = TEXTS[:3], TEXTS[3:6]
+    x, labels, weights = lm.preprocessor.training_batch((sources, targets))
+    reference = tokenizer(text_target=targets, padding=True, return_tensors="pt").input_ids
+    width = reference.shape[1]
+    assert np.asarray(labels)[:, :width].tolist() == reference.tolist()
+    decoder = model.prepare_decoder_input_ids_from_labels(labels=reference)
+    assert np.asarray(x["decoder_token_ids"])[:, :width].tolist() == decoder.tolist()
+    real = (reference != tokenizer.pad_token_id).numpy()
+    assert np.asarray(weights)[:, :width].tolist() == real.astype("float32").tolist()
+    assert not np.asarray(weights)[:, width:].any()
+
+
+@pytest.mark.parametrize("settings", [{}, {"sampler": "beam", "num_beams": 3}])
+def test_generated_text_equals_transformers(folder, settings):
+    name, model, tokenizer, path = folder
+    lm = Seq2SeqLM.from_pretrained(path)
+    sources = TEXTS[:4]
+    batch = tokenizer(sources, padding=True, return_tensors="pt")
+    beams = {"num_beams": settings.get("num_beams", 1)}
+    with torch.no_grad():
+        ids = model.generate(**batch, max_new_tokens=8, do_sample=False, **beams)
+    expected = tokenizer.batch_decode(ids, skip_special_tokens=True)
+    assert lm.generate(sources, 8, **settings) == expected, name
+    assert lm.generate(sources[0], 8, **settings) == expected[0]
+    assert any(expected)
