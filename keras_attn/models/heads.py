@@ -29,6 +29,8 @@ class Head(Task):
     nested_models = ("backbone",)
     # `from_pretrained` attaches a `MaskedLMPreprocessor` (masking for `fit`) when True.
     masked_lm = False
+    # The checkpoint heads `from_pretrained` loads (`keras_attn.pretrained.heads`).
+    pretrained_heads: tuple[str, ...] = ()
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Any:
@@ -50,7 +52,9 @@ class Head(Task):
         **kwargs: Any,
     ) -> Self:
         """This head on `EncoderBackbone.from_pretrained(folder, **backbone_kwargs)`; `kwargs`
-        are the head's own (`num_classes`, …). The head's layers start from fresh weights.
+        are the head's own (`num_classes`, …). A classifier's layers start from fresh
+        weights; `MaskedLM` and `EncoderPretrainer` load the checkpoint's pretraining heads
+        when it has them.
 
         When the folder has a WordPiece vocabulary, the head gets a `TextPreprocessor`
         (`[CLS] text [SEP]`, packed to `sequence_length`, by default the longest input the
@@ -66,14 +70,23 @@ class Head(Task):
         """
         check_renamed(kwargs, ("encoder_kwargs",))
         check_hf_names(kwargs)  # `num_labels`, before the backbone is loaded
-        backbone = EncoderBackbone.from_pretrained(folder, strict=strict, **(backbone_kwargs or {}))
+        from keras_attn.pretrained.heads import head_keys, load_heads
+
+        keys = head_keys(folder, cls.pretrained_heads)
+        backbone = EncoderBackbone.from_pretrained(
+            folder, strict=strict, head_keys=keys, **(backbone_kwargs or {})
+        )
+        if cls.pretrained_heads:
+            kwargs.setdefault("activation", backbone.activation)  # the head's, as the encoder's
         if "preprocessor" not in kwargs:
             kwargs["preprocessor"] = folder_preprocessor(
                 folder,
                 sequence_length or backbone.max_sequence_length - backbone.position_offset,
                 masked_lm=cls.masked_lm,
             )
-        return cls(backbone, **kwargs)
+        task = cls(backbone, **kwargs)
+        load_heads(task, folder, cls.pretrained_heads)
+        return task
 
 
 def folder_preprocessor(

@@ -5,6 +5,7 @@ from typing import Any
 import keras
 from keras import ops
 
+from keras_attn.checks import check_positive_int
 from keras_attn.layers.feed_forward import get_activation
 from keras_attn.losses import SparseCrossEntropy
 from keras_attn.models.encoder import EncoderBackbone, encoder_inputs
@@ -77,52 +78,86 @@ class MaskedLMHead(keras.layers.Layer):
         }
 
 
+@keras.saving.register_keras_serializable(package="keras_attn")
+class LogitBias(keras.layers.Layer):
+    """Adds a learned bias `(units,)` to logits (BERT's `cls.predictions.bias` after its tied
+    output projection).
+
+    Args:
+        units: int. Size of the last axis.
+    """
+
+    def __init__(self, units: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        check_positive_int("units", units)
+        self.units = units
+
+    def build(self, inputs_shape: Shape) -> None:
+        self.bias = self.add_weight(name="bias", shape=(self.units,), initializer="zeros")
+
+    def call(self, inputs: Tensor) -> Tensor:
+        return inputs + ops.cast(self.bias, inputs.dtype)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "units": self.units}
+
+
 def masked_lm_graph(
-    backbone: EncoderBackbone, activation: str, output_name: str
+    backbone: EncoderBackbone, activation: str, output_name: str, output_bias: bool
 ) -> tuple[dict[str, Tensor], dict[str, Tensor], Tensor]:
     """`(inputs, backbone outputs, logits)`: the backbone's inputs plus `mask_positions`, and
-    float32 masked-LM logits at those positions, tied to the token embedding."""
+    float32 masked-LM logits at those positions, tied to the token embedding (plus a bias)."""
     inputs = encoder_inputs(backbone)
     inputs["mask_positions"] = keras.Input((None,), dtype="int32", name="mask_positions")
     outputs = backbone({key: inputs[key] for key in backbone.input})
     hidden = MaskedLMHead(activation, backbone.layer_norm_epsilon, name="mlm_head")(
         outputs["sequence_output"], inputs["mask_positions"]
     )
-    return (
-        inputs,
-        outputs,
-        float32_logits(backbone.token_embedding(hidden, reverse=True), output_name),
-    )
+    logits = backbone.token_embedding(hidden, reverse=True)
+    if output_bias:
+        logits = LogitBias(backbone.vocabulary_size, name="mlm_output_bias")(logits)
+    return inputs, outputs, float32_logits(logits, output_name)
+
+
+class OutputBiasConfig:
+    """Configs written before `output_bias` existed load as they were saved: without one."""
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Any:
+        return super().from_config({"output_bias": False, **config})  # type: ignore[misc]
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class MaskedLM(Head):
+class MaskedLM(OutputBiasConfig, Head):
     """Masked-LM alone (RoBERTa-style pretraining, or BERT without next-sentence prediction).
 
     Inputs: the backbone's plus `mask_positions (batch, num_predictions)`. Output: logits
     `(batch, num_predictions, vocab)` at those positions, from BERT's transform and the token
-    embedding transposed (tied). With a `MaskedLMPreprocessor`, `fit(strings)` masks, packs
-    and weights by itself (and `predict(strings)` masks at random, as in training). The
-    default loss ignores targets equal to 0 (unused prediction slots). `from_pretrained`
-    starts the masked-LM transform from fresh weights: a checkpoint's `cls.predictions.*`
-    tensors are not loaded (`strict=False` drops them).
+    embedding transposed (tied), plus a bias. With a `MaskedLMPreprocessor`, `fit(strings)`
+    masks, packs and weights by itself (and `predict(strings)` masks at random, as in
+    training). The default loss ignores targets equal to 0 (unused prediction slots).
+    `from_pretrained` loads the checkpoint's masked-LM head too (BERT's `cls.predictions.*`,
+    RoBERTa's `lm_head.*`), so its predictions are the checkpoint's.
 
     Args:
         backbone: an `EncoderBackbone`.
         activation: activation of the masked-LM transform. Defaults to `"gelu"`.
+        output_bias: bool. A bias on the vocabulary logits, as BERT's. Defaults to `True`.
     """
 
-    config_args = ("backbone", "activation")
+    config_args = ("backbone", "activation", "output_bias")
     masked_lm = True
+    pretrained_heads = ("mlm",)
 
     def __init__(
         self,
         backbone: EncoderBackbone,
         activation: str = "gelu",
+        output_bias: bool = True,
         name: str | None = None,
         **kwargs: Any,
     ) -> None:
-        inputs, _, logits = masked_lm_graph(backbone, activation, "logits")
+        inputs, _, logits = masked_lm_graph(backbone, activation, "logits", output_bias)
         super().__init__(inputs, logits, name=name or "masked_lm", **kwargs)
         self._set_config_args(locals())
 
@@ -131,7 +166,7 @@ class MaskedLM(Head):
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class EncoderPretrainer(Head):
+class EncoderPretrainer(OutputBiasConfig, Head):
     """Masked-LM and next-sentence prediction trained together (BERT).
 
     Inputs: the encoder's (`token_ids`, `segment_ids`) plus `mask_positions
@@ -139,19 +174,23 @@ class EncoderPretrainer(Head):
     `(batch, num_predictions, vocab)`, tied to the token embedding, and `nsp` logits
     `(batch, 2)` (1 = sentence B follows A) from the pooled output. The default loss is the
     sum of both cross-entropies; `mlm` targets equal to 0 (unused prediction slots) are
-    ignored.
+    ignored. `from_pretrained` loads a BERT checkpoint's `cls.predictions.*` and
+    `cls.seq_relationship.*` (`BertForPreTraining`'s heads).
 
     Args:
         backbone: an `EncoderBackbone` with `num_segments`.
         activation: activation of the masked-LM transform. Defaults to `"gelu"`.
+        output_bias: bool. A bias on the vocabulary logits, as BERT's. Defaults to `True`.
     """
 
-    config_args = ("backbone", "activation")
+    config_args = ("backbone", "activation", "output_bias")
+    pretrained_heads = ("mlm", "nsp")
 
     def __init__(
         self,
         backbone: EncoderBackbone,
         activation: str = "gelu",
+        output_bias: bool = True,
         name: str | None = None,
         **kwargs: Any,
     ) -> None:
@@ -160,7 +199,7 @@ class EncoderPretrainer(Head):
                 "Next-sentence prediction needs segment ids: build the encoder with "
                 f"`num_segments`. Received: num_segments={backbone.num_segments!r}"
             )
-        inputs, outputs, mlm = masked_lm_graph(backbone, activation, "mlm")
+        inputs, outputs, mlm = masked_lm_graph(backbone, activation, "mlm", output_bias)
         nsp = float32_logits(
             keras.layers.Dense(2, name="nsp_head")(outputs["pooled_output"]), "nsp"
         )
