@@ -223,7 +223,9 @@ class JsonTextTokenizer(TextTokenizer):
         return cls(Tokenizer.from_file(str(Path(folder) / "tokenizer.json")))
 
     def _encode_all(self, texts: list[str]) -> list[list[int]]:
-        encoded = native(self._tokenizer.encode_batch, texts, False)  # no special tokens
+        # (is_pretokenized, add_special_tokens): the packer adds the special ids, not the
+        # post-processor (a Llama BOS or a T5 `</s>` would come twice).
+        encoded = native(self._tokenizer.encode_batch, texts, False, False)
         return [e.ids for e in encoded]
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
