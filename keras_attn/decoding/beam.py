@@ -11,6 +11,7 @@ as they are. The best finished hypothesis wins.
 from collections.abc import Sequence
 
 import numpy as np
+from keras import ops
 
 from keras_attn.decoding.runners import Runner, position, select_rows
 from keras_attn.decoding.samplers import log_softmax
@@ -60,8 +61,6 @@ def check_beam_arguments(num_beams: int, early_stopping: bool | str, size: int) 
 
 
 def _last_log_probs(logits, pad_token_id):
-    from keras import ops
-
     last = ops.convert_to_numpy(logits[:, -1]).astype("float64")
     if pad_token_id is not None:
         last[:, pad_token_id] = -np.inf  # padding is never generated

@@ -39,8 +39,9 @@ def attend(
         `(output (..., T, d_v), weights (..., T, S))`. `weights` are before dropout.
     """
     scores = score(query, key)
-    if bias is not None:
-        scores = scores + ops.cast(bias, scores.dtype)
+    if bias is not None:  # in float32: T5's unscaled scores plus bias overflow float16
+        dtype = scores.dtype
+        scores = ops.cast(ops.cast(scores, "float32") + ops.cast(bias, "float32"), dtype)
     weights = masked_softmax(scores, mask)
     dropped = dropout(weights, training=training) if dropout is not None else weights
     return ops.matmul(dropped, value), weights

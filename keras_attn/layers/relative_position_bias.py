@@ -11,6 +11,10 @@ from keras import ops
 from keras_attn.checks import check_positive_ints
 from keras_attn.types import Initializer, Shape, Tensor
 
+# Far past T5's 128: a distance table of this size is small, and a larger one is a hostile
+# or corrupt config (the table has one entry per distance).
+MAX_DISTANCE = 1 << 16
+
 
 def bucket_table(num_buckets: int, max_distance: int) -> np.ndarray:
     """Bucket of each distance `0 … max_distance` (larger distances share the last one).
@@ -67,6 +71,11 @@ class RelativePositionBias(keras.layers.Layer):
     ) -> None:
         super().__init__(**kwargs)
         check_positive_ints(num_heads=num_heads, num_buckets=num_buckets, max_distance=max_distance)
+        if max_distance > MAX_DISTANCE or num_buckets > MAX_DISTANCE:
+            raise ValueError(
+                f"`num_buckets` and `max_distance` must be at most {MAX_DISTANCE}. Received: "
+                f"num_buckets={num_buckets}, max_distance={max_distance}"
+            )
         half = num_buckets // 2 if bidirectional else num_buckets
         if half < 2 or max_distance <= half // 2:
             raise ValueError(
@@ -80,6 +89,10 @@ class RelativePositionBias(keras.layers.Layer):
         self.bidirectional = bool(bidirectional)
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
         self._table = bucket_table(half, max_distance)
+        self.supports_masking = True  # the bias holds no padding; masks pass by it
+
+    def compute_mask(self, inputs: Tensor, mask: Tensor | None = None) -> None:
+        return None
 
     def build(self, inputs_shape: Shape | None = None) -> None:
         self.embeddings = self.add_weight(

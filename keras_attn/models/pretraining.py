@@ -85,6 +85,13 @@ class LogitBias(keras.layers.Layer):
 
     Args:
         units: int. Size of the last axis.
+    Call arguments:
+        inputs: float `(..., units)`.
+    Returns:
+        `inputs + bias`, same shape.
+    Example:
+        >>> tuple(LogitBias(5)(keras.ops.zeros((2, 3, 5))).shape)
+        (2, 3, 5)
     """
 
     def __init__(self, units: int, **kwargs: Any) -> None:

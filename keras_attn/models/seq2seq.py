@@ -58,7 +58,7 @@ class Seq2SeqLM(HoldsBackbone, Task):
         self.backbone = backbone
 
     def default_loss(self) -> SparseCrossEntropy:
-        return lm_loss()
+        return lm_loss(self.pad_token_id)  # BART's id 0 and Marian's are real labels
 
     @property
     def max_length(self) -> int | None:

@@ -7,12 +7,14 @@ from keras_attn.preprocessing.preprocessor import (
     MaskedLMPreprocessor,
     TextPreprocessor,
 )
+from keras_attn.preprocessing.seq2seq import Seq2SeqLMPreprocessor
 
 __all__ = [
     "CausalLMPreprocessor",
     "MaskedLMMaskGenerator",
     "MaskedLMPreprocessor",
     "SegmentPacker",
+    "Seq2SeqLMPreprocessor",
     "StartEndPacker",
     "TextPreprocessor",
 ]

@@ -28,8 +28,14 @@ class Seq2SeqLMPreprocessor(PreprocessingLayer):
         decoder_sequence_length: optional int. Target length; defaults to the packer's.
         target_tokenizer: optional tokenizer of targets (Marian's `target.spm`); defaults to
             `tokenizer`.
+    Call arguments:
+        inputs: source strings (`str`, list, NumPy or tensor, `(batch,)`).
+    Returns:
+        `{"encoder_token_ids": int32 (batch, sequence_length)}`; `training_batch` returns
+        `(x, labels, sample_weight)` with `x` the model's two inputs.
     Example:
-        >>> x, y, w = preprocessor.training_batch((["a house"], ["ein Haus"]))  # doctest: +SKIP
+        >>> lm = Seq2SeqLM.from_pretrained("path/to/t5-folder")  # doctest: +SKIP
+        >>> x, y, w = lm.preprocessor.training_batch((["a house"], ["ein Haus"]))  # doctest: +SKIP
     """
 
     def __init__(

@@ -32,7 +32,25 @@ def _same(config: dict[str, Any], encoder: str, decoder: str) -> Any:
     return first
 
 
-def _fixed(config: dict[str, Any], **values: Any) -> None:
+def special_ids(config: dict[str, Any], vocab: Any, pad: int) -> dict[str, Any]:
+    """`pad_token_id` and `decoder_start_token_id` of a config, each inside the vocabulary."""
+    ids = {
+        "pad_token_id": config.get("pad_token_id", pad),
+        "decoder_start_token_id": config.get("decoder_start_token_id"),
+    }
+    for name, value in ids.items():
+        if value is None:
+            continue
+        bad = isinstance(value, bool) or not isinstance(value, int) or value < 0
+        if bad or (isinstance(vocab, int) and value >= vocab):
+            raise ValueError(
+                f"config.json's {name} must be an id of its vocabulary [0, {vocab}). "
+                f"Received: {name}={value!r}"
+            )
+    return ids
+
+
+def fixed(config: dict[str, Any], **values: Any) -> None:
     """Keys of older configs, accepted only at the value that leaves the math as read."""
     for key, value in values.items():
         if key in config and config[key] != value:
@@ -63,7 +81,7 @@ class Bart(BaseLayout):
               "add_bias_logits": False, "extra_pos_embeddings": 2}  # fmt: skip
 
     def model_kwargs(self, config: dict[str, Any], weights: dict[str, Any]) -> dict[str, Any]:
-        _fixed(config, **self.legacy)
+        fixed(config, is_encoder_decoder=True, **self.legacy)
         if config.get("tie_word_embeddings") is False:
             raise ValueError(
                 f"{self.model_types[0]} with tie_word_embeddings=false is not supported."
@@ -84,11 +102,10 @@ class Bart(BaseLayout):
             "intermediate_dim": _same(config, "encoder_ffn_dim", "decoder_ffn_dim"),
             "dropout": config.get("dropout", 0.1),
             "activation": activation(config.get("activation_function", "gelu")),
-            "pad_token_id": config.get("pad_token_id", 1),
             "mask_decoder_padding": False,
             "scale_embedding": bool(config.get("scale_embedding", False)),
             "output_bias": True,
-            "decoder_start_token_id": config.get("decoder_start_token_id"),
+            **special_ids(config, vocab, pad=1),
             **self._positions(config),
         }
 
@@ -101,12 +118,21 @@ class Bart(BaseLayout):
         }
 
     def expected_shapes(self, kwargs: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-        hidden, last = kwargs["hidden_dim"], kwargs["num_encoder_layers"] - 1
-        return {
+        hidden, ff = kwargs["hidden_dim"], kwargs["intermediate_dim"]
+        encoder = f"encoder.layers.{kwargs['num_encoder_layers'] - 1}"
+        decoder = f"decoder.layers.{kwargs['num_decoder_layers'] - 1}"
+        shapes: dict[str, tuple[int, ...]] = {
             "shared.weight": (kwargs["vocabulary_size"], hidden),
-            f"encoder.layers.{last}.fc1.weight": (kwargs["intermediate_dim"], hidden),
+            f"{encoder}.fc1.weight": (ff, hidden),
+            f"{decoder}.fc2.weight": (hidden, ff),
+            f"{decoder}.encoder_attn.q_proj.weight": (hidden, hidden),
             "final_logits_bias": (1, kwargs["vocabulary_size"]),
         }
+        if self._has_positions:
+            rows = kwargs["max_sequence_length"] + kwargs["position_offset"]
+            for side in ("encoder", "decoder"):
+                shapes[f"{side}.embed_positions.weight"] = (rows, hidden)
+        return shapes
 
     def writes(self, model: Any) -> str | None:
         bart = model.position_encoding == "learned" and model.position_offset == 2
@@ -221,7 +247,7 @@ class Marian(Bart):
                 "Marian with a separate decoder vocabulary is not supported. Received: "
                 f"decoder_vocab_size={config['decoder_vocab_size']!r}, vocab_size={vocab!r}"
             )
-        _fixed(config, share_encoder_decoder_embeddings=True)
+        fixed(config, share_encoder_decoder_embeddings=True)
         kwargs = super().model_kwargs(
             {"activation_function": "swish", "pad_token_id": 58100, **config}, weights
         )

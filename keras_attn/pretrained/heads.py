@@ -72,10 +72,14 @@ def load_heads(task: Any, folder: str | os.PathLike[str], heads: Collection[str]
         if missing:
             raise ValueError(f"The checkpoint has part of a head; it lacks {missing}.")
         for path, tensor in tensors.items():
-            if path in variables:
-                variable = variables[path]
-                value = tensor.to_ours(weights[tensor.key], tuple(variable.shape))
-                variable.assign(value.astype(variable.dtype))
+            if path not in variables:  # e.g. a task built with output_bias=False
+                raise ValueError(
+                    f"The checkpoint's {tensor.key!r} has no place in this "
+                    f"{type(task).__name__} (it lacks {path!r}); build it with that part."
+                )
+            variable = variables[path]
+            value = tensor.to_ours(weights[tensor.key], tuple(variable.shape))
+            variable.assign(value.astype(variable.dtype))
         for key, source in tied.items():
             expected = embedding if source == "embedding" else weights[source]
             if key in weights and not np.array_equal(weights[key], expected):

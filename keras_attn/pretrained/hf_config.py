@@ -147,6 +147,8 @@ SIZE_BOUNDS = {
     "head_dim": 1 << 12,
     "intermediate_dim": 1 << 20,
     "num_segments": 1 << 10,
+    "relative_attention_num_buckets": 1 << 12,
+    "relative_attention_max_distance": 1 << 16,
 }
 
 
@@ -162,8 +164,8 @@ def check_sizes(
     """
     optional = ("num_key_value_heads", "head_dim", "num_segments", "max_sequence_length")
     for name, bound in SIZE_BOUNDS.items():
-        if name.startswith("num_") and name.endswith("layers") and name not in kwargs:
-            continue  # a backbone counts its layers as num_layers or per side
+        if name not in kwargs and name not in ("vocabulary_size", "hidden_dim", "num_heads"):
+            continue  # a size this backbone does not have (layers per side, T5's buckets)
         value = kwargs.get(name)
         if name in optional and (value is None or (not value and name != optional[-1])):
             continue  # optional: None (or no segments) means the default

@@ -4,7 +4,8 @@ See `keras_attn.pretrained.registry.Layout`."""
 
 from typing import Any, ClassVar
 
-from keras_attn.pretrained.hf_config import check_exportable, require
+from keras_attn.pretrained.bart import fixed, special_ids
+from keras_attn.pretrained.hf_config import activation, check_exportable, require
 from keras_attn.pretrained.registry import BaseLayout, register_layout
 from keras_attn.pretrained.tensors import Tensor, flatten, linear, table
 
@@ -52,11 +53,24 @@ class T5(BaseLayout):
                 f"supported: {sorted(FEED_FORWARDS)}"
             )
         act, gated = FEED_FORWARDS[proj]
+        # transformers writes what feed_forward_proj implies; anything else is refused.
+        if "dense_act_fn" in config and activation(config["dense_act_fn"]) != act:
+            raise ValueError(
+                "config.json's dense_act_fn disagrees with its feed_forward_proj. Received: "
+                f"dense_act_fn={config['dense_act_fn']!r}, feed_forward_proj={proj!r}"
+            )
+        if config.get("is_gated_act", gated) != gated:
+            raise ValueError(
+                "config.json's is_gated_act disagrees with its feed_forward_proj. Received: "
+                f"is_gated_act={config['is_gated_act']!r}, feed_forward_proj={proj!r}"
+            )
+        fixed(config, is_encoder_decoder=True)
         # transformers: an explicit scale_decoder_outputs wins, else tie_word_embeddings;
         # the head is untied exactly when the checkpoint stores its own lm_head.
         scaled = config.get(
             "scale_decoder_outputs", config.get("tie_word_embeddings", True) is not False
         )
+        positive = isinstance(hidden, int) and hidden > 0  # else check_sizes names it
         return {
             "vocabulary_size": vocab,
             "max_sequence_length": None,
@@ -64,7 +78,7 @@ class T5(BaseLayout):
             "num_encoder_layers": layers,
             "num_decoder_layers": config.get("num_decoder_layers") or layers,
             "num_heads": heads,
-            "head_dim": config.get("d_kv", hidden // heads),
+            "head_dim": config.get("d_kv", 64),  # transformers' default
             "intermediate_dim": inner,
             "dropout": config.get("dropout_rate", 0.1),
             "activation": act,
@@ -81,22 +95,28 @@ class T5(BaseLayout):
             "pad_token_id": config.get("pad_token_id", 0),
             "mask_decoder_padding": False,
             "tie_word_embeddings": "lm_head.weight" not in weights,
-            "logit_scale": hidden**-0.5 if scaled else 1.0,
-            "decoder_start_token_id": config.get("decoder_start_token_id"),
+            "logit_scale": hidden**-0.5 if scaled and positive else 1.0,
+            **special_ids(config, vocab, pad=0),
         }
 
     def expected_shapes(self, kwargs: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-        hidden, heads = kwargs["hidden_dim"], kwargs["num_heads"]
+        hidden, heads, ff = kwargs["hidden_dim"], kwargs["num_heads"], kwargs["intermediate_dim"]
         inner = heads * kwargs["head_dim"]
         buckets = kwargs["relative_attention_num_buckets"]
-        return {
+        last = f"encoder.block.{kwargs['num_encoder_layers'] - 1}.layer"
+        last_decoder = f"decoder.block.{kwargs['num_decoder_layers'] - 1}.layer"
+        wi = "wi_1" if kwargs["gated_feed_forward"] else "wi"
+        shapes: dict[str, tuple[int, ...]] = {
             "shared.weight": (kwargs["vocabulary_size"], hidden),
-            "encoder.block.0.layer.0.SelfAttention.q.weight": (inner, hidden),
-            "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight": (
-                buckets,
-                heads,
-            ),
+            f"{last}.0.SelfAttention.q.weight": (inner, hidden),
+            f"{last}.1.DenseReluDense.{wi}.weight": (ff, hidden),
+            f"{last_decoder}.1.EncDecAttention.o.weight": (hidden, inner),
+            f"{last_decoder}.2.DenseReluDense.wo.weight": (hidden, ff),
         }
+        for side in ("encoder", "decoder"):
+            key = f"{side}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
+            shapes[key] = (buckets, heads)
+        return shapes
 
     def writes(self, model: Any) -> str | None:
         return "t5" if model.position_encoding == "relative" else None
@@ -140,7 +160,7 @@ class T5(BaseLayout):
             "feed_forward_proj": proj,
             "pad_token_id": model.pad_token_id,
             "is_encoder_decoder": True,
-            "tie_word_embeddings": True,
+            "tie_word_embeddings": model.tie_word_embeddings,
             "scale_decoder_outputs": scaled,
         }
         if model.decoder_start_token_id is not None:

@@ -48,11 +48,22 @@ def _t5_v1_0():
     return transformers.T5ForConditionalGeneration(config)
 
 
-def _t5_v1_1():  # gated GELU, an untied head, heads narrower than d_model / num_heads
+def _t5_v1_1():  # gated GELU, heads narrower than d_model / num_heads, its own head
     config = transformers.T5Config(
         **T5_SIZES, d_kv=6, feed_forward_proj="gated-gelu", tie_word_embeddings=False
     )
     return transformers.T5ForConditionalGeneration(config)
+
+
+def _untie(model, folder):
+    """transformers 5 writes T5 v1.1's head tied; a real v1.1 folder stores its own
+    `lm_head.weight`, which it then loads untied. Written here, and read back as it would be."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(folder / "model.safetensors")
+    weights["lm_head.weight"] = torch.randn_like(weights["shared.weight"]) * 0.3
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    return type(model).from_pretrained(folder).eval()
 
 
 FAMILIES = {"bart": _bart, "marian": _marian, "t5_v1_0": _t5_v1_0, "t5_v1_1": _t5_v1_1}
@@ -74,6 +85,9 @@ def family(request, tmp_path_factory):
     model.eval()
     folder = tmp_path_factory.mktemp(request.param)
     model.save_pretrained(folder)
+    if request.param == "t5_v1_1":
+        model = _untie(model, folder)
+        assert not torch.equal(model.lm_head.weight, model.shared.weight)
     return request.param, model, folder
 
 
@@ -216,19 +230,63 @@ def test_relative_position_bias_of_a_decoding_step_is_a_slice_of_the_full_one():
     np.testing.assert_array_equal(step, full[:, :, 4:6, :])
 
 
-def test_unsupported_configs_are_refused_naming_the_key(tmp_path):
-    model = transformers.BartForConditionalGeneration(
-        transformers.BartConfig(**{**BART_SIZES, "decoder_ffn_dim": 40})
-    )
-    model.save_pretrained(tmp_path / "bart")
-    with pytest.raises(ValueError, match="encoder_ffn_dim=37, decoder_ffn_dim=40"):
-        load_pretrained(tmp_path / "bart")
-    config = transformers.T5Config(**T5_SIZES, feed_forward_proj="gated-bogus")
-    config.save_pretrained(tmp_path / "t5")
-    (tmp_path / "t5" / "model.safetensors").write_bytes(
-        (tmp_path / "bart" / "model.safetensors").read_bytes()
-    )
-    with pytest.raises(ValueError, match="feed_forward_proj"):
-        load_pretrained(tmp_path / "t5")
+def _edited(tmp_path, family, **changes):
+    """A folder of `family` written by transformers, its config.json then edited."""
+    torch.manual_seed(0)
+    FAMILIES[family]().save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, **changes}))
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("family", "changes", "match"),
+    [
+        ("bart", {"decoder_ffn_dim": 40}, "encoder_ffn_dim=37, decoder_ffn_dim=40"),
+        ("bart", {"pad_token_id": 500}, r"pad_token_id must be an id of its vocabulary"),
+        ("bart", {"decoder_start_token_id": -1}, "decoder_start_token_id"),
+        ("bart", {"is_encoder_decoder": False}, "is_encoder_decoder"),
+        # Sizes the tensors disagree with are named before the model is built.
+        ("bart", {"max_position_embeddings": 1 << 20}, r"embed_positions\.weight"),
+        ("bart", {"decoder_layers": 40}, r"decoder\.layers\.39"),
+        ("t5_v1_0", {"feed_forward_proj": "gated-bogus"}, "feed_forward_proj"),
+        ("t5_v1_0", {"dense_act_fn": "gelu"}, "dense_act_fn disagrees"),
+        ("t5_v1_0", {"num_heads": 0}, "num_heads"),
+        ("t5_v1_0", {"d_model": 0}, "hidden_dim"),
+        ("t5_v1_0", {"relative_attention_max_distance": 10**15}, "relative_attention_max"),
+        ("t5_v1_0", {"d_ff": 1 << 20}, r"DenseReluDense\.wi\.weight"),
+        ("t5_v1_0", {"num_decoder_layers": 1000}, r"decoder\.block\.999"),
+        ("marian", {"decoder_vocab_size": 7}, "separate decoder vocabulary"),
+    ],
+)
+def test_unsupported_or_hostile_configs_are_refused_by_name(tmp_path, family, changes, match):
+    folder = _edited(tmp_path, family, **changes)
+    with pytest.raises(ValueError, match=match):
+        load_pretrained(folder)
+
+
+def test_bad_arguments_are_refused_naming_them():
+    from keras_attn.decoding import decode
+    from keras_attn.layers import SinusoidalPositionEncoding
+    from keras_attn.models.pretraining import LogitBias
+
+    with pytest.raises(ValueError, match="max_distance"):
+        RelativePositionBias(2, 32, 1 << 20)
+    with pytest.raises(ValueError, match="max_distance"):
+        RelativePositionBias(2, 32, 8)  # no larger than its exact buckets
+    with pytest.raises(ValueError, match="layout"):
+        SinusoidalPositionEncoding(layout="diagonal")
+    with pytest.raises(ValueError, match="logit_scale"):
+        Seq2SeqBackbone(10, 8, logit_scale=0.0)
+    with pytest.raises(ValueError, match="units"):
+        LogitBias(0)
+    lm = Seq2SeqLM(Seq2SeqBackbone(10, 8, hidden_dim=8, num_heads=2, num_encoder_layers=1,
+                                   num_decoder_layers=1, decoder_start_token_id=1))  # fmt: skip
+    with pytest.raises(ValueError, match="early_stopping"):
+        lm.generate([[3, 4]], 2, sampler="beam", early_stopping="sometimes")
+    with pytest.raises(ValueError, match="no_repeat_ngram_size"):
+        decode(lm.runner([[3, 4]]), [[1]], 2, no_repeat_ngram_size=-1)
+    with pytest.raises(TypeError, match="'sources'"):  # the argument's name since 43
+        lm.generate(source_ids=[[3]], max_new_tokens=2)
     with pytest.raises(ValueError, match="position_encoding"):
         Seq2SeqBackbone(10, 8, position_encoding="rotary")
