@@ -47,6 +47,7 @@ from keras_attn_export.saved_model import (
     output_specs,
     write_saved_model,
 )
+from keras_attn_export.seq2seq import export_seq2seq, is_seq2seq
 
 from keras_attn.models.lora import lora_layers, merged_copy
 from keras_attn.preprocessing import SegmentPacker, StartEndPacker, TextPreprocessor
@@ -287,9 +288,12 @@ def _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantiz
         text_onnx = None
         if strings_in:
             text_onnx = export_text_onnx(model, tmp, tokenizer, packer, sessions, opset)
-        decoding = None
+        decoding = seq2seq = None
         if "onnx" in formats and is_causal_lm(model, task):
             decoding = export_decoding(model, tmp, opset, tolerance)
+        if "onnx" in formats and is_seq2seq(model):
+            limit = tolerance.get("logits", 1e-4) if isinstance(tolerance, dict) else tolerance
+            seq2seq = export_seq2seq(model, tmp, opset, limit)
         if quantize:
             quantization, int8 = write_int8(tmp, onnx_info, optimize, cases, int8_weights)
         strings_vs_ids = None
@@ -335,6 +339,7 @@ def _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantiz
                 "int8": int8,
                 "quantization": quantization,
                 "decoding": decoding,
+                "seq2seq": seq2seq,
                 "text_onnx": text_onnx,
             },
         )

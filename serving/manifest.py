@@ -148,6 +148,20 @@ class Decoding(CacheGraph):
     pad_id: int | None = 0
 
 
+class Seq2SeqGraphs(CacheGraph):
+    """An encoder-decoder's generation graphs: `encoder_file` (source ids to every decoder
+    block's cross-attention keys and values, `(batch, layers, 2, S, kv_heads, key_dim)`)
+    and `file`, the decoder step over the self-attention cache (the decoder-only graphs'
+    layout) and that cross-attention cache."""
+
+    encoder_file: str
+    source_pad_id: int  # pads the sources of a batch (the encoder masks it)
+    # The id never generated, as `Decoding.pad_id`: None for the pretrained families, whose
+    # decoder start id may be the padding id and which may generate it.
+    pad_id: int | None
+    decoder_start_id: int
+
+
 class ChatSpec(_Strict):
     """How a chat model is prompted and when its turn ends: the chat template (a file of
     the artifact, hashed like the others), the named special tokens it sees, and the ids
@@ -189,6 +203,7 @@ class Manifest(_Strict):
     text_onnx: TextOnnx | None
     files: dict[str, str]
     chat: ChatSpec | None = None  # absent before chat models were exported
+    seq2seq: Seq2SeqGraphs | None = None  # absent before encoder-decoders were exported
 
     def to_json(self) -> str:
         """Strict JSON (no NaN), keys in field order, two-space indents."""
@@ -212,6 +227,8 @@ class Manifest(_Strict):
             names.append(self.text_onnx.file)
         if self.chat is not None:
             names.append(self.chat.template)
+        if self.seq2seq is not None:
+            names += [self.seq2seq.encoder_file, self.seq2seq.file]
         names += self.tokenizer_files()
         return list(dict.fromkeys(name for name in names if name))
 

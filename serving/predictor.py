@@ -23,6 +23,7 @@ from keras_attn_serving.generation import (
     session_step,
 )
 from keras_attn_serving.manifest import ArtifactError, read_manifest, verify_files
+from keras_attn_serving.seq2seq import EncoderDecoder
 from keras_attn_serving.tokenizer import load_text_tokenizer
 
 if TYPE_CHECKING:
@@ -132,6 +133,11 @@ class Predictor:
                     gqa_file, options, providers=["CPUExecutionProvider"]
                 )
             self._gqa_step = gqa_step(self.gqa_session)
+        # An encoder-decoder's graphs: its prompts are sources, its decoding starts anew.
+        self.encoder_decoder = (
+            EncoderDecoder(self.folder, manifest.seq2seq.model_dump(), options)
+            if manifest.seq2seq else None
+        )  # fmt: skip
         # input name -> what `_checked` checks, worked out once
         self._plans = {name: self._plan(name) for name in self.inputs}
         self.chat_template, self.end_token_ids = self._chat()
@@ -276,9 +282,9 @@ class Predictor:
         key/value-cache graph: `decode_gqa.onnx` when the artifact has one, else
         `decode.onnx`; `use_cache="decode.onnx"` picks the latter; `False` reruns the full
         model over the prefix every step."""
-        step, state, max_length = self._decoder(len(prompts), use_cache)
-        return decode_ids(step, state, [list(p) for p in prompts], max_new_tokens,
-                          stop_token_ids, self.pad_id, max_length, sampler)  # fmt: skip
+        step, state, starts, pad_id, max_length = self._decoding(prompts, use_cache)
+        return decode_ids(step, state, starts, max_new_tokens, stop_token_ids, pad_id,
+                          max_length, sampler)  # fmt: skip
 
     def generate_tokens(
         self,
@@ -289,9 +295,20 @@ class Predictor:
         sampler: "Sampler | None" = None,
     ) -> Iterator[tuple[int, int]]:
         """`generate_ids` as a generator of `(row, new id)`, each as soon as it is chosen."""
+        step, state, starts, pad_id, max_length = self._decoding(prompts, use_cache)
+        return decode_tokens(step, state, starts, max_new_tokens, stop_token_ids, pad_id,
+                             max_length, sampler)  # fmt: skip
+
+    def _decoding(self, prompts, use_cache):
+        """`(step, state, prompts to continue, id never generated, max length)`: a decoder's
+        prompts continue; an encoder-decoder's are sources, encoded here once, and each
+        target starts from the decoder start id."""
+        if self.encoder_decoder is not None:
+            graphs = self.encoder_decoder
+            starts = [[graphs.start_id] for _ in prompts]
+            return graphs.step, graphs.start(prompts), starts, graphs.pad_id, graphs.max_length
         step, state, max_length = self._decoder(len(prompts), use_cache)
-        return decode_tokens(step, state, [list(p) for p in prompts], max_new_tokens,
-                             stop_token_ids, self.pad_id, max_length, sampler)  # fmt: skip
+        return step, state, [list(p) for p in prompts], self.pad_id, max_length
 
     def stream_ids(
         self,

@@ -95,7 +95,8 @@ class TextModel:
     def require(self, task: str) -> None:
         """`ServingError` 400 unless this model answers `task` from text."""
         self.words  # noqa: B018  (raises without a tokenizer)
-        if self.task != task:
+        generates = task == "generate" and self.predictor.encoder_decoder is not None
+        if self.task != task and not generates:
             raise ServingError(
                 400, f"this model's task is {self.task!r}; it has no {task!r} endpoint "
                      f"(text endpoints: {', '.join(TEXT_TASKS)})",
@@ -286,7 +287,15 @@ class TextModel:
     def prompt(self, text: str) -> list[int]:
         """A generation prompt's ids: packed with the start id but no end id (it continues),
         and never cut: a prompt the model cannot take is a `ServingError` 400, found by
-        tokenizing no more of it than the model's length."""
+        tokenizing no more of it than the model's length. An encoder-decoder's prompt is its
+        source, packed as in training (start and end ids)."""
+        if self.predictor.encoder_decoder is not None:
+            limit = self.room()
+            (ids,) = self.first_ids([text], None if limit is None else limit + 1)
+            if limit is not None and len(ids) > limit:
+                raise ServingError(400, f"the source has more than {limit} tokens, the most "
+                                        "the encoder takes")  # fmt: skip
+            return self.packed_ids(ids, "text_input")
         start = self.packer.get("start_value")
         limit = self.predictor.max_sequence_length
         keep = None if limit is None else limit + 1 - (start is not None)
@@ -348,6 +357,11 @@ class TextModel:
         start, end = self.packer.get("start_value"), self.packer.get("end_value")
         return ([start] if start is not None else []) + ids + ([end] if end is not None else [])
 
+    def context(self, prompt: list[int]) -> list[int]:
+        """The ids the new text follows: a decoder's prompt; none for an encoder-decoder
+        (its prompt is the source, in the other stack)."""
+        return [] if self.predictor.encoder_decoder is not None else prompt
+
     def check_ids(self, ids: list[int], field: str) -> None:
         """A `ServingError` 400 when an id is past the model's vocabulary (a tokenizer with
         tokens the model has no embedding for): refused before it joins a shared batch."""
@@ -369,7 +383,7 @@ class TextModel:
         `request.stop_strings` (the token that completes it is the last one). With stop
         strings, text that could be the start of one is held back, and each pair is sent one
         token late (the last one carries the rest of the text)."""
-        deltas = Deltas(self, prompt, request.stop_strings)
+        deltas = Deltas(self, self.context(prompt), request.stop_strings)
         tokens = self.predictor.stream_ids(
             prompt, request.max_tokens, request.stop_ids, sampler=request.sampler
         )
@@ -398,7 +412,7 @@ class TextModel:
     async def _astream(self, prompt: list[int], request: "GenerationRequest",
                        tokens: AsyncGenerator[int, None], outcome: dict[str, Any] | None,
                        ) -> AsyncGenerator[tuple[int, str], None]:  # fmt: skip
-        deltas = Deltas(self, prompt, request.stop_strings)
+        deltas = Deltas(self, self.context(prompt), request.stop_strings)
         try:
             async for token in tokens:
                 for pair in deltas.push(token):

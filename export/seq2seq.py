@@ -1,0 +1,152 @@
+"""Encoder-decoder generation exported: an encoder graph run once per request, and a decoder
+step graph over the self-attention cache and the cross-attention cache the encoder made.
+
+`encode.onnx` maps `encoder_token_ids (batch, S)` to `cross_cache (batch, layers, 2, S,
+kv_heads, key_dim)`: every decoder block's cross-attention keys and values, projected once.
+`decode.onnx` maps `token_ids (batch, new)`, `cache (batch, layers, 2, max_length, kv_heads,
+key_dim)` (the decoder-only graphs' layout), `index ()`, `cross_cache` and
+`encoder_token_ids` (for the source padding mask) to `logits (batch, vocab)` of the last new
+token and `updated_cache`. Hugging Face's optimum splits these models the same way.
+"""
+
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+from keras_attn_export.parity import ParityError, max_abs_diff
+from keras_attn_serving.generation import decode_ids
+from keras_attn_serving.seq2seq import EncoderDecoder
+
+from keras_attn.layers.tracing import onnx_tracing
+
+# Cache length for decoders without a position table (T5's relative positions, Marian's
+# sinusoids): transformers' default `max_length` for Marian.
+DEFAULT_TARGET_LENGTH = 512
+
+
+def is_seq2seq(model: keras.Model) -> bool:
+    return hasattr(model, "encoder_side") and hasattr(model, "call_with_cache")
+
+
+def cache_spec(lm: Any) -> dict[str, int]:
+    """`{"layers", "kv_heads", "key_dim", "max_length"}` of the decoder's caches."""
+    attention = lm.decoder_blocks[0].self_attention
+    return {
+        "layers": len(lm.decoder_blocks),
+        "kv_heads": attention.num_key_value_heads or attention.num_heads,
+        "key_dim": attention.key_dim,
+        "max_length": int(lm.max_length or DEFAULT_TARGET_LENGTH),
+    }
+
+
+def _functions(lm: Any, spec: dict[str, int]) -> tuple[Any, list, Any, list]:
+    import tensorflow as tf
+
+    layers, kv, width = spec["layers"], spec["kv_heads"], spec["key_dim"]
+    source = tf.TensorSpec([None, None], tf.int32, name="encoder_token_ids")
+    cross = tf.TensorSpec([None, layers, 2, None, kv, width], tf.float32, name="cross_cache")
+    encode_signature = [source]
+    decode_signature = [
+        tf.TensorSpec([None, None], tf.int32, name="token_ids"),
+        tf.TensorSpec([None, layers, 2, spec["max_length"], kv, width], tf.float32, name="cache"),
+        tf.TensorSpec([], tf.int32, name="index"),
+        cross,
+        source,
+    ]
+
+    @tf.function(input_signature=encode_signature)
+    def encode(encoder_token_ids: Any) -> dict[str, Any]:
+        encoded = lm.encode(encoder_token_ids)
+        caches = [block.cross_attention.key_value_cache(encoded) for block in lm.decoder_blocks]
+        return {"cross_cache": tf.stack(caches, axis=1)}
+
+    @tf.function(input_signature=decode_signature)
+    def decode(
+        token_ids: Any, cache: Any, index: Any, cross_cache: Any, encoder_token_ids: Any
+    ) -> dict[str, Any]:
+        state = {
+            "caches": [cache[:, n] for n in range(layers)],
+            "cross_caches": [cross_cache[:, n] for n in range(layers)],
+            "source_mask": lm.encoder_side.padding(encoder_token_ids),
+            "source_ids": encoder_token_ids,
+        }
+        with onnx_tracing():  # tf2onnx converts ScatterND, not XlaDynamicUpdateSlice
+            logits, state = lm.call_with_cache(token_ids, state, index)
+        return {"logits": logits[:, -1], "updated_cache": tf.stack(state["caches"], axis=1)}
+
+    return encode, encode_signature, decode, decode_signature
+
+
+def write_seq2seq_onnx(model: keras.Model, folder: Path, opset: int = 17) -> dict[str, int]:
+    """Writes `encode.onnx` and `decode.onnx` of a `Seq2SeqLM`; returns the cache spec."""
+    import tf2onnx
+
+    spec = cache_spec(model)
+    encode, encode_signature, decode, decode_signature = _functions(model, spec)
+    for name, function, signature in (
+        ("encode.onnx", encode, encode_signature),
+        ("decode.onnx", decode, decode_signature),
+    ):
+        proto, _ = tf2onnx.convert.from_function(function, input_signature=signature, opset=opset)
+        (folder / name).write_bytes(proto.SerializeToString())
+    return spec
+
+
+def check_seq2seq(model: keras.Model, folder: Path, spec: dict, tolerance: float) -> float:
+    """Raises `ParityError` unless the graphs give the Keras model's logits at every target
+    position (padded sources of three lengths) and Keras `generate()`'s greedy ids; returns
+    the largest logits difference."""
+    rng = np.random.default_rng(0)
+    backbone = model.backbone
+    pad, vocabulary = backbone.pad_token_id, backbone.vocabulary_size
+    start = backbone.decoder_start_token_id or 0
+    lengths = (7, 3, 5)
+    sources = np.full((3, max(lengths)), pad, "int32")
+    for row, n in enumerate(lengths):
+        sources[row, :n] = rng.choice([i for i in range(vocabulary) if i != pad], n)
+    targets = rng.integers(0, vocabulary, size=(3, min(6, spec["max_length"]))).astype("int32")
+    targets[:, 0] = start
+    full = keras.ops.convert_to_numpy(
+        model({"encoder_token_ids": sources, "decoder_token_ids": targets}, training=False)
+    )
+    rows = [[int(t) for t in row if t != pad] for row in sources]
+    graphs = EncoderDecoder(folder, {**spec, **_entry(model, spec)})
+    state = graphs.start(rows)
+    logits, state = graphs.step(targets[:, :2], state, 0)  # a prefill of two, then steps
+    worst = max_abs_diff(logits, full[:, 1])
+    for t in range(2, targets.shape[1]):
+        logits, state = graphs.step(targets[:, t : t + 1], state, t)
+        worst = max(worst, max_abs_diff(logits, full[:, t]))
+    if not worst <= tolerance:
+        raise ParityError(f"decode.onnx logits differ from Keras by {worst:.3e} > {tolerance}")
+    new = min(8, spec["max_length"] - 1)
+    keras_ids = model.generate(rows, new, start)
+    onnx_ids = decode_ids(graphs.step, graphs.start(rows), [[start]] * len(rows), new,
+                          pad_id=graphs.pad_id, max_length=spec["max_length"])  # fmt: skip
+    if onnx_ids != keras_ids:
+        raise ParityError(f"encoder-decoder greedy ids {onnx_ids} differ from Keras {keras_ids}")
+    return worst
+
+
+def _entry(model: keras.Model, spec: dict[str, int]) -> dict[str, Any]:
+    """The manifest's `seq2seq` entry but for the check's figures."""
+    backbone = model.backbone
+    return {
+        "encoder_file": "encode.onnx",
+        "file": "decode.onnx",
+        **spec,
+        "source_pad_id": backbone.pad_token_id,
+        # What Keras `generate` never generates: the padding id only where the decoder
+        # masks it (the pretrained families may generate theirs).
+        "pad_id": backbone.pad_token_id if backbone.mask_decoder_padding else None,
+        "decoder_start_id": backbone.decoder_start_token_id or 0,
+    }
+
+
+def export_seq2seq(model: keras.Model, folder: Path, opset: int, tolerance: float) -> dict:
+    """Both graphs, checked; the manifest's `seq2seq` entry."""
+    spec = write_seq2seq_onnx(model, folder, opset)
+    worst = check_seq2seq(model, folder, spec, tolerance)
+    return {**_entry(model, spec), "opset": opset, "step_logits_max_abs_diff": worst,
+            "greedy_equals_keras": True}  # fmt: skip

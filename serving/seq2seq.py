@@ -1,0 +1,62 @@
+"""Generation from an exported encoder-decoder (NumPy and onnxruntime only): the encoder graph
+once per request, then decoder steps over the self-attention cache and the cross-attention
+cache the encoder made (the manifest's `seq2seq` entry; see `keras_attn_export.seq2seq`)."""
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+class EncoderDecoder:
+    """`encode.onnx` and `decode.onnx` of one artifact, as the `step` and start state of
+    `keras_attn_serving.generation.decode_tokens`.
+
+    Args:
+        folder: the artifact folder.
+        spec: the manifest's `seq2seq` entry (a dict).
+        options: optional `onnxruntime.SessionOptions`.
+    """
+
+    def __init__(self, folder: Path, spec: dict[str, Any], options: Any = None) -> None:
+        import onnxruntime as ort
+
+        def session(name: str) -> Any:
+            return ort.InferenceSession(
+                str(folder / name), options, providers=["CPUExecutionProvider"]
+            )
+
+        self.encoder, self.decoder = session(spec["encoder_file"]), session(spec["file"])
+        self.spec = spec
+        self.start_id: int = spec["decoder_start_id"]
+        self.pad_id: int | None = spec["pad_id"]  # never generated (None: every id may be)
+        self.max_length: int = spec["max_length"]
+        self._outputs = [o.name for o in self.decoder.get_outputs()]
+
+    def start(self, sources: Sequence[Sequence[int]]) -> dict[str, np.ndarray]:
+        """The decoding state of `sources` (id lists, padded here): the encoder's
+        cross-attention cache, computed once, and an empty self-attention cache."""
+        width = max(len(s) for s in sources)
+        padded = np.full((len(sources), width), self.spec["source_pad_id"], np.int32)
+        for row, ids in enumerate(sources):
+            padded[row, : len(ids)] = ids
+        (cross,) = self.encoder.run(None, {"encoder_token_ids": padded})
+        spec = self.spec
+        shape = (len(sources), spec["layers"], 2, spec["max_length"], spec["kv_heads"],
+                 spec["key_dim"])  # fmt: skip
+        return {"cache": np.zeros(shape, np.float32), "cross_cache": cross, "sources": padded}
+
+    def step(
+        self, token_ids: np.ndarray, state: dict[str, np.ndarray], index: int
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Logits of the last of `token_ids` placed at `index`, and the new state."""
+        feeds = {
+            "token_ids": np.asarray(token_ids, np.int32),
+            "cache": state["cache"],
+            "index": np.asarray(index, np.int32),
+            "cross_cache": state["cross_cache"],
+            "encoder_token_ids": state["sources"],
+        }
+        out = dict(zip(self._outputs, self.decoder.run(None, feeds), strict=True))
+        return out["logits"], {**state, "cache": out["updated_cache"]}

@@ -1,0 +1,84 @@
+"""An encoder-decoder exported and served: `encode.onnx` once per request, `decode.onnx` steps
+over both caches; `/generate` and `/generate_stream` answer with the ids and text Keras
+`generate` makes from the same source text (BART and T5 folders written by `transformers`)."""
+
+import json
+
+import httpx
+import pytest
+from keras_attn_serving.server import ModelRepository, create_app
+
+from keras_attn.models import Seq2SeqLM
+from tests.serving.test_server import serve_in_thread
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+from tests.models.test_seq2seq_text import FAMILIES, TEXTS  # noqa: E402
+
+pytestmark = [pytest.mark.tf_only, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def served(request, tmp_path_factory):
+    from keras_attn_export import export_model
+
+    make_tokenizer, make_model = FAMILIES[request.param]
+    torch.manual_seed(1)
+    tokenizer = make_tokenizer()
+    model = make_model(len(tokenizer)).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(2.0)
+    folder = tmp_path_factory.mktemp(request.param)
+    model.save_pretrained(folder / "hf")
+    tokenizer.save_pretrained(folder / "hf")
+    lm = Seq2SeqLM.from_pretrained(folder / "hf", dropout=0.0)
+    # These random T5 weights reach logits of about 77, where float32 sums of another order
+    # differ by 2e-3: the tolerance is 6e-5 of that scale.
+    tolerance = 5e-3 if request.param == "t5" else 1e-4
+    manifest = export_model(
+        lm, folder / "repository" / "s2s" / "1", formats=("onnx",), batch_sizes=(1, 2),
+        sequence_lengths=(4, 9), tolerance=tolerance,
+    )  # fmt: skip
+    url, stop = serve_in_thread(create_app(ModelRepository(folder / "repository")))
+    yield request.param, lm, manifest, url
+    stop()
+
+
+def test_the_artifact_has_both_graphs_checked(served):
+    _, lm, manifest, _ = served
+    graphs = manifest.seq2seq
+    assert (graphs.encoder_file, graphs.file) == ("encode.onnx", "decode.onnx")
+    assert graphs.greedy_equals_keras and graphs.step_logits_max_abs_diff <= 5e-3
+    assert graphs.decoder_start_id == lm.decoder_start_token_id
+    assert graphs.pad_id is None  # the families may generate their padding id
+    assert {"encode.onnx", "decode.onnx"} <= set(manifest.files)
+
+
+def test_generate_and_stream_equal_keras(served):
+    name, lm, _, url = served
+    for text in TEXTS[:4]:
+        body = {"text_input": text, "parameters": {"max_tokens": 8}}
+        answer = httpx.post(f"{url}/v2/models/s2s/generate", json=body, timeout=60)
+        assert answer.status_code == 200, answer.text
+        packed = lm.preprocessor([text])["encoder_token_ids"].numpy()[0].tolist()
+        source = [t for t in packed if t != lm.pad_token_id]
+        stop = lm.preprocessor.end_token_ids
+        expected_ids = lm.generate([source], 8, stop_token_ids=stop)[0]
+        assert answer.json()["token_ids"] == expected_ids, (name, text)
+        assert answer.json()["text_output"] == lm.generate(text, 8), (name, text)
+        with httpx.stream("POST", f"{url}/v2/models/s2s/generate_stream", json=body,
+                          timeout=60) as stream:  # fmt: skip
+            events = [json.loads(line[5:]) for line in stream.iter_lines() if line]
+        assert [e["token_id"] for e in events] == expected_ids
+        assert "".join(e["text_output"] for e in events) == answer.json()["text_output"]
+
+
+def test_a_source_longer_than_the_encoder_takes_is_refused(served):
+    _, _, manifest, url = served
+    if manifest.max_sequence_length is None:
+        pytest.skip("relative positions: the encoder takes any length")
+    body = {"text_input": "hello " * 400, "parameters": {"max_tokens": 4}}
+    answer = httpx.post(f"{url}/v2/models/s2s/generate", json=body, timeout=60)
+    assert answer.status_code == 400
+    assert "tokens" in answer.json()["error"]
