@@ -4,7 +4,9 @@ to choose each token (greedy, or sampled as Keras-side `generate` samples).
 Sampling is on when any of `temperature`, `top_k`, `top_p` or `seed` is given, with the
 semantics of `keras_attn.decoding.decode(sampler="sample")` (temperature, then top-k, then
 top-p; one seeded draw per step): the same seed gives the same ids as Keras `generate` on the
-same prompt. Every bad value is a `ServingError` 400 naming the parameter.
+same prompt. Beam search is on with `num_beams` > 1 (`length_penalty`, `early_stopping`,
+`no_repeat_ngram_size` as `transformers` defines them; `keras_attn_serving.beam`). Every bad
+value is a `ServingError` 400 naming the parameter.
 """
 
 import dataclasses
@@ -17,6 +19,17 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 200
 DEFAULT_MAX_TOKENS = 20
 SAMPLING = ("temperature", "top_k", "top_p", "seed")
+BEAMS = ("num_beams", "length_penalty", "early_stopping", "no_repeat_ngram_size")
+MAX_BEAMS = 8  # each beam is a decoding row: the cost of a request grows with them
+MAX_NGRAM = 16
+
+
+@dataclasses.dataclass
+class Beams:
+    num_beams: int
+    length_penalty: float
+    early_stopping: bool | str
+    no_repeat_ngram_size: int
 
 
 @dataclasses.dataclass
@@ -25,6 +38,7 @@ class GenerationRequest:
     stop_ids: list[int]
     stop_strings: list[str]
     sampler: Sampler | None  # None: greedy
+    beams: Beams | None = None  # beam search instead of one choice per step
 
 
 def _integer(value: Any) -> bool:
@@ -74,7 +88,27 @@ def generation_request(
         sampler = _sampler(parameters)
         if parameters.get("temperature") == 0:  # the limit of sampling: greedy
             sampler = None
-    return GenerationRequest(max_tokens, stop_ids, stop_strings, sampler)
+    beams = _beams(parameters) if any(key in parameters for key in BEAMS) else None
+    if beams is not None and sampler is not None:
+        raise ServingError(400, "beam search does not sample: give `num_beams` or sampling "
+                                f"parameters ({', '.join(SAMPLING)}), not both")  # fmt: skip
+    return GenerationRequest(max_tokens, stop_ids, stop_strings, sampler, beams)
+
+
+def _beams(parameters: dict[str, Any]) -> Beams:
+    num_beams = parameters.get("num_beams", 1)
+    if not _integer(num_beams) or not 1 <= num_beams <= MAX_BEAMS:
+        raise _refuse("num_beams", f"an integer in [1, {MAX_BEAMS}]", num_beams)
+    length_penalty = parameters.get("length_penalty", 1.0)
+    if not finite_number(length_penalty) or abs(length_penalty) > 100:
+        raise _refuse("length_penalty", "a number in [-100, 100]", length_penalty)
+    early_stopping = parameters.get("early_stopping", False)
+    if not (isinstance(early_stopping, bool) or early_stopping == "never"):
+        raise _refuse("early_stopping", 'true, false or "never"', early_stopping)
+    size = parameters.get("no_repeat_ngram_size", 0)
+    if not _integer(size) or not 0 <= size <= MAX_NGRAM:
+        raise _refuse("no_repeat_ngram_size", f"an integer in [0, {MAX_NGRAM}]", size)
+    return Beams(num_beams, float(length_penalty), early_stopping, size)
 
 
 def _sampler(parameters: dict[str, Any]) -> Sampler:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 import numpy as np
 import onnxruntime as ort
 from keras_attn_serving.batched_generation import DecodeBatcher
+from keras_attn_serving.beam import beam_ids
 from keras_attn_serving.chat_template import ChatTemplate
 from keras_attn_serving.generation import (
     BoundCache,
@@ -27,6 +28,7 @@ from keras_attn_serving.seq2seq import EncoderDecoder
 from keras_attn_serving.tokenizer import load_text_tokenizer
 
 if TYPE_CHECKING:
+    from keras_attn_serving.generation_request import Beams
     from keras_attn_serving.sampling import Sampler
     from numpy.typing import ArrayLike
 
@@ -299,6 +301,38 @@ class Predictor:
         return decode_tokens(step, state, starts, max_new_tokens, stop_token_ids, pad_id,
                              max_length, sampler)  # fmt: skip
 
+    def beam_ids(
+        self,
+        prompt: Sequence[int],
+        max_new_tokens: int,
+        stop_token_ids: Iterable[int],
+        beams: "Beams",
+    ) -> list[int]:
+        """Beam search for one prompt (an encoder-decoder's: one source) over the exported
+        cache graph, as Keras `generate(..., sampler="beam")` runs it; the new ids of the best
+        hypothesis, without its stop id."""
+        step: Any
+        select: Any
+        state: Any
+        if self.encoder_decoder is not None:
+            graphs = self.encoder_decoder
+            step, select, state = graphs.step, graphs.select, graphs.start([prompt])
+            start, pad_id, limit = [graphs.start_id], graphs.pad_id, graphs.max_length
+        elif self.decode_session is not None and self.decoding is not None:
+            step, state = self.decode_step, empty_cache(self.decoding, 1)
+            start, pad_id, limit = list(prompt), self.pad_id, self.decoding["max_length"]
+            select = _select_rows
+        else:
+            raise ValueError("beam search needs an exported cache graph (decode.onnx)")
+        if len(start) + max_new_tokens > limit:
+            raise ValueError(
+                f"prompt length {len(start)} + max_new_tokens {max_new_tokens} exceeds the "
+                f"model's maximum sequence length {limit}"
+            )
+        return beam_ids(step, select, state, start, max_new_tokens, beams.num_beams,
+                        beams.length_penalty, set(stop_token_ids), pad_id,
+                        beams.early_stopping, beams.no_repeat_ngram_size)  # fmt: skip
+
     def _decoding(self, prompts, use_cache):
         """`(step, state, prompts to continue, id never generated, max length)`: a decoder's
         prompts continue; an encoder-decoder's are sources, encoded here once, and each
@@ -405,6 +439,10 @@ class Predictor:
         prompt_ids = self.tokenizer.encode(prompts)
         new = self.generate_ids(prompt_ids, max_new_tokens)
         return [self.tokenizer.decode(p + n) for p, n in zip(prompt_ids, new, strict=True)]
+
+
+def _select_rows(cache: np.ndarray, rows: Sequence[int]) -> np.ndarray:
+    return cache[np.asarray(rows)]
 
 
 def _per_row_index(session: ort.InferenceSession) -> bool:

@@ -47,6 +47,11 @@ class EncoderDecoder:
                  spec["key_dim"])  # fmt: skip
         return {"cache": np.zeros(shape, np.float32), "cross_cache": cross, "sources": padded}
 
+    @staticmethod
+    def select(state: dict[str, np.ndarray], rows: Sequence[int]) -> dict[str, np.ndarray]:
+        """The state of `rows`, in that order (beam search's surviving beams)."""
+        return {key: value[np.asarray(rows)] for key, value in state.items()}
+
     def step(
         self, token_ids: np.ndarray, state: dict[str, np.ndarray], index: int
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:

@@ -9,7 +9,7 @@ except `TextModel.stream`, which drives the decode graph step by step.
 """
 
 import re
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -39,6 +39,10 @@ TEXT_PARAMETERS = {
             "top_k",
             "top_p",
             "seed",
+            "num_beams",
+            "length_penalty",
+            "early_stopping",
+            "no_repeat_ngram_size",
         }
     ),
 }
@@ -384,9 +388,14 @@ class TextModel:
         strings, text that could be the start of one is held back, and each pair is sent one
         token late (the last one carries the rest of the text)."""
         deltas = Deltas(self, self.context(prompt), request.stop_strings)
-        tokens = self.predictor.stream_ids(
-            prompt, request.max_tokens, request.stop_ids, sampler=request.sampler
-        )
+        if request.beams is not None:  # the best hypothesis is known at the end: sent then
+            tokens: Iterable[int] = self.predictor.beam_ids(
+                prompt, request.max_tokens, request.stop_ids, request.beams
+            )
+        else:
+            tokens = self.predictor.stream_ids(
+                prompt, request.max_tokens, request.stop_ids, sampler=request.sampler
+            )
         for token in tokens:
             yield from deltas.push(token)
             if deltas.stopped:
@@ -403,6 +412,8 @@ class TextModel:
         steps between requests (no thread waits for the tokens); None where it decodes each
         prompt alone (run `stream` in a thread). Past `deadline` (a `time.perf_counter()`
         time) it raises `TimeoutError`."""
+        if request.beams is not None:
+            return None  # beam search runs in a thread of its own
         tokens = self.predictor.astream_ids(
             prompt, request.max_tokens, request.stop_ids, sampler=request.sampler,
             deadline=deadline, outcome=outcome,

@@ -74,6 +74,20 @@ def test_generate_and_stream_equal_keras(served):
         assert "".join(e["text_output"] for e in events) == answer.json()["text_output"]
 
 
+@pytest.mark.parametrize(
+    "settings",
+    [{"num_beams": 3}, {"num_beams": 2, "length_penalty": 2.0, "no_repeat_ngram_size": 2}],
+)
+def test_beam_search_equals_keras(served, settings):
+    name, lm, _, url = served
+    for text in TEXTS[:3]:
+        body = {"text_input": text, "parameters": {"max_tokens": 8, **settings}}
+        answer = httpx.post(f"{url}/v2/models/s2s/generate", json=body, timeout=60)
+        assert answer.status_code == 200, answer.text
+        expected = lm.generate(text, 8, sampler="beam", **settings)
+        assert answer.json()["text_output"] == expected, (name, text, settings)
+
+
 def test_a_source_longer_than_the_encoder_takes_is_refused(served):
     _, _, manifest, url = served
     if manifest.max_sequence_length is None:

@@ -197,6 +197,28 @@ def test_sampled_generation_equals_keras_with_the_same_seed(text_models, toy_lm,
     assert len(seen) > 1  # the settings draw different continuations: sampling is on
 
 
+def test_beam_search_over_http_equals_keras(text_models, toy_lm, toy_tokenizer):
+    """`num_beams` and its settings over HTTP give Keras `generate(sampler="beam")`'s ids:
+    one implementation (`keras_attn_serving.beam`) over the exported `decode.onnx`."""
+    url, _, _ = text_models
+    prompt = "to be or not"
+    prompt_ids = keras.ops.convert_to_numpy(toy_tokenizer.tokenize(prompt)).tolist()
+    settings = [
+        {"num_beams": 3},
+        {"num_beams": 4, "length_penalty": 2.0, "early_stopping": True},
+        {"num_beams": 2, "no_repeat_ngram_size": 2, "early_stopping": "never"},
+    ]
+    for parameters in settings:
+        body = {"text_input": prompt, "parameters": {**parameters, "max_new_tokens": 8}}
+        answer = post(url, "lm/generate", body).json()
+        (in_keras,) = generate(toy_lm, [prompt_ids], 8, sampler="beam", **parameters)
+        assert answer["token_ids"] == in_keras, parameters
+        with httpx.stream("POST", f"{url}/v2/models/lm/generate_stream", json=body) as response:
+            events = [json.loads(line[len("data: "):]) for line in response.iter_lines()
+                      if line.startswith("data: ")]  # fmt: skip
+        assert [e["token_id"] for e in events] == in_keras
+
+
 def test_stop_strings_cut_the_text_over_http_and_in_keras(text_models, toy_lm,
                                                          toy_tokenizer):  # fmt: skip
     url, _, _ = text_models
@@ -286,6 +308,18 @@ def test_concurrent_generations_keep_their_own_caches(text_models, toy_lm, toy_t
         ("lm/generate", {"text_input": "a", "parameters": {"stop": ["x"] * 17}}, 400,
          "at most 16"),
         ("lm/generate", {"text_input": "a", "parameters": {"stop": [10**9]}}, 400, "`stop`"),
+        ("lm/generate", {"text_input": "a", "parameters": {"num_beams": 9}}, 400,
+         "`num_beams` must be an integer in [1, 8]"),
+        ("lm/generate", {"text_input": "a", "parameters": {"num_beams": "3"}}, 400,
+         "num_beams"),
+        ("lm/generate", {"text_input": "a", "parameters": {"early_stopping": "soon"}}, 400,
+         "`early_stopping` must be true, false or \"never\""),
+        ("lm/generate", {"text_input": "a", "parameters": {"no_repeat_ngram_size": 99}}, 400,
+         "no_repeat_ngram_size"),
+        ("lm/generate", {"text_input": "a", "parameters": {"length_penalty": 1e9}}, 400,
+         "length_penalty"),
+        ("lm/generate", {"text_input": "a", "parameters": {"num_beams": 2, "seed": 1}}, 400,
+         "beam search does not sample"),
         ("lm/generate", {"text_input": "a", "parameters": {"max_tokens": 3,
                                                             "max_new_tokens": 3}}, 400,
          "not both"),
