@@ -115,6 +115,21 @@ def test_example_runs_a_few_steps(name):
 
 @pytest.mark.slow
 @pytest.mark.tf_only
+def test_t5_dates_example_fine_tunes_evaluates_exports_and_serves_beams(tmp_path):
+    args = ["--train", "256", "--test", "4", "--epochs", "1", "--hidden-dim", "32",
+            "--out", str(tmp_path)]  # fmt: skip
+    results = run_example("t5_dates", args)
+    for decoding in ("greedy", "beam"):
+        assert set(results[decoding]) == {"exact_match", "bleu", "meteor", "wer", "bertscore_f1"}
+        assert all(0.0 <= v <= 100.0 for v in results[decoding].values()), results
+    assert results["served"]["served_equals_keras"] == 1.0
+    assert results["served"]["step_logits_max_abs_diff"] <= 1e-4
+    config = json.loads((tmp_path / "t5-dates" / "config.json").read_text())
+    assert config["model_type"] == "t5" and config["feed_forward_proj"] == "gated-gelu"
+
+
+@pytest.mark.slow
+@pytest.mark.tf_only
 def test_gpt2_folder_example_serves_the_ids_keras_samples(tmp_path):
     args = ["--seconds", "5", "--lines", "2000", "--new-tokens", "8", "--out", str(tmp_path)]
     results = run_example("gpt2_folder_generate", args)
