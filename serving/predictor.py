@@ -5,31 +5,24 @@ onnxruntime, NumPy and `tokenizers`.
 """
 
 import threading
-from collections.abc import AsyncGenerator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnxruntime as ort
 from keras_attn_serving.batched_generation import DecodeBatcher
-from keras_attn_serving.beam import beam_ids
 from keras_attn_serving.chat_template import ChatTemplate
 from keras_attn_serving.generation import (
-    BoundCache,
-    decode_ids,
-    decode_tokens,
-    empty_cache,
     gqa_step,
-    prefix_step,
     session_step,
 )
 from keras_attn_serving.manifest import ArtifactError, read_manifest, verify_files
+from keras_attn_serving.predictor_generation import Generates, per_row_index
 from keras_attn_serving.seq2seq import EncoderDecoder
 from keras_attn_serving.tokenizer import load_text_tokenizer
 
 if TYPE_CHECKING:
-    from keras_attn_serving.generation_request import Beams
-    from keras_attn_serving.sampling import Sampler
     from numpy.typing import ArrayLike
 
 
@@ -37,7 +30,7 @@ class InputError(ValueError):
     """Inputs that do not fit the exported model: wrong names, shapes, dtypes, lengths, ids."""
 
 
-class Predictor:
+class Predictor(Generates):
     """Runs an exported model (`model.onnx` + `manifest.json` [+ `tokenizer/`]).
 
     Args:
@@ -128,7 +121,7 @@ class Predictor:
             self.gqa_session = ort.InferenceSession(
                 gqa_file, shared, providers=["CPUExecutionProvider"]
             )
-            if shared is not options and not _per_row_index(self.gqa_session):
+            if shared is not options and not per_row_index(self.gqa_session):
                 # Exported before decode graphs took one position per row: requests decode
                 # alone, each in its thread, so this session keeps `num_threads`.
                 self.gqa_session = ort.InferenceSession(
@@ -258,195 +251,3 @@ class Predictor:
         """Logits of a single-input language model for int ids `(batch, length)`."""
         (name,) = self.inputs
         return self.run({name: token_ids})[self.output_names[0]]
-
-    def decode_step(self, token_ids: np.ndarray, cache: np.ndarray, index: int) -> list[np.ndarray]:
-        """One call of the exported decode graph: `(last logits, updated cache)`."""
-        return self._decode_step(token_ids, cache, index)
-
-    def gqa_step(
-        self, token_ids: np.ndarray, cache: BoundCache, index: int
-    ) -> tuple[np.ndarray, BoundCache]:
-        """One call of `decode_gqa.onnx` over a `BoundCache`: `(last logits, cache)`."""
-        return self._gqa_step(token_ids, cache, index)
-
-    def generate_ids(
-        self,
-        prompts: Sequence[Sequence[int]],
-        max_new_tokens: int = 20,
-        stop_token_ids: Iterable[int] = (),
-        use_cache: bool | Literal["decode.onnx"] = True,
-        sampler: "Sampler | None" = None,
-    ) -> list[list[int]]:
-        """Continuation of id prompts, greedy or drawn by `sampler` (a
-        `keras_attn_serving.sampling.Sampler`: the same seed gives Keras `generate`'s ids);
-        returns the new ids of each (a stop token ends a row and is not returned, as in
-        `keras_attn.models.generate`). With `use_cache` (the default) it runs an exported
-        key/value-cache graph: `decode_gqa.onnx` when the artifact has one, else
-        `decode.onnx`; `use_cache="decode.onnx"` picks the latter; `False` reruns the full
-        model over the prefix every step."""
-        step, state, starts, pad_id, max_length = self._decoding(prompts, use_cache)
-        return decode_ids(step, state, starts, max_new_tokens, stop_token_ids, pad_id,
-                          max_length, sampler)  # fmt: skip
-
-    def generate_tokens(
-        self,
-        prompts: Sequence[Sequence[int]],
-        max_new_tokens: int = 20,
-        stop_token_ids: Iterable[int] = (),
-        use_cache: bool | Literal["decode.onnx"] = True,
-        sampler: "Sampler | None" = None,
-    ) -> Iterator[tuple[int, int]]:
-        """`generate_ids` as a generator of `(row, new id)`, each as soon as it is chosen."""
-        step, state, starts, pad_id, max_length = self._decoding(prompts, use_cache)
-        return decode_tokens(step, state, starts, max_new_tokens, stop_token_ids, pad_id,
-                             max_length, sampler)  # fmt: skip
-
-    def beam_ids(
-        self,
-        prompt: Sequence[int],
-        max_new_tokens: int,
-        stop_token_ids: Iterable[int],
-        beams: "Beams",
-    ) -> list[int]:
-        """Beam search for one prompt (an encoder-decoder's: one source) over the exported
-        cache graph, as Keras `generate(..., sampler="beam")` runs it; the new ids of the best
-        hypothesis, without its stop id."""
-        step: Any
-        select: Any
-        state: Any
-        if self.encoder_decoder is not None:
-            graphs = self.encoder_decoder
-            step, select, state = graphs.step, graphs.select, graphs.start([prompt])
-            start, pad_id, limit = [graphs.start_id], graphs.pad_id, graphs.max_length
-        elif self.decode_session is not None and self.decoding is not None:
-            step, state = self.decode_step, empty_cache(self.decoding, 1)
-            start, pad_id, limit = list(prompt), self.pad_id, self.decoding["max_length"]
-            select = _select_rows
-        else:
-            raise ValueError("beam search needs an exported cache graph (decode.onnx)")
-        if len(start) + max_new_tokens > limit:
-            raise ValueError(
-                f"prompt length {len(start)} + max_new_tokens {max_new_tokens} exceeds the "
-                f"model's maximum sequence length {limit}"
-            )
-        return beam_ids(step, select, state, start, max_new_tokens, beams.num_beams,
-                        beams.length_penalty, set(stop_token_ids), pad_id,
-                        beams.early_stopping, beams.no_repeat_ngram_size)  # fmt: skip
-
-    def _decoding(self, prompts, use_cache):
-        """`(step, state, prompts to continue, id never generated, max length)`: a decoder's
-        prompts continue; an encoder-decoder's are sources, encoded here once, and each
-        target starts from the decoder start id."""
-        if self.encoder_decoder is not None:
-            graphs = self.encoder_decoder
-            starts = [[graphs.start_id] for _ in prompts]
-            return graphs.step, graphs.start(prompts), starts, graphs.pad_id, graphs.max_length
-        step, state, max_length = self._decoder(len(prompts), use_cache)
-        return step, state, [list(p) for p in prompts], self.pad_id, max_length
-
-    def stream_ids(
-        self,
-        prompt: Sequence[int],
-        max_new_tokens: int = 20,
-        stop_token_ids: Iterable[int] = (),
-        sampler: "Sampler | None" = None,
-    ) -> Iterator[int]:
-        """The new ids of one prompt, each as soon as it is chosen (what `/generate_stream`
-        sends). With `max_decode_rows` and a `decode_gqa.onnx` that takes one position per row,
-        concurrent calls share decode steps (`keras_attn_serving.batched_generation`); the
-        ids are those of decoding the prompt alone either way."""
-        batcher = self._batcher()
-        if batcher is not None:
-            return batcher.stream(prompt, max_new_tokens, stop_token_ids, sampler)
-        tokens = self.generate_tokens([prompt], max_new_tokens, stop_token_ids, sampler=sampler)
-        return (token for _, token in tokens)
-
-    def astream_ids(
-        self,
-        prompt: Sequence[int],
-        max_new_tokens: int = 20,
-        stop_token_ids: Iterable[int] = (),
-        sampler: "Sampler | None" = None,
-        deadline: float | None = None,
-        outcome: dict[str, Any] | None = None,
-    ) -> AsyncGenerator[int, None] | None:
-        """`stream_ids` for a caller on an asyncio event loop, where concurrent calls share
-        decode steps (no thread waits for the ids); None where each prompt decodes alone
-        (then run `stream_ids` in a thread). Past `deadline` (a `time.perf_counter()` time)
-        the stream raises `TimeoutError`."""
-        batcher = self._batcher()
-        if batcher is None:
-            return None
-        return batcher.astream(prompt, max_new_tokens, stop_token_ids, sampler, deadline, outcome)
-
-    @property
-    def decode_batcher(self) -> "DecodeBatcher | None":
-        """The shared decode loop, if one has started (for metrics)."""
-        return self._decode_batcher
-
-    def _batcher(self) -> "DecodeBatcher | None":
-        """The shared decode loop, started on first use; None when it cannot run (or this
-        predictor was closed: a request that loaded it before a reload decodes alone)."""
-        if not self.max_decode_rows or self.gqa_session is None or self._closed:
-            return None
-        if not _per_row_index(self.gqa_session):  # exported before one position per row
-            return None
-        with self._batcher_lock:
-            if self._closed:
-                return None
-            if self._decode_batcher is None:
-                self._decode_batcher = DecodeBatcher(
-                    self.gqa_session,
-                    self.gqa,
-                    self.pad_id,
-                    self.max_decode_rows,
-                    self.prefix_cache_bytes,
-                )
-            return self._decode_batcher
-
-    def close(self) -> None:
-        """Stops the shared decode loop, if one was started (requests in it get an error)."""
-        with self._batcher_lock:
-            batcher, self._decode_batcher = self._decode_batcher, None
-            self._closed = True
-        if batcher is not None:
-            batcher.close()
-
-    def _decoder(self, batch, use_cache):
-        """`(step, initial state, max length)` of greedy decoding: a decode graph over a
-        key/value cache, or the full model over the whole prefix."""
-        if use_cache not in (True, False, "decode.onnx"):
-            raise ValueError(
-                f"`use_cache` must be True, False or 'decode.onnx'. Received: {use_cache!r}"
-            )
-        if use_cache is True and self.gqa_session is not None:
-            state = BoundCache(self.gqa_session, self.gqa, batch)
-            return self.gqa_step, state, self.gqa["max_length"]
-        if use_cache and self.decode_session is not None:
-            return self.decode_step, empty_cache(self.decoding, batch), self.decoding["max_length"]
-        return prefix_step(self.logits), np.zeros((batch, 0), np.int32), self.max_sequence_length
-
-    @overload
-    def generate(self, prompts: str, max_new_tokens: int = 20) -> str: ...
-    @overload
-    def generate(self, prompts: list[str], max_new_tokens: int = 20) -> list[str]: ...
-    def generate(self, prompts: str | list[str], max_new_tokens: int = 20) -> str | list[str]:
-        """Greedy continuation of text prompts; returns prompt + continuation as text."""
-        if self.tokenizer is None:
-            raise ValueError("this artifact has no tokenizer/: use generate_ids()")
-        if isinstance(prompts, str):
-            return self.generate([prompts], max_new_tokens)[0]
-        prompt_ids = self.tokenizer.encode(prompts)
-        new = self.generate_ids(prompt_ids, max_new_tokens)
-        return [self.tokenizer.decode(p + n) for p, n in zip(prompt_ids, new, strict=True)]
-
-
-def _select_rows(cache: np.ndarray, rows: Sequence[int]) -> np.ndarray:
-    return cache[np.asarray(rows)]
-
-
-def _per_row_index(session: ort.InferenceSession) -> bool:
-    """Whether a `decode_gqa.onnx` takes one position per row (`index` of shape `(batch,)`),
-    as iteration-level batching needs."""
-    (index,) = [i for i in session.get_inputs() if i.name == "index"]
-    return len(index.shape) == 1

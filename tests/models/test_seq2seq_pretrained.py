@@ -88,7 +88,7 @@ def family(request, tmp_path_factory):
     if request.param == "t5_v1_1":
         model = _untie(model, folder)
         assert not torch.equal(model.lm_head.weight, model.shared.weight)
-    return request.param, model, folder
+    return request.param, model, folder, Seq2SeqLM(load_pretrained(folder, dropout=0.0))
 
 
 def _batch(pad, start):
@@ -98,8 +98,7 @@ def _batch(pad, start):
 
 
 def test_logits_equal_transformers_float64(family):
-    name, model, folder = family
-    lm = Seq2SeqLM(load_pretrained(folder, dropout=0.0))
+    name, model, _, lm = family
     pad, start = lm.pad_token_id, lm.decoder_start_token_id
     source, target = _batch(pad, start)
     ours = np.asarray(lm({"encoder_token_ids": source, "decoder_token_ids": target}))
@@ -122,8 +121,7 @@ def test_logits_equal_transformers_float64(family):
 
 
 def test_greedy_ids_equal_transformers_generate(family):
-    name, model, folder = family
-    lm = Seq2SeqLM(load_pretrained(folder, dropout=0.0))
+    name, model, _, lm = family
     pad, start, end = lm.pad_token_id, lm.decoder_start_token_id, model.config.eos_token_id
     source, _ = _batch(pad, start)
     model.generation_config.forced_eos_token_id = None  # BART's and Marian's last-step rule
@@ -165,8 +163,7 @@ BEAM_SETTINGS = [
 
 @pytest.mark.parametrize("settings", BEAM_SETTINGS, ids=lambda s: "-".join(map(str, s.values())))
 def test_beam_ids_equal_transformers_generate(family, settings):
-    name, model, folder = family
-    lm = Seq2SeqLM(load_pretrained(folder, dropout=0.0))
+    name, model, _, lm = family
     pad, start, end = lm.pad_token_id, lm.decoder_start_token_id, model.config.eos_token_id
     source, _ = _batch(pad, start)
     expected = _reference_ids(model, source, pad, end, max_new_tokens=9, **settings)
@@ -177,8 +174,7 @@ def test_beam_ids_equal_transformers_generate(family, settings):
 
 
 def test_no_repeat_ngram_greedy_equals_transformers(family):
-    name, model, folder = family
-    lm = Seq2SeqLM(load_pretrained(folder, dropout=0.0))
+    name, model, _, lm = family
     pad, start, end = lm.pad_token_id, lm.decoder_start_token_id, model.config.eos_token_id
     source, _ = _batch(pad, start)
     expected = _reference_ids(model, source, pad, end, max_new_tokens=9, no_repeat_ngram_size=2)
@@ -189,7 +185,7 @@ def test_no_repeat_ngram_greedy_equals_transformers(family):
 
 
 def test_save_pretrained_writes_the_same_tensors_and_transformers_reads_them(family, tmp_path):
-    name, model, folder = family
+    name, model, folder, _ = family
     backbone = load_pretrained(folder)
     save_pretrained(backbone, tmp_path / "out")
     original = load_file(folder / "model.safetensors")
