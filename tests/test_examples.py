@@ -88,6 +88,7 @@ SHORT_RUNS = {
     "ner": ["--max-train", "64", "--epochs", "1", "--vocabulary-size", "400"],
     "sentiment": ["--max-train", "256", "--max-test", "64", "--epochs", "1"],
     "semantic_search": ["--corpus-size", "40", "--top-k", "1"],
+    "fill_mask": ["--lines", "256", "--epochs", "1", "--sequence-length", "16"],
     "pretrain_finetune": ["--max-pretrain", "256", "--labeled", "64", "--max-test", "64",
                           "--pretrain-epochs", "1", "--finetune-epochs", "1"],
 }  # fmt: skip

@@ -3,6 +3,7 @@
 from typing import Any
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attn.checks import check_positive_int
@@ -170,6 +171,65 @@ class MaskedLM(OutputBiasConfig, Head):
 
     def default_loss(self) -> SparseCrossEntropy:
         return SparseCrossEntropy(ignore_class=0)
+
+    def fill_mask(
+        self, texts: str | list[str], top_k: int = 5, mask_token: str = "[MASK]"
+    ) -> list[list[list[tuple[str, float]]]]:
+        """The likeliest tokens for each `mask_token` in each text (Hugging Face's fill-mask
+        pipeline): per text, per mask in order, `top_k` `(token, probability)` pairs.
+
+        Needs the task's preprocessor (`from_pretrained` of a folder with a vocabulary).
+        Raises `ValueError` for a text without `mask_token`, or past the packer's length.
+        """
+        check_positive_int("top_k", top_k)
+        preprocessor = getattr(self, "preprocessor", None)
+        if preprocessor is None or preprocessor.packer is None:
+            raise ValueError(
+                "`fill_mask` needs the task's preprocessor (load it with "
+                "`MaskedLM.from_pretrained(folder)` from a folder with a vocabulary)."
+            )
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        tokenizer, packer = preprocessor.tokenizer, preprocessor.packer
+        mask_id = tokenizer.token_to_id(mask_token)
+        length = packer.sequence_length
+        rows = []
+        for text in texts:
+            parts = str(text).split(mask_token)
+            if len(parts) < 2:
+                raise ValueError(f"Every text needs a {mask_token}. Received: {text[:80]!r}")
+            ids: list[int] = []
+            for n, piece in enumerate(tokenizer(parts).to_list()):
+                ids += ([mask_id] if n else []) + piece
+            ids = [packer.start_value, *ids, packer.end_value]
+            if len(ids) > length:
+                raise ValueError(
+                    f"A text has {len(ids)} tokens with its special ones; the packer takes "
+                    f"{length}. Received: {text[:80]!r}"
+                )
+            rows.append(ids)
+        token_ids = np.full((len(rows), length), packer.pad_value, "int32")
+        for row, ids in enumerate(rows):
+            token_ids[row, : len(ids)] = ids
+        masks = [np.flatnonzero(row == mask_id) for row in token_ids]
+        positions = np.zeros((len(rows), max(map(len, masks))), "int32")
+        for row, found in enumerate(masks):
+            positions[row, : len(found)] = found
+        features = {"token_ids": token_ids, "segment_ids": np.zeros_like(token_ids),
+                    "padding_mask": (token_ids != packer.pad_value).astype("int32"),
+                    "mask_positions": positions}  # fmt: skip
+        logits = np.asarray(self({name: features[name] for name in self.input}, training=False))
+        shifted = np.exp(logits - logits.max(-1, keepdims=True))
+        probabilities = shifted / shifted.sum(-1, keepdims=True)
+        out = []
+        for row, found in enumerate(masks):
+            per_mask = []
+            for n in range(len(found)):
+                best = np.argsort(-probabilities[row, n], kind="stable")[:top_k]
+                per_mask.append(
+                    [(tokenizer.id_to_token(int(i)), float(probabilities[row, n, i])) for i in best]
+                )
+            out.append(per_mask)
+        return out
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")

@@ -2,6 +2,8 @@
 masked-LM head load into `MaskedLM` / `EncoderPretrainer`, and their logits equal the ones
 `transformers` computes from the same folder."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -111,3 +113,35 @@ def test_a_bare_encoder_folder_leaves_the_head_fresh(tmp_path):
     masked = MaskedLM.from_pretrained(folder, preprocessor=None)
     bias = next(w for w in masked.weights if w.path == "mlm_output_bias/bias")
     assert not np.asarray(bias).any()
+
+
+@pytest.mark.tf_only  # the preprocessor's tokenizer runs in TensorFlow
+def test_fill_mask_equals_transformers_on_the_minilm_vocabulary(tmp_path):
+    """A `BertForMaskedLM` written by transformers on the packaged MiniLM's vocabulary: the
+    top tokens and probabilities of each [MASK] equal its own."""
+    import shutil
+
+    from keras_attn.data import checkpoint_folder
+
+    torch.manual_seed(4)
+    config = transformers.BertConfig(**{**SIZES, "vocab_size": 30522})
+    reference = _randomized(transformers.BertForMaskedLM(config))
+    folder = _save(reference, tmp_path / "bert")
+    shutil.copy(Path(checkpoint_folder()) / "vocab.txt", folder / "vocab.txt")
+    tokenizer = transformers.BertTokenizer(str(folder / "vocab.txt"))
+    masked = MaskedLM.from_pretrained(folder, sequence_length=24)
+    texts = ["the [MASK] sat on the mat.", "to be or [MASK] to [MASK], that is the question"]
+    ours = masked.fill_mask(texts, top_k=3)
+    for text, answer in zip(texts, ours, strict=True):
+        ids = tokenizer(text, return_tensors="pt").input_ids
+        with torch.no_grad():
+            probabilities = reference(input_ids=ids).logits.softmax(-1)[0]
+        where = (ids[0] == tokenizer.mask_token_id).nonzero().flatten().tolist()
+        assert len(answer) == len(where) >= 1
+        for predicted, position in zip(answer, where, strict=True):
+            top = probabilities[position].topk(3)
+            expected = tokenizer.convert_ids_to_tokens(top.indices.tolist())
+            assert [token for token, _ in predicted] == expected
+            np.testing.assert_allclose([p for _, p in predicted], top.values.numpy(), atol=1e-5)
+    with pytest.raises(ValueError, match=r"needs a \[MASK\]"):
+        masked.fill_mask("no mask here")
