@@ -100,18 +100,22 @@ def check_seq2seq(model: keras.Model, folder: Path, spec: dict, tolerance: float
     rng = np.random.default_rng(0)
     backbone = model.backbone
     pad, vocabulary = backbone.pad_token_id, backbone.vocabulary_size
-    start = backbone.decoder_start_token_id or 0
+    start = _start_id(backbone)
     lengths = (7, 3, 5)
     sources = np.full((3, max(lengths)), pad, "int32")
     for row, n in enumerate(lengths):
         sources[row, :n] = rng.choice([i for i in range(vocabulary) if i != pad], n)
-    targets = rng.integers(0, vocabulary, size=(3, min(6, spec["max_length"]))).astype("int32")
+    # Target ids the decoder may meet: not the padding id where it masks it (generation never
+    # writes that id, and the cache holds no mask), from the target vocabulary.
+    ids = range(backbone.decoder_token_embedding.vocabulary_size)
+    allowed = [i for i in ids if not (backbone.mask_decoder_padding and i == pad)]
+    targets = rng.choice(allowed, size=(3, min(6, spec["max_length"]))).astype("int32")
     targets[:, 0] = start
     full = keras.ops.convert_to_numpy(
         model({"encoder_token_ids": sources, "decoder_token_ids": targets}, training=False)
     )
     rows = [[int(t) for t in row if t != pad] for row in sources]
-    graphs = EncoderDecoder(folder, {**spec, **_entry(model, spec)})
+    graphs = EncoderDecoder(folder, {**spec, **_entry(model, spec), "decoder_start_id": start})
     state = graphs.start(rows)
     logits, state = graphs.step(targets[:, :2], state, 0)  # a prefill of two, then steps
     worst = max_abs_diff(logits, full[:, 1])
@@ -129,6 +133,14 @@ def check_seq2seq(model: keras.Model, folder: Path, spec: dict, tolerance: float
     return worst
 
 
+def _start_id(backbone: Any) -> int:
+    """The checkpoint's decoder start id, or (a model trained here without one) the first id
+    that is not padding."""
+    if backbone.decoder_start_token_id is not None:
+        return int(backbone.decoder_start_token_id)
+    return 1 if backbone.pad_token_id == 0 else 0
+
+
 def _entry(model: keras.Model, spec: dict[str, int]) -> dict[str, Any]:
     """The manifest's `seq2seq` entry but for the check's figures."""
     backbone = model.backbone
@@ -140,7 +152,8 @@ def _entry(model: keras.Model, spec: dict[str, int]) -> dict[str, Any]:
         # What Keras `generate` never generates: the padding id only where the decoder
         # masks it (the pretrained families may generate theirs).
         "pad_id": backbone.pad_token_id if backbone.mask_decoder_padding else None,
-        "decoder_start_id": backbone.decoder_start_token_id or 0,
+        # None: trained here without one; requests then name it (`decoder_start_id`).
+        "decoder_start_id": backbone.decoder_start_token_id,
     }
 
 

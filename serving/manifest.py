@@ -159,7 +159,7 @@ class Seq2SeqGraphs(CacheGraph):
     # The id never generated, as `Decoding.pad_id`: None for the pretrained families, whose
     # decoder start id may be the padding id and which may generate it.
     pad_id: int | None
-    decoder_start_id: int
+    decoder_start_id: int | None  # None: the model names none (one trained from scratch)
 
 
 class ChatSpec(_Strict):

@@ -29,10 +29,20 @@ class EncoderDecoder:
 
         self.encoder, self.decoder = session(spec["encoder_file"]), session(spec["file"])
         self.spec = spec
-        self.start_id: int = spec["decoder_start_id"]
+        self._start_id: int | None = spec["decoder_start_id"]
         self.pad_id: int | None = spec["pad_id"]  # never generated (None: every id may be)
         self.max_length: int = spec["max_length"]
         self._outputs = [o.name for o in self.decoder.get_outputs()]
+
+    @property
+    def start_id(self) -> int:
+        """The decoder's first input; a `ValueError` for a model that names none."""
+        if self._start_id is None:
+            raise ValueError(
+                "this encoder-decoder names no decoder start id: export it with "
+                "`decoder_start_token_id` set on its Seq2SeqBackbone"
+            )
+        return self._start_id
 
     def start(self, sources: Sequence[Sequence[int]]) -> dict[str, np.ndarray]:
         """The decoding state of `sources` (id lists, padded here): the encoder's

@@ -63,6 +63,13 @@ def test_the_decoding_loop_is_a_leaf():
     assert not loaded & {"onnxruntime", "tokenizers", "tensorflow", "keras", "fastapi"}
 
 
+def test_beam_search_and_the_encoder_decoder_runner_are_leaves():
+    """Keras and `/generate` run one beam search; export checks its graphs with the server's
+    encoder-decoder runner: NumPy at import (onnxruntime only when a runner is built)."""
+    loaded = imported_after(["keras_attn_serving.beam", "keras_attn_serving.seq2seq"])
+    assert not loaded & {"onnxruntime", "tokenizers", "tensorflow", "keras", "fastapi"}
+
+
 def test_the_samplers_are_a_leaf():
     """Keras decoding and `/generate` draw with one module, so it needs NumPy only."""
     loaded = imported_after(["keras_attn_serving.sampling"])
@@ -88,10 +95,12 @@ def test_library_and_export_stay_on_their_side():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    # The library draws with serving's samplers (a NumPy leaf) and nothing else of serving's.
+    # The library draws with serving's samplers and beam search (NumPy leaves) and renders
+    # chats with its templates, and nothing else of serving's.
     crossing = json.loads(done.stdout.strip().splitlines()[-1])
     assert crossing == [
         "keras_attn_serving",
+        "keras_attn_serving.beam",
         "keras_attn_serving.chat_template",
         "keras_attn_serving.sampling",
     ]
@@ -103,15 +112,17 @@ def test_library_and_export_stay_on_their_side():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    # What crosses from export to serving: the manifest schema, the decoding loop and (through
-    # the library) the samplers, all leaves.
+    # What crosses from export to serving: the manifest schema, the decoding loop, the
+    # encoder-decoder runner and (through the library) the samplers, all leaves.
     crossing = json.loads(done.stdout.strip().splitlines()[-1])
     assert crossing == [
         "keras_attn_serving",
+        "keras_attn_serving.beam",
         "keras_attn_serving.chat_template",
         "keras_attn_serving.generation",
         "keras_attn_serving.manifest",
         "keras_attn_serving.sampling",
+        "keras_attn_serving.seq2seq",
     ]
 
 
@@ -171,10 +182,12 @@ OURS = tuple(FOLDERS)
 # reads serving's manifest schema and decoding loop; keras_attn's decoding draws with serving's
 # samplers, so one seed gives the same ids in Keras and over HTTP (three NumPy-only leaves).
 SERVING_LEAVES = {
+    "keras_attn_serving.beam",
     "keras_attn_serving.chat_template",
     "keras_attn_serving.manifest",
     "keras_attn_serving.generation",
     "keras_attn_serving.sampling",
+    "keras_attn_serving.seq2seq",
 }
 
 

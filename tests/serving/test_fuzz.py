@@ -419,6 +419,10 @@ TEXT_BODY = st.one_of(
         "parameters": st.one_of(st.fixed_dictionaries({}, optional={
             "max_tokens": st.one_of(st.integers(-2, 80), JSON),
             "stop_token_ids": st.one_of(st.lists(st.integers(-2, 300), max_size=3), JSON),
+            "num_beams": st.one_of(st.integers(-1, 10), JSON),
+            "length_penalty": st.one_of(st.floats(allow_nan=True), JSON),
+            "early_stopping": st.one_of(st.sampled_from([True, False, "never"]), JSON),
+            "no_repeat_ngram_size": st.one_of(st.integers(-1, 20), JSON),
             "pooling": JSON, "normalize": JSON}), JSON)}),
     JSON,
 )  # fmt: skip
