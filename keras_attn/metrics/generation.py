@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+import keras
 import numpy as np
 
 from keras_attn.metrics.text import _check_pairs, _require
@@ -158,7 +159,9 @@ def bert_score(
         for start in range(0, len(texts), batch_size):
             features = preprocessor(list(texts[start : start + batch_size]))
             inputs = {name: np.asarray(features[name]) for name in backbone.input}
-            hidden = np.asarray(backbone(inputs, training=False)["sequence_output"], "float64")
+            hidden = keras.ops.convert_to_numpy(
+                backbone(inputs, training=False)["sequence_output"]
+            ).astype("float64")
             real = np.asarray(features["padding_mask"]).astype(bool)
             for ids, vectors, keep in zip(inputs["token_ids"], hidden, real, strict=True):
                 norms = np.linalg.norm(vectors[keep], axis=-1, keepdims=True)

@@ -217,7 +217,9 @@ class MaskedLM(OutputBiasConfig, Head):
         features = {"token_ids": token_ids, "segment_ids": np.zeros_like(token_ids),
                     "padding_mask": (token_ids != packer.pad_value).astype("int32"),
                     "mask_positions": positions}  # fmt: skip
-        logits = np.asarray(self({name: features[name] for name in self.input}, training=False))
+        logits = ops.convert_to_numpy(
+            self({name: features[name] for name in self.input}, training=False)
+        )
         shifted = np.exp(logits - logits.max(-1, keepdims=True))
         probabilities = shifted / shifted.sum(-1, keepdims=True)
         out = []

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from keras.ops import convert_to_numpy as to_numpy
 
 from keras_attn.models import EncoderPretrainer, MaskedLM, SequenceClassifier
 
@@ -60,13 +61,13 @@ def test_bert_pretraining_heads_equal_transformers(tmp_path):
     expected_mlm = _at_positions(out.prediction_logits.numpy())
     pretrainer = EncoderPretrainer.from_pretrained(folder, preprocessor=None)
     ours = pretrainer(_inputs(mask=False), training=False)
-    np.testing.assert_allclose(np.asarray(ours["mlm"]), expected_mlm, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(ours["mlm"]), expected_mlm, atol=1e-5)
     np.testing.assert_allclose(
-        np.asarray(ours["nsp"]), out.seq_relationship_logits.numpy(), atol=1e-5
+        to_numpy(ours["nsp"]), out.seq_relationship_logits.numpy(), atol=1e-5
     )
     masked = MaskedLM.from_pretrained(folder, preprocessor=None, strict=False)
     np.testing.assert_allclose(
-        np.asarray(masked(_inputs(mask=False), training=False)), expected_mlm, atol=1e-5
+        to_numpy(masked(_inputs(mask=False), training=False)), expected_mlm, atol=1e-5
     )
     with pytest.raises(ValueError, match=r"cls\.seq_relationship"):
         MaskedLM.from_pretrained(folder, preprocessor=None)  # the NSP head would go unused
@@ -84,7 +85,7 @@ def test_bert_masked_lm_equals_transformers(tmp_path):
             attention_mask=torch.tensor(IDS != 0),
         ).logits.numpy()  # fmt: skip
     masked = MaskedLM.from_pretrained(folder, preprocessor=None)
-    ours = np.asarray(masked(_inputs(mask=False), training=False))
+    ours = to_numpy(masked(_inputs(mask=False), training=False))
     np.testing.assert_allclose(ours, _at_positions(logits), atol=1e-5)
     assert np.abs(_at_positions(logits)).max() > 0.5
 
@@ -103,7 +104,7 @@ def test_roberta_masked_lm_equals_transformers(tmp_path):
     inputs = {"token_ids": ids, "mask_positions": POSITIONS}
     if "segment_ids" in masked.input:
         inputs["segment_ids"] = np.zeros_like(ids)
-    ours = np.asarray(masked(inputs, training=False))
+    ours = to_numpy(masked(inputs, training=False))
     np.testing.assert_allclose(ours, _at_positions(logits), atol=1e-5)
 
 
@@ -112,7 +113,7 @@ def test_a_bare_encoder_folder_leaves_the_head_fresh(tmp_path):
     folder = _save(transformers.BertModel(transformers.BertConfig(**SIZES)), tmp_path / "bare")
     masked = MaskedLM.from_pretrained(folder, preprocessor=None)
     bias = next(w for w in masked.weights if w.path == "mlm_output_bias/bias")
-    assert not np.asarray(bias).any()
+    assert not to_numpy(bias).any()
 
 
 @pytest.mark.tf_only  # the preprocessor's tokenizer runs in TensorFlow
