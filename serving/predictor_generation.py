@@ -14,7 +14,6 @@ from keras_attn_serving.batched_generation import DecodeBatcher
 from keras_attn_serving.beam import beam_ids
 from keras_attn_serving.generation import (
     BoundCache,
-    decode_ids,
     decode_tokens,
     empty_cache,
     prefix_step,
@@ -76,9 +75,12 @@ class Generates:
         key/value-cache graph: `decode_gqa.onnx` when the artifact has one, else
         `decode.onnx`; `use_cache="decode.onnx"` picks the latter; `False` reruns the full
         model over the prefix every step."""
-        step, state, starts, pad_id, max_length = self._decoding(prompts, use_cache)
-        return decode_ids(step, state, starts, max_new_tokens, stop_token_ids, pad_id,
-                          max_length, sampler)  # fmt: skip
+        new: list[list[int]] = [[] for _ in prompts]
+        for row, token in self.generate_tokens(
+            prompts, max_new_tokens, stop_token_ids, use_cache, sampler
+        ):
+            new[row].append(token)
+        return new
 
     def generate_tokens(
         self,
