@@ -23,6 +23,7 @@ from keras_attn.tokenizers import (
     WordPieceTokenizer,
     from_tokenizer_json,
 )
+from keras_attn.tokenizers.loading import folder_tokenizer_json
 
 if TYPE_CHECKING:
     import keras
@@ -116,13 +117,15 @@ def parse_labels(text: str | None) -> list[str] | None:
 
 def load_tokenizer(path: str | None) -> "Tokenizer | None":
     """The tokenizer of `path` (None stays None): a Hugging Face folder (`tokenizer.json` of
-    any model type we run, `vocab.json` + `merges.txt`, or `vocab.txt`), a `tokenizer.json`
+    any model type we run, T5's `spiece.model`, `vocab.json` + `merges.txt`, or `vocab.txt`),
+    a `tokenizer.json`
     file, or a WordPiece `vocab.txt` file."""
     if path is None:
         return None
-    hub_json = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
-    if hub_json.endswith(".json") and os.path.isfile(hub_json):
-        return from_tokenizer_json(hub_json)
+    if os.path.isdir(path) and (spec := folder_tokenizer_json(path)) is not None:
+        return from_tokenizer_json(spec)
+    if path.endswith(".json") and os.path.isfile(path):
+        return from_tokenizer_json(path)
     if os.path.isdir(path) and os.path.isfile(os.path.join(path, "merges.txt")):
         return BytePairTokenizer.from_pretrained(path)
     if os.path.isdir(path):

@@ -231,9 +231,9 @@ class Seq2SeqLM(HoldsBackbone, Task):
     ) -> "Seq2SeqLM":
         """The task on `Seq2SeqBackbone.from_pretrained(folder, **kwargs)` (a Hugging Face BART,
         Marian or T5 folder). `preprocessor="auto"` (the default) gives it the folder's
-        own when it has a `tokenizer.json`: its tokenizer, a packer adding the special ids
-        its post-processor adds, and the checkpoint's decoder start id, so `generate` takes
-        strings; `None` gives it none."""
+        own when it has a `tokenizer.json` (or T5's `spiece.model`): its tokenizer, a packer
+        adding the special ids its post-processor adds, and the checkpoint's decoder start id,
+        so `generate` takes strings; `None` gives it none."""
         backbone = Seq2SeqBackbone.from_pretrained(folder, strict=strict, **kwargs)
         if isinstance(preprocessor, str) and preprocessor == "auto":
             preprocessor = seq2seq_folder_preprocessor(folder, backbone)
@@ -252,18 +252,17 @@ def detokenize(preprocessor: Any, ids: list[int]) -> str:
 
 
 def seq2seq_folder_preprocessor(folder: "str | os.PathLike[str]", backbone: Any) -> Any:
-    """A `Seq2SeqLMPreprocessor` for a folder with a `tokenizer.json` (None without one)."""
+    """A `Seq2SeqLMPreprocessor` for a folder with a `tokenizer.json` or T5's `spiece.model`
+    (None without either)."""
     # Deferred: the preprocessing and tokenizers run in TensorFlow.
     from keras_attn.preprocessing.packers import StartEndPacker
     from keras_attn.preprocessing.seq2seq import Seq2SeqLMPreprocessor
     from keras_attn.tokenizers import from_tokenizer_json
-    from keras_attn.tokenizers.loading import single_text_ids
-    from keras_attn.tokenizers.pipeline import read_json_file
+    from keras_attn.tokenizers.loading import folder_tokenizer_json, single_text_ids
 
-    path = os.path.join(os.fspath(folder), "tokenizer.json")
-    if not os.path.exists(path):
+    spec = folder_tokenizer_json(os.fspath(folder))
+    if spec is None:
         return None
-    spec = read_json_file(path, "folder")
     start, end = single_text_ids(spec)
     length = backbone.max_sequence_length or 512
     packer = StartEndPacker(length, start, end, pad_value=backbone.pad_token_id)

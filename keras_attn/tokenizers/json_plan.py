@@ -1,12 +1,14 @@
 """A Hugging Face `tokenizer.json` (BPE or Unigram model) read into what our tokenizers run.
 
 Supported, as `tokenizers` defines them: normalizers `NFC`, `NFD`, `NFKC`, `NFKD`,
-`Lowercase`, `Prepend`, `Replace` and `Sequence`; pre-tokenizers `ByteLevel`, `Split`
-(isolated matches), `Digits`, `Metaspace` and `Sequence`; decoders `ByteLevel`, `Metaspace`
-and the `Replace`/`ByteFallback`/`Fuse`/`Strip` sequence of Llama 2. Anything else raises a
-`ValueError` that names it, rather than tokenizing differently.
+`Precompiled` (SentencePiece's charsmap), `Lowercase`, `Prepend`, `Replace` and `Sequence`;
+pre-tokenizers `ByteLevel`, `Split` (isolated matches), `Digits`, `Metaspace` and `Sequence`;
+decoders `ByteLevel`, `Metaspace` and the `Replace`/`ByteFallback`/`Fuse`/`Strip` sequence of
+Llama 2. Anything else raises a `ValueError` that names it, rather than tokenizing differently.
 """
 
+import base64
+import binascii
 import dataclasses
 import re
 from collections.abc import Callable
@@ -16,6 +18,7 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from keras_attn.tokenizers import bpe_ops
+from keras_attn.tokenizers.precompiled import precompiled_normalizer
 
 GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 
@@ -103,10 +106,20 @@ def _normalizers(spec):
     if kind == "Prepend":
         prefix = spec["prepend"]
         return [lambda s: tf.where(tf.strings.length(s) > 0, prefix + s, s)]
+    if kind == "Precompiled":  # SentencePiece's charsmap (T5, ALBERT, XLM-R)
+        charsmap = _base64(spec.get("precompiled_charsmap"))
+        return [precompiled_normalizer(charsmap)] if charsmap else []
     if kind == "Replace" and "String" in spec["pattern"]:
         old, new = spec["pattern"]["String"], spec["content"]
         return [lambda s: bpe_ops.replace_literal(s, old, new)]
     raise _unsupported("normalizer", spec)
+
+
+def _base64(text):
+    try:
+        return base64.b64decode(text or "", validate=True)
+    except (binascii.Error, TypeError, ValueError):
+        raise ValueError("tokenizer.json's Precompiled charsmap is not base64") from None
 
 
 def _steps(spec, plan_flags):
@@ -125,7 +138,7 @@ def _steps(spec, plan_flags):
             raise _unsupported("pre-tokenizer Metaspace in a sequence", spec)
         return [step for item in items for step in _steps(item, plan_flags)]
     if kind == "WhitespaceSplit":  # Rust's char::is_whitespace (Unicode White_Space), removed
-        return [lambda s, first: tf_text.regex_split(s, bpe_ops.WHITESPACE_RUN, "")]
+        return [_whitespace_split]
     if kind == "ByteLevel":
         plan_flags["byte_level"] = True
         steps = []
@@ -148,6 +161,13 @@ def _steps(spec, plan_flags):
     if kind == "Metaspace":
         return [_metaspace(spec)]
     raise _unsupported("pre-tokenizer", spec)
+
+
+def _whitespace_split(pieces: tf.Tensor, first: tf.Tensor) -> tf.RaggedTensor:
+    """The words between whitespace runs (NUL-safe: tensorflow-text's split stops at one)."""
+    parts = bpe_ops.regex_pieces(pieces, bpe_ops.WHITESPACE_RUN)
+    space = tf.strings.regex_full_match(parts.flat_values, bpe_ops.WHITESPACE_RUN)
+    return tf.ragged.boolean_mask(parts, parts.with_flat_values(~space))
 
 
 def _starts_with(strings, prefix):

@@ -7,6 +7,11 @@ from typing import Any
 from keras_attn.tokenizers.base import Tokenizer
 from keras_attn.tokenizers.byte_pair import BytePairTokenizer
 from keras_attn.tokenizers.pipeline import read_json_file
+from keras_attn.tokenizers.spm_convert import (
+    folder_extra_ids,
+    read_sentencepiece_model,
+    sentencepiece_tokenizer_json,
+)
 from keras_attn.tokenizers.unigram import UnigramTokenizer
 from keras_attn.tokenizers.wordpiece import WordPieceTokenizer
 
@@ -45,6 +50,19 @@ def from_tokenizer_json(
     raise ValueError(
         f"tokenizer.json's model must be WordPiece, BPE or Unigram. Received: model type {kind!r}"
     )
+
+
+def folder_tokenizer_json(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """A Hugging Face folder's `tokenizer.json` as a dict: the file itself, else the one
+    `transformers` builds from T5's `spiece.model` (`spm_convert`); None with neither."""
+    path = os.path.join(folder, "tokenizer.json")
+    if os.path.exists(path):
+        return read_json_file(path, "folder")
+    model = os.path.join(folder, "spiece.model")
+    if os.path.exists(model):
+        proto = read_sentencepiece_model(model)
+        return sentencepiece_tokenizer_json(proto, folder_extra_ids(folder))
+    return None
 
 
 def single_text_ids(spec: Mapping[str, Any]) -> tuple[int | None, int | None]:
