@@ -52,6 +52,7 @@ from keras_attn_export.seq2seq import export_seq2seq, is_seq2seq
 from keras_attn.models.lora import lora_layers, merged_copy
 from keras_attn.preprocessing import SegmentPacker, StartEndPacker, TextPreprocessor
 from keras_attn.tokenizers import WordPieceTokenizer
+from keras_attn.tokenizers.marian import MarianTokenizer
 from keras_attn.tokenizers.pipeline import JsonTokenizer
 
 if TYPE_CHECKING:
@@ -107,7 +108,7 @@ TEXT_PARITY_TOLERANCE = 1e-5
 def export_model(
     model: keras.Model,
     out_dir: str | Path,
-    tokenizer: WordPieceTokenizer | JsonTokenizer | None = None,
+    tokenizer: WordPieceTokenizer | JsonTokenizer | MarianTokenizer | None = None,
     packer: StartEndPacker | SegmentPacker | None = None,
     formats: Iterable[str] = FORMATS,
     opset: int = 17,
@@ -248,9 +249,12 @@ def _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantiz
             f"`model` takes {[t.name for t in model.inputs]}: a `tokenizer` without the packer "
             f"the model was trained with would serve ids without its special tokens. {advice}"
         )
-    if tokenizer is not None and not isinstance(tokenizer, WordPieceTokenizer | JsonTokenizer):
+    if tokenizer is not None and not isinstance(
+        tokenizer, WordPieceTokenizer | JsonTokenizer | MarianTokenizer
+    ):
         raise ValueError(
-            "`tokenizer` must be a WordPieceTokenizer, BytePairTokenizer or UnigramTokenizer "
+            "`tokenizer` must be a WordPieceTokenizer, BytePairTokenizer, UnigramTokenizer or "
+            "MarianTokenizer "
             "(those the server runs without TensorFlow). Received: "
             f"{type(tokenizer).__name__}"
         )

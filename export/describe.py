@@ -17,6 +17,7 @@ import keras_attn.models as models
 from keras_attn.models.cached import CachedCausalLM
 from keras_attn.preprocessing import SegmentPacker, StartEndPacker
 from keras_attn.tokenizers import WordPieceTokenizer
+from keras_attn.tokenizers.marian import MarianTokenizer
 from keras_attn.tokenizers.pipeline import JsonTokenizer
 
 
@@ -149,11 +150,21 @@ def packer_spec(packer: StartEndPacker | SegmentPacker | None) -> dict[str, Any]
     }
 
 
-def write_tokenizer(tokenizer: "WordPieceTokenizer | JsonTokenizer", folder: Path) -> list[Path]:
+def write_tokenizer(
+    tokenizer: "WordPieceTokenizer | JsonTokenizer | MarianTokenizer", folder: Path
+) -> list[Path]:
     """The server's `tokenizer/` folder: `tokenizer.json` (a Hugging Face one for
-    `BytePairTokenizer`/`UnigramTokenizer`, our WordPiece settings otherwise) and `vocab.txt`.
+    `BytePairTokenizer`/`UnigramTokenizer`, our WordPiece or Marian settings otherwise) and
+    `vocab.txt`; a Marian tokenizer adds `source.spm`, `target.spm` and `vocab.json`.
     Returns the files the SavedModel needs as assets (the WordPiece vocabulary)."""
     folder.mkdir()
+    if isinstance(tokenizer, MarianTokenizer):  # its files, read by sentencepiece there
+        tokenizer.save_assets(str(folder))
+        settings = {"type": "marian", "special_tokens": list(tokenizer.special_tokens)}
+        (folder / "tokenizer.json").write_text(json.dumps(settings, indent=2), encoding="utf-8")
+        lines = [t.replace("\n", "\\n") for t in tokenizer._tokens]
+        (folder / "vocab.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        return []
     if isinstance(tokenizer, JsonTokenizer):
         text = json.dumps(tokenizer.get_tokenizer_json(), ensure_ascii=False)
         (folder / "tokenizer.json").write_text(text, encoding="utf-8")

@@ -3,7 +3,8 @@
 `load_text_tokenizer` picks the reader: a Hugging Face `tokenizer.json` (a `model` in it: BPE,
 Unigram, as `BytePairTokenizer` / `UnigramTokenizer` export it) runs as it is
 (`JsonTextTokenizer`); our WordPiece folder (`vocab.txt` and its settings) runs in
-`WordPieceTextTokenizer`.
+`WordPieceTextTokenizer`; a Marian folder (`source.spm`, `vocab.json`) in `MarianTextTokenizer`
+(`sentencepiece`).
 
 
 Configured to match `keras_attn.tokenizers.WordPieceTokenizer` (tensorflow-text's
@@ -17,6 +18,7 @@ of the default corpus and on 10,000 random-Unicode lines per case setting (teste
 
 import functools
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Self, TypeVar, overload
@@ -239,6 +241,67 @@ class JsonTextTokenizer(TextTokenizer):
         return frozenset(i for i, token in added.items() if token.special)
 
 
+class MarianTextTokenizer(TextTokenizer):
+    """Text ↔ ids with an exported Marian folder (`source.spm`, `vocab.json`), run by
+    `sentencepiece` itself, as `transformers`' `MarianTokenizer` runs it: special tokens split
+    out of the text, a leading `>>code<<` kept whole, pieces numbered by `vocab.json`."""
+
+    def __init__(self, source: bytes, vocabulary: dict[str, int], special: Sequence[str]) -> None:
+        import sentencepiece
+
+        self._spm = sentencepiece.SentencePieceProcessor(model_proto=source)
+        self._ids = vocabulary
+        self.vocabulary = sorted(vocabulary, key=vocabulary.__getitem__)
+        self._unknown = vocabulary["<unk>"]
+        self._special = {vocabulary[t] for t in special}
+        self._split = re.compile(
+            "(" + "|".join(map(re.escape, sorted(special, key=len)[::-1])) + ")"
+        )
+
+    @classmethod
+    def from_folder(cls, folder: str | Path) -> Self:
+        folder = Path(folder)
+        config = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+        vocabulary = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+        special = config.get("special_tokens")
+        if not (isinstance(vocabulary, dict) and isinstance(special, list)
+                and all(isinstance(i, int) for i in vocabulary.values())
+                and all(t in vocabulary for t in special) and "<unk>" in vocabulary):  # fmt: skip
+            raise ValueError("the Marian tokenizer's vocab.json or settings are malformed")
+        try:
+            return cls((folder / "source.spm").read_bytes(), vocabulary, special)
+        except (RuntimeError, OSError):
+            raise ValueError(
+                "the Marian tokenizer's source.spm is not a SentencePiece model"
+            ) from None
+
+    def _encode_all(self, texts: list[str]) -> list[list[int]]:
+        return [self._encode(text) for text in texts]
+
+    def _encode(self, text: str) -> list[int]:
+        ids: list[int] = []
+        for i, chunk in enumerate(self._split.split(text)):
+            if i % 2:  # a special token
+                ids.append(self._ids[chunk])
+                continue
+            if chunk.startswith(">>") and (end := chunk.find("<<")) != -1:
+                ids.append(self._ids.get(chunk[: end + 2], self._unknown))
+                chunk = chunk[end + 2 :]
+            pieces = self._spm.encode(chunk, out_type=str)
+            ids.extend(self._ids.get(piece, self._unknown) for piece in pieces)
+        return ids
+
+    def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
+        """Ids to text (special tokens dropped unless `skip_special=False`): the pieces joined,
+        `▁` as a space, stripped, as `MarianTokenizer.decode` gives them."""
+        kept = [i for i in self._checked(ids) if not skip_special or i not in self._special]
+        return "".join(self.vocabulary[i] for i in kept).replace("\u2581", " ").strip()
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        return frozenset(self._special)
+
+
 # A tokenizer.json past these is refused before it is parsed or built: the largest real ones
 # are ~35 MB (Gemma 3) and hold a few thousand added tokens at most.
 MAX_TOKENIZER_BYTES = 64 << 20
@@ -246,7 +309,9 @@ MAX_ADDED_TOKENS = 65_536
 SETTINGS_BYTES = 1 << 20  # our WordPiece settings file is a few hundred bytes
 
 
-def load_text_tokenizer(folder: str | Path) -> "WordPieceTextTokenizer | JsonTextTokenizer":
+def load_text_tokenizer(
+    folder: str | Path,
+) -> "WordPieceTextTokenizer | JsonTextTokenizer | MarianTextTokenizer":
     """The reader an exported `tokenizer/` folder needs (see the module docstring).
 
     Raises:
@@ -263,6 +328,8 @@ def load_text_tokenizer(folder: str | Path) -> "WordPieceTextTokenizer | JsonTex
             config = json.loads(data)
         except ValueError as error:
             raise ValueError(f"tokenizer.json is not valid JSON: {error}") from None
+        if isinstance(config, dict) and config.get("type") == "marian":
+            return MarianTextTokenizer.from_folder(folder)
         if not (isinstance(config, dict) and isinstance(config.get("model"), dict)):
             return WordPieceTextTokenizer.from_folder(folder)
     try:  # parsed once, by `tokenizers` (its errors name the problem: JSON, model, regex)

@@ -231,9 +231,9 @@ class Seq2SeqLM(HoldsBackbone, Task):
     ) -> "Seq2SeqLM":
         """The task on `Seq2SeqBackbone.from_pretrained(folder, **kwargs)` (a Hugging Face BART,
         Marian or T5 folder). `preprocessor="auto"` (the default) gives it the folder's
-        own when it has a `tokenizer.json` (or T5's `spiece.model`): its tokenizer, a packer
-        adding the special ids its post-processor adds, and the checkpoint's decoder start id,
-        so `generate` takes strings; `None` gives it none."""
+        own when it has one (`tokenizer.json`, T5's `spiece.model`, Marian's pair): its
+        tokenizer, a packer adding the special ids its post-processor adds, and the
+        checkpoint's decoder start id, so `generate` takes strings; `None` gives it none."""
         backbone = Seq2SeqBackbone.from_pretrained(folder, strict=strict, **kwargs)
         if isinstance(preprocessor, str) and preprocessor == "auto":
             preprocessor = seq2seq_folder_preprocessor(folder, backbone)
@@ -252,19 +252,28 @@ def detokenize(preprocessor: Any, ids: list[int]) -> str:
 
 
 def seq2seq_folder_preprocessor(folder: "str | os.PathLike[str]", backbone: Any) -> Any:
-    """A `Seq2SeqLMPreprocessor` for a folder with a `tokenizer.json` or T5's `spiece.model`
-    (None without either)."""
+    """A `Seq2SeqLMPreprocessor` for a folder with a `tokenizer.json`, T5's `spiece.model` or
+    Marian's `source.spm`/`target.spm`/`vocab.json` (None without any)."""
     # Deferred: the preprocessing and tokenizers run in TensorFlow.
     from keras_attn.preprocessing.packers import StartEndPacker
     from keras_attn.preprocessing.seq2seq import Seq2SeqLMPreprocessor
     from keras_attn.tokenizers import from_tokenizer_json
     from keras_attn.tokenizers.loading import folder_tokenizer_json, single_text_ids
 
+    length = backbone.max_sequence_length or 512
+    if os.path.exists(os.path.join(os.fspath(folder), "source.spm")):  # Marian's pair
+        from keras_attn.tokenizers.marian import MarianTokenizer
+
+        source = MarianTokenizer.from_pretrained(folder)
+        end = source.token_to_id("</s>")
+        packer = StartEndPacker(length, None, end, pad_value=backbone.pad_token_id)
+        target = MarianTokenizer.from_pretrained(folder, side="target")
+        start = backbone.decoder_start_token_id or 0
+        return Seq2SeqLMPreprocessor(source, packer, start, target_tokenizer=target)
     spec = folder_tokenizer_json(os.fspath(folder))
     if spec is None:
         return None
     start, end = single_text_ids(spec)
-    length = backbone.max_sequence_length or 512
     packer = StartEndPacker(length, start, end, pad_value=backbone.pad_token_id)
     return Seq2SeqLMPreprocessor(
         from_tokenizer_json(spec), packer, backbone.decoder_start_token_id or 0

@@ -4,6 +4,7 @@ from keras_attn.tokenizers.base import SPECIAL_TOKENS, Tokenizer
 from keras_attn.tokenizers.byte import ByteTokenizer
 from keras_attn.tokenizers.byte_pair import BytePairTokenizer
 from keras_attn.tokenizers.loading import from_tokenizer_json
+from keras_attn.tokenizers.marian import MarianTokenizer
 from keras_attn.tokenizers.sentencepiece import SentencePieceTokenizer, train_sentencepiece
 from keras_attn.tokenizers.unicode_char import UnicodeCharTokenizer
 from keras_attn.tokenizers.unigram import UnigramTokenizer
@@ -13,6 +14,7 @@ __all__ = [
     "SPECIAL_TOKENS",
     "BytePairTokenizer",
     "ByteTokenizer",
+    "MarianTokenizer",
     "SentencePieceTokenizer",
     "Tokenizer",
     "UnicodeCharTokenizer",
