@@ -6,6 +6,7 @@ equal what `transformers` computes."""
 import json
 import warnings
 
+import keras
 import numpy as np
 import pytest
 
@@ -183,3 +184,20 @@ def test_generated_text_equals_transformers(folder, settings):
     assert lm.generate(sources, 8, **settings) == expected, name
     assert lm.generate(sources[0], 8, **settings) == expected[0]
     assert any(expected)
+
+
+def test_keras_file_keeps_the_folder_tokenizer(folder, tmp_path):
+    """A `.keras` round trip carries the tokenizer files (Marian's pair, T5's spiece.model
+    as its tokenizer.json): the same ids from the same text."""
+    name, _, _, path = folder
+    if name not in ("marian", "t5_spiece"):
+        pytest.skip("tokenizer.json round trips are tested with the tokenizers")
+    lm = Seq2SeqLM.from_pretrained(path)
+    lm.save(tmp_path / "lm.keras")
+    loaded = keras.saving.load_model(tmp_path / "lm.keras")
+    want = np.asarray(lm.preprocessor(TEXTS)["encoder_token_ids"])
+    assert np.asarray(loaded.preprocessor(TEXTS)["encoder_token_ids"]).tolist() == want.tolist()
+    _, labels, _ = loaded.preprocessor.training_batch((TEXTS[:2], TEXTS[2:4]))
+    assert np.asarray(labels).tolist() == np.asarray(
+        lm.preprocessor.training_batch((TEXTS[:2], TEXTS[2:4]))[1]
+    ).tolist()

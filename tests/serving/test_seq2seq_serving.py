@@ -1,6 +1,7 @@
 """An encoder-decoder exported and served: `encode.onnx` once per request, `decode.onnx` steps
 over both caches; `/generate` and `/generate_stream` answer with the ids and text Keras
-`generate` makes from the same source text (BART and T5 folders written by `transformers`)."""
+`generate` makes from the same source text (BART, Marian and T5 folders written by
+`transformers`, with their tokenizers)."""
 
 import json
 
@@ -18,17 +19,22 @@ from tests.models.test_seq2seq_text import FAMILIES, TEXTS  # noqa: E402
 pytestmark = [pytest.mark.tf_only, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module", params=sorted(FAMILIES))
+# t5_spiece exports as t5 does (its spiece.model becomes the same tokenizer.json).
+@pytest.fixture(scope="module", params=["bart", "marian", "t5"])
 def served(request, tmp_path_factory):
     from keras_attn_export import export_model
 
     make_tokenizer, make_model = FAMILIES[request.param]
     torch.manual_seed(1)
-    tokenizer = make_tokenizer()
+    if request.param == "marian":  # Marian's pair: source.spm, target.spm, vocab.json
+        tokenizer, _ = make_tokenizer(tmp_path_factory)
+    else:
+        tokenizer = make_tokenizer()
     model = make_model(len(tokenizer)).eval()
     with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.mul_(2.0)
+        for name, parameter in model.named_parameters():
+            if "embed_positions" not in name:  # Marian's sinusoids are fixed, not loaded
+                parameter.mul_(2.0)
     folder = tmp_path_factory.mktemp(request.param)
     model.save_pretrained(folder / "hf")
     tokenizer.save_pretrained(folder / "hf")
