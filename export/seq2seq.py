@@ -149,9 +149,9 @@ def _entry(model: keras.Model, spec: dict[str, int]) -> dict[str, Any]:
         "file": "decode.onnx",
         **spec,
         "source_pad_id": backbone.pad_token_id,
-        # What Keras `generate` never generates: the padding id only where the decoder
-        # masks it (the pretrained families may generate theirs).
-        "pad_id": backbone.pad_token_id if backbone.mask_decoder_padding else None,
+        # What Keras `generate` never generates: the padding id where the decoder masks it
+        # or the checkpoint bans it (the other pretrained families may generate theirs).
+        "pad_id": model.never_generated_id,
         # None: trained here without one; requests then name it (`decoder_start_id`).
         "decoder_start_id": backbone.decoder_start_token_id,
     }

@@ -168,6 +168,13 @@ class Seq2SeqLM(HoldsBackbone, Task):
         return Runner(self, self.call_with_cache, full, initial_state,
                       self.decoder_token_embedding.vocabulary_size, self.max_length)  # fmt: skip
 
+    @property
+    def never_generated_id(self) -> int | None:
+        """The padding id where generation never writes it (the decoder masks it, or the
+        checkpoint bans it); None where it may."""
+        banned = self.mask_decoder_padding or self.suppress_padding
+        return self.pad_token_id if banned else None
+
     def generate(
         self, sources: Any, max_new_tokens: int, start_id: int | None = None, **kwargs: Any
     ) -> list[list[int]] | list[str] | str:
@@ -190,8 +197,9 @@ class Seq2SeqLM(HoldsBackbone, Task):
                 "`start_id` is needed: the model has no decoder_start_token_id. Received: "
                 "start_id=None"
             )
-        # The pretrained families may generate their padding id (T5's is its start id).
-        kwargs.setdefault("pad_token_id", self.pad_token_id if self.mask_decoder_padding else None)
+        # The pretrained families may generate their padding id (T5's is its start id), but
+        # for Marian's, which its checkpoints ban.
+        kwargs.setdefault("pad_token_id", self.never_generated_id)
         text = isinstance(sources, str) or (
             isinstance(sources, (list, tuple)) and bool(sources)
             and all(isinstance(s, str) for s in sources)

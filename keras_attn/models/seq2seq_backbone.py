@@ -133,6 +133,8 @@ class Seq2SeqBackbone(Backbone):
         mask_decoder_padding: bool. The decoder masks target ids equal to `pad_token_id` as
             keys. `False` (the pretrained families, whose decoder start id may be the padding
             id) masks causally only. Defaults to `True`.
+        suppress_padding: bool. Generation never writes `pad_token_id` even where the decoder
+            does not mask it (Marian's `bad_words_ids=[[pad]]`). Defaults to `False`.
         position_offset: int. Row of the learned table where position 0 is (BART: 2).
         scale_embedding: bool. Token embeddings times √hidden_dim. Defaults to `False`.
         embedding_layer_norm: bool. LayerNorm after token + position. Defaults to `False`.
@@ -159,9 +161,9 @@ class Seq2SeqBackbone(Backbone):
         "vocabulary_size", "max_sequence_length", "target_vocabulary_size", "hidden_dim",
         "num_encoder_layers", "num_decoder_layers", "num_heads", "intermediate_dim", "dropout",
         "activation", "normalize_first", "position_encoding", "pad_token_id",
-        "mask_decoder_padding", "position_offset", "scale_embedding", "embedding_layer_norm",
-        "layer_norm_epsilon", "normalization", "gated_feed_forward", "attention_bias",
-        "feed_forward_bias", "score", "relative_attention_num_buckets",
+        "mask_decoder_padding", "suppress_padding", "position_offset", "scale_embedding",
+        "embedding_layer_norm", "layer_norm_epsilon", "normalization", "gated_feed_forward",
+        "attention_bias", "feed_forward_bias", "score", "relative_attention_num_buckets",
         "relative_attention_max_distance", "tie_word_embeddings", "logit_scale",
         "output_bias", "decoder_start_token_id", "head_dim",
     )  # fmt: skip
@@ -182,6 +184,7 @@ class Seq2SeqBackbone(Backbone):
         position_encoding: str = "sinusoidal",
         pad_token_id: int = 0,
         mask_decoder_padding: bool = True,
+        suppress_padding: bool = False,
         position_offset: int = 0,
         scale_embedding: bool = False,
         embedding_layer_norm: bool = False,

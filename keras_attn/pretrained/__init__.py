@@ -26,6 +26,7 @@ from keras_attn.pretrained.folder import (
     read_pooling,
     read_vocabulary,
     read_weights,
+    with_generation_defaults,
 )
 from keras_attn.pretrained.hf_config import IGNORED_SUFFIXES, check_keys, check_sizes
 from keras_attn.pretrained.registry import layout_for_config, layout_for_model
@@ -81,7 +82,7 @@ def load_pretrained(
         ValueError: unsupported architecture or config, a missing or unused tensor, or a
             tensor whose shape disagrees with `config.json` (key and both shapes named).
     """
-    config = read_config(folder)
+    config = with_generation_defaults(folder, read_config(folder))
     architecture = layout_for_config(config)
     expected = registered_class(architecture.model_class)
     if model_class is not None and not issubclass(model_class, expected):

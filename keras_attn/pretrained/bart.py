@@ -144,8 +144,8 @@ class Bart(BaseLayout):
         "attention_bias": True, "feed_forward_bias": True, "score": "scaled_dot",
         "target_vocabulary_size": None, "tie_word_embeddings": True, "logit_scale": 1.0,
         "output_bias": True, "head_dim": None, "mask_decoder_padding": False,
-        "layer_norm_epsilon": 1e-5, "position_encoding": "learned", "position_offset": 2,
-        "embedding_layer_norm": True,
+        "suppress_padding": False, "layer_norm_epsilon": 1e-5, "position_encoding": "learned",
+        "position_offset": 2, "embedding_layer_norm": True,
     }  # fmt: skip
 
     def hf_config(self, model: Any, model_type: str) -> dict[str, Any]:
@@ -253,6 +253,11 @@ class Marian(Bart):
         )
         if kwargs["decoder_start_token_id"] is None:
             kwargs["decoder_start_token_id"] = kwargs["pad_token_id"]
+        # opus-mt's generation settings ban the padding id (`bad_words_ids=[[pad]]`).
+        banned = config.get("bad_words_ids") or []
+        if not isinstance(banned, list):
+            raise ValueError(f"config's bad_words_ids must be a list. Received: {banned!r:.80}")
+        kwargs["suppress_padding"] = [kwargs["pad_token_id"]] in banned
         return kwargs
 
     def _positions(self, config: dict[str, Any]) -> dict[str, Any]:
@@ -267,7 +272,8 @@ class Marian(Bart):
         return "marian" if marian else None
 
     fixed: ClassVar[dict[str, Any]] = {
-        **Bart.fixed, "position_encoding": "sinusoidal_halves", "position_offset": 0,
+        **{k: v for k, v in Bart.fixed.items() if k != "suppress_padding"},
+        "position_encoding": "sinusoidal_halves", "position_offset": 0,
         "embedding_layer_norm": False,
     }  # fmt: skip
 
@@ -283,4 +289,6 @@ class Marian(Bart):
                 else model.decoder_start_token_id
             ),
         )
+        if model.suppress_padding:  # read back by transformers as a generation setting
+            config["bad_words_ids"] = [[model.pad_token_id]]
         return config

@@ -126,7 +126,7 @@ class T5(BaseLayout):
             model, normalize_first=True, normalization="rms_norm", attention_bias=False,
             feed_forward_bias=False, score="dot", target_vocabulary_size=None,
             output_bias=False, mask_decoder_padding=False, position_offset=0,
-            scale_embedding=False, embedding_layer_norm=False,
+            scale_embedding=False, embedding_layer_norm=False, suppress_padding=False,
         )  # fmt: skip
         proj = {v: k for k, v in FEED_FORWARDS.items()}.get(
             (model.activation, model.gated_feed_forward)

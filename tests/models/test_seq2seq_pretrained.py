@@ -254,6 +254,7 @@ def _edited(tmp_path, family, **changes):
         ("t5_v1_0", {"d_ff": 1 << 20}, r"DenseReluDense\.wi\.weight"),
         ("t5_v1_0", {"num_decoder_layers": 1000}, r"decoder\.block\.999"),
         ("marian", {"decoder_vocab_size": 7}, "separate decoder vocabulary"),
+        ("marian", {"bad_words_ids": "98"}, "bad_words_ids must be a list"),
     ],
 )
 def test_unsupported_or_hostile_configs_are_refused_by_name(tmp_path, family, changes, match):
@@ -287,3 +288,30 @@ def test_bad_arguments_are_refused_naming_them():
         lm.generate(source_ids=[[3]], max_new_tokens=2)
     with pytest.raises(ValueError, match="position_encoding"):
         Seq2SeqBackbone(10, 8, position_encoding="rotary")
+
+
+def test_marian_padding_ban_from_generation_config(tmp_path):
+    """opus-mt folders ban the padding id (`bad_words_ids=[[pad]]`, in generation_config.json
+    since transformers 5): with a bias that makes padding the likeliest id, greedy ids still
+    equal `transformers.generate`, the flag survives `save_pretrained`, and export records
+    the id as never generated."""
+    from keras_attn_export.seq2seq import _entry
+
+    torch.manual_seed(0)
+    model = _marian().eval()
+    with torch.no_grad():
+        model.final_logits_bias[0, 98] += 50.0
+    model.generation_config.bad_words_ids = [[98]]
+    model.save_pretrained(tmp_path / "hf")
+    lm = Seq2SeqLM.from_pretrained(tmp_path / "hf", dropout=0.0)
+    assert lm.suppress_padding and lm.never_generated_id == 98
+    source, _ = _batch(98, 98)
+    expected = _reference_ids(model, source, 98, 0, max_new_tokens=6, num_beams=1)
+    sources = [[int(t) for t in row if t != 98] for row in source]
+    ours = lm.generate(sources, 6, stop_token_ids=[0])
+    assert ours == expected and not any(98 in row for row in ours)
+    unbanned = lm.generate(sources, 6, stop_token_ids=[0], pad_token_id=None)
+    assert unbanned != ours  # the ban is what keeps padding out
+    lm.save_pretrained(tmp_path / "ours")
+    assert Seq2SeqLM.from_pretrained(tmp_path / "ours").suppress_padding
+    assert _entry(lm, {"max_length": 64})["pad_id"] == 98

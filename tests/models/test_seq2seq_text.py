@@ -198,6 +198,7 @@ def test_keras_file_keeps_the_folder_tokenizer(folder, tmp_path):
     want = np.asarray(lm.preprocessor(TEXTS)["encoder_token_ids"])
     assert np.asarray(loaded.preprocessor(TEXTS)["encoder_token_ids"]).tolist() == want.tolist()
     _, labels, _ = loaded.preprocessor.training_batch((TEXTS[:2], TEXTS[2:4]))
-    assert np.asarray(labels).tolist() == np.asarray(
-        lm.preprocessor.training_batch((TEXTS[:2], TEXTS[2:4]))[1]
-    ).tolist()
+    assert (
+        np.asarray(labels).tolist()
+        == np.asarray(lm.preprocessor.training_batch((TEXTS[:2], TEXTS[2:4]))[1]).tolist()
+    )
