@@ -273,11 +273,11 @@ def seq2seq_folder_preprocessor(folder: "str | os.PathLike[str]", backbone: Any)
         from keras_attn.tokenizers.marian import MarianTokenizer
 
         source = MarianTokenizer.from_pretrained(folder)
-        end = source.token_to_id("</s>")
-        packer = StartEndPacker(length, None, end, pad_value=backbone.pad_token_id)
+        eos = source.token_to_id("</s>")
+        packer = StartEndPacker(length, None, eos, pad_value=backbone.pad_token_id)
         target = MarianTokenizer.from_pretrained(folder, side="target")
-        start = backbone.decoder_start_token_id or 0
-        return Seq2SeqLMPreprocessor(source, packer, start, target_tokenizer=target)
+        first = backbone.decoder_start_token_id or 0
+        return Seq2SeqLMPreprocessor(source, packer, first, target_tokenizer=target)
     spec = folder_tokenizer_json(os.fspath(folder))
     if spec is None:
         return None

@@ -87,7 +87,8 @@ def grapheme_pattern() -> str:
 
 
 def _expand(char_class: str) -> set[str]:
-    chars, i = set(), 0
+    chars: set[str] = set()
+    i = 0
     while i < len(char_class):
         if i + 2 < len(char_class) and char_class[i + 1] == "-":
             chars.update(chr(c) for c in range(ord(char_class[i]), ord(char_class[i + 2]) + 1))

@@ -25,7 +25,7 @@ def read_sentencepiece_model(path: str | os.PathLike[str]) -> Any:
     size = os.path.getsize(path)
     if size > MAX_MODEL_BYTES:
         raise ValueError(f"a SentencePiece model has {size} bytes; at most {MAX_MODEL_BYTES}")
-    proto = sentencepiece_model_pb2.ModelProto()
+    proto = sentencepiece_model_pb2.ModelProto()  # type: ignore[attr-defined]  # generated
     with open(path, "rb") as f:
         data = f.read()
     try:
