@@ -162,7 +162,7 @@ def write_tokenizer(
         tokenizer.save_assets(str(folder))
         settings = {"type": "marian", "special_tokens": list(tokenizer.special_tokens)}
         (folder / "tokenizer.json").write_text(json.dumps(settings, indent=2), encoding="utf-8")
-        lines = [t.replace("\n", "\\n") for t in tokenizer._tokens]
+        lines = [t.replace("\n", "\\n") for t in tokenizer.get_vocabulary()]
         (folder / "vocab.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
         return []
     if isinstance(tokenizer, JsonTokenizer):

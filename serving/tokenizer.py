@@ -246,10 +246,8 @@ class MarianTextTokenizer(TextTokenizer):
     `sentencepiece` itself, as `transformers`' `MarianTokenizer` runs it: special tokens split
     out of the text, a leading `>>code<<` kept whole, pieces numbered by `vocab.json`."""
 
-    def __init__(self, source: bytes, vocabulary: dict[str, int], special: Sequence[str]) -> None:
-        import sentencepiece
-
-        self._spm = sentencepiece.SentencePieceProcessor(model_proto=source)
+    def __init__(self, processor: Any, vocabulary: dict[str, int], special: Sequence[str]) -> None:
+        self._spm = processor  # a loaded sentencepiece.SentencePieceProcessor
         self._ids = vocabulary
         self.vocabulary = sorted(vocabulary, key=vocabulary.__getitem__)
         self._unknown = vocabulary["<unk>"]
@@ -260,20 +258,34 @@ class MarianTextTokenizer(TextTokenizer):
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> Self:
+        """Reads and checks the folder's files (each at most `MAX_TOKENIZER_BYTES`)."""
+        import sentencepiece
+
         folder = Path(folder)
-        config = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
-        vocabulary = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
-        special = config.get("special_tokens")
-        if not (isinstance(vocabulary, dict) and isinstance(special, list)
-                and all(isinstance(i, int) for i in vocabulary.values())
-                and all(t in vocabulary for t in special) and "<unk>" in vocabulary):  # fmt: skip
-            raise ValueError("the Marian tokenizer's vocab.json or settings are malformed")
-        try:
-            return cls((folder / "source.spm").read_bytes(), vocabulary, special)
-        except (RuntimeError, OSError):
+        config = _json_file(folder, "tokenizer.json")
+        vocabulary = _json_file(folder, "vocab.json")
+        special = config.get("special_tokens") if isinstance(config, dict) else None
+        if not (isinstance(special, list) and special and "<unk>" in special
+                and all(isinstance(t, str) and t for t in special)
+                and len(set(special)) == len(special)):  # fmt: skip
+            raise ValueError("the Marian tokenizer's settings must name its special tokens")
+        ids = list(vocabulary.values()) if isinstance(vocabulary, dict) else []
+        if not (ids and all(type(i) is int for i in ids) and sorted(ids) == list(range(len(ids)))
+                and all(t in vocabulary for t in special)):  # fmt: skip
             raise ValueError(
-                "the Marian tokenizer's source.spm is not a SentencePiece model"
-            ) from None
+                "the Marian tokenizer's vocab.json must number its tokens 0..n-1, its special "
+                "tokens included"
+            )
+        source = _file_bytes(folder, "source.spm")
+        processor = sentencepiece.SentencePieceProcessor()
+        try:
+            processor.LoadFromSerializedProto(source)
+            pieces = processor.get_piece_size()
+        except (RuntimeError, OSError, TypeError):
+            pieces = 0
+        if pieces <= 0:
+            raise ValueError("the Marian tokenizer's source.spm is not a SentencePiece model")
+        return cls(processor, vocabulary, special)
 
     def _encode_all(self, texts: list[str]) -> list[list[int]]:
         return [self._encode(text) for text in texts]
@@ -307,6 +319,26 @@ class MarianTextTokenizer(TextTokenizer):
 MAX_TOKENIZER_BYTES = 64 << 20
 MAX_ADDED_TOKENS = 65_536
 SETTINGS_BYTES = 1 << 20  # our WordPiece settings file is a few hundred bytes
+
+
+def _file_bytes(folder: Path, name: str) -> bytes:
+    """A tokenizer file's bytes, size-checked first; errors name the file, not its path."""
+    path = folder / name
+    if not path.is_file():
+        raise ValueError(f"the tokenizer folder has no {name}")
+    size = path.stat().st_size
+    if size > MAX_TOKENIZER_BYTES:
+        raise ValueError(f"{name} has {size} bytes; at most {MAX_TOKENIZER_BYTES} are read")
+    return path.read_bytes()
+
+
+def _json_file(folder: Path, name: str) -> Any:
+    try:
+        return json.loads(_file_bytes(folder, name).decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:
+        if str(error).startswith(("the tokenizer folder", name)):
+            raise
+        raise ValueError(f"{name} is not valid JSON") from None
 
 
 def load_text_tokenizer(

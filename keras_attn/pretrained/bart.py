@@ -255,9 +255,12 @@ class Marian(Bart):
             kwargs["decoder_start_token_id"] = kwargs["pad_token_id"]
         # opus-mt's generation settings ban the padding id (`bad_words_ids=[[pad]]`).
         banned = config.get("bad_words_ids") or []
-        if not isinstance(banned, list):
-            raise ValueError(f"config's bad_words_ids must be a list. Received: {banned!r:.80}")
-        kwargs["suppress_padding"] = [kwargs["pad_token_id"]] in banned
+        if banned not in ([], [[kwargs["pad_token_id"]]]):
+            raise ValueError(
+                "config's bad_words_ids must be [] or [[pad_token_id]] (opus-mt's padding ban; "
+                f"other banned words are not supported). Received: {banned!r:.80}"
+            )
+        kwargs["suppress_padding"] = bool(banned)
         return kwargs
 
     def _positions(self, config: dict[str, Any]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from keras_attn.tokenizers.byte_pair import BytePairTokenizer
 from keras_attn.tokenizers.pipeline import read_json_file
 from keras_attn.tokenizers.spm_convert import (
     folder_extra_ids,
+    is_t5_folder,
     read_sentencepiece_model,
     sentencepiece_tokenizer_json,
 )
@@ -60,6 +61,11 @@ def folder_tokenizer_json(folder: str | os.PathLike[str]) -> dict[str, Any] | No
         return read_json_file(path, "folder")
     model = os.path.join(folder, "spiece.model")
     if os.path.exists(model):
+        if not is_t5_folder(folder):
+            raise ValueError(
+                "spiece.model is read with T5's settings only: the folder's config.json "
+                "(model_type t5, mt5, umt5) or tokenizer_config.json (T5Tokenizer) must say T5"
+            )
         proto = read_sentencepiece_model(model)
         return sentencepiece_tokenizer_json(proto, folder_extra_ids(folder))
     return None

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-MAX_CHARSMAP_BYTES = 16 << 20  # T5's and XLM-R's are ~240 KB
+MAX_CHARSMAP_BYTES = 4 << 20  # T5's and XLM-R's are ~240 KB
 MISSING = b"\xff"  # never a replacement: they are UTF-8
 
 # Unicode's Grapheme_Cluster_Break classes that join characters, where `unicodedata` has no
@@ -56,7 +56,12 @@ def read_charsmap(charsmap: bytes) -> tuple[np.ndarray, bytes]:
     if trie_bytes % 4 or not 4 <= trie_bytes <= len(charsmap) - 4:
         raise ValueError(f"`precompiled_charsmap`'s trie size {trie_bytes} does not fit its data")
     units = np.frombuffer(charsmap, "<u4", trie_bytes // 4, 4).astype(np.int64)
-    return units, charsmap[4 + trie_bytes :]
+    strings = charsmap[4 + trie_bytes :]
+    try:
+        strings.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("`precompiled_charsmap`'s replacements are not UTF-8") from None
+    return units, strings
 
 
 def _ranges(codes: list[int]) -> str:
@@ -104,14 +109,16 @@ def precompiled_normalizer(charsmap: bytes) -> Callable[[tf.Tensor], tf.Tensor]:
     from keras_attn.tokenizers import bpe_ops
 
     units_np, strings = read_charsmap(charsmap)
-    nul = np.flatnonzero(np.frombuffer(strings, np.uint8) == 0)
-    # ends[i]: where the replacement starting at byte i ends (its NUL, or the data's end).
-    index = np.searchsorted(nul, np.arange(len(strings) + 1))
-    ends_np = np.append(nul, len(strings))[index]
+    data = np.frombuffer(strings, np.uint8)
+    # The replacements, NUL-separated: each as one string, and where each starts. A leaf
+    # pointing into the middle of a character (no real charsmap has one) finds nothing.
+    starts_np = np.concatenate([[0], np.flatnonzero(data == 0) + 1])
+    boundary_np = np.append((data & 0xC0) != 0x80, False)
     with tf.init_scope():
         units = tf.constant(units_np)
-        ends = tf.constant(ends_np, tf.int64)
-        blob = tf.constant([strings[i : i + 1] for i in range(len(strings))] or [b""])
+        pieces_table = tf.constant(strings.split(b"\0"))
+        starts = tf.constant(starts_np, tf.int64)
+        boundary = tf.constant(boundary_np)
         pattern = grapheme_pattern()
     root = _offset(units_np[0])
 
@@ -136,11 +143,13 @@ def precompiled_normalizer(charsmap: bytes) -> Callable[[tf.Tensor], tf.Tensor]:
             leaf = tf.gather(units, tf.where(alive, position, 0))
             hit = alive & (tf.bitwise.bitwise_and(unit, 1 << 8) != 0) & (found < 0)
             found = tf.where(hit, tf.bitwise.bitwise_and(leaf, (1 << 31) - 1), found)
-        found = tf.where(found < tf.size(ends, out_type=tf.int64) - 1, found, -1)
+        found = tf.where(found < tf.size(boundary, out_type=tf.int64) - 1, found, -1)
+        found = tf.where(tf.gather(boundary, tf.maximum(found, 0)), found, -1)
         start = tf.maximum(found, 0)
-        text = tf.strings.reduce_join(
-            tf.gather(blob, tf.ragged.range(start, tf.gather(ends, start))), axis=1
-        )
+        which = tf.searchsorted(starts, start, side="right") - 1
+        piece = tf.gather(pieces_table, which)
+        offset = tf.cast(start - tf.gather(starts, which), tf.int32)
+        text = tf.strings.substr(piece, offset, tf.strings.length(piece) - offset)
         return tf.where(found >= 0, text, MISSING)
 
     def normalize(texts: tf.Tensor) -> tf.Tensor:

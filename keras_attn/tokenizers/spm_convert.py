@@ -107,21 +107,40 @@ def sentencepiece_tokenizer_json(proto: Any, extra_ids: int = 0) -> dict[str, An
     }
 
 
-def folder_extra_ids(folder: str | os.PathLike[str]) -> int:
-    """T5's sentinel count for a folder: `tokenizer_config.json`'s `extra_ids`, else the
-    `<extra_id_N>` among its special tokens, else 100 (`transformers`' default)."""
-    path = os.path.join(folder, "tokenizer_config.json")
-    if not os.path.exists(path) or os.path.getsize(path) > 1 << 20:
-        return 100
+def _json_object(folder: str | os.PathLike[str], name: str) -> dict[str, Any]:
+    """A small JSON object file of the folder ({} when absent)."""
+    path = os.path.join(folder, name)
+    if not os.path.exists(path):
+        return {}
+    if os.path.getsize(path) > 1 << 20:
+        raise ValueError(f"{name} has over 1 MiB; at most 1 MiB is read")
     try:
         with open(path, encoding="utf-8") as f:
             config = json.load(f)
-    except ValueError:
-        raise ValueError("tokenizer_config.json is not valid JSON") from None
+    except (ValueError, UnicodeDecodeError):
+        raise ValueError(f"{name} is not valid JSON") from None
     if not isinstance(config, dict):
-        return 100
+        raise ValueError(f"{name} must hold a JSON object")
+    return config
+
+
+def is_t5_folder(folder: str | os.PathLike[str]) -> bool:
+    """Whether the folder says it is T5's (config.json's `model_type`, or
+    tokenizer_config.json's `tokenizer_class`): the settings `spiece.model` is read with."""
+    model_type = _json_object(folder, "config.json").get("model_type")
+    tokenizer_class = _json_object(folder, "tokenizer_config.json").get("tokenizer_class")
+    t5_classes = ("T5Tokenizer", "T5TokenizerFast")
+    return model_type in ("t5", "mt5", "umt5") or tokenizer_class in t5_classes
+
+
+def folder_extra_ids(folder: str | os.PathLike[str]) -> int:
+    """T5's sentinel count for a folder: `tokenizer_config.json`'s `extra_ids`, else the
+    `<extra_id_N>` among its special tokens, else 100 (`transformers`' default)."""
+    config = _json_object(folder, "tokenizer_config.json")
     if "extra_ids" in config:
         return config["extra_ids"]
     tokens = config.get("additional_special_tokens") or config.get("extra_special_tokens") or []
+    if not isinstance(tokens, list):
+        raise ValueError("tokenizer_config.json's additional_special_tokens must be a list")
     count = sum(isinstance(t, str) and t.startswith("<extra_id_") for t in tokens)
     return count or 100

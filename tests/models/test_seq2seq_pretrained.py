@@ -254,7 +254,8 @@ def _edited(tmp_path, family, **changes):
         ("t5_v1_0", {"d_ff": 1 << 20}, r"DenseReluDense\.wi\.weight"),
         ("t5_v1_0", {"num_decoder_layers": 1000}, r"decoder\.block\.999"),
         ("marian", {"decoder_vocab_size": 7}, "separate decoder vocabulary"),
-        ("marian", {"bad_words_ids": "98"}, "bad_words_ids must be a list"),
+        ("marian", {"bad_words_ids": "98"}, r"bad_words_ids must be \[\] or"),
+        ("marian", {"bad_words_ids": [[98], [5]]}, "other banned words are not supported"),
     ],
 )
 def test_unsupported_or_hostile_configs_are_refused_by_name(tmp_path, family, changes, match):
@@ -314,4 +315,6 @@ def test_marian_padding_ban_from_generation_config(tmp_path):
     assert unbanned != ours  # the ban is what keeps padding out
     lm.save_pretrained(tmp_path / "ours")
     assert Seq2SeqLM.from_pretrained(tmp_path / "ours").suppress_padding
+    reread = transformers.MarianMTModel.from_pretrained(tmp_path / "ours")
+    assert reread.generation_config.bad_words_ids == [[98]]
     assert _entry(lm, {"max_length": 64})["pad_id"] == 98

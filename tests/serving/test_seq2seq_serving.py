@@ -102,3 +102,17 @@ def test_a_source_longer_than_the_encoder_takes_is_refused(served):
     answer = httpx.post(f"{url}/v2/models/s2s/generate", json=body, timeout=60)
     assert answer.status_code == 400
     assert "tokens" in answer.json()["error"]
+
+
+def test_openai_completions_generate_from_the_source(served):
+    """`/v1/completions`: the prompt is the source text; temperature 0 is Keras greedy. The
+    chat route needs a chat template, which no encoder-decoder here has: a 400 naming it."""
+    name, lm, _, url = served
+    text = TEXTS[0]
+    body = {"model": "s2s", "prompt": text, "max_tokens": 8, "temperature": 0}
+    answer = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["text"] == lm.generate(text, 8), name
+    chat = {"model": "s2s", "messages": [{"role": "user", "content": text}]}
+    refused = httpx.post(f"{url}/v1/chat/completions", json=chat, timeout=60)
+    assert refused.status_code == 400 and "chat template" in refused.text

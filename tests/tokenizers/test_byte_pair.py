@@ -109,8 +109,8 @@ def test_dataset_map(gpt2_spec):
 @pytest.mark.parametrize(
     ("change", "match"),
     [
-        (lambda s: s.update(normalizer={"type": "Precompiled", "precompiled_charsmap": ""}),
-         "normalizer 'Precompiled'"),
+        (lambda s: s.update(normalizer={"type": "Strip", "left": True, "right": True}),
+         "normalizer 'Strip'"),
         (lambda s: s.update(pre_tokenizer={"type": "Whitespace"}), "pre-tokenizer 'Whitespace'"),
         (lambda s: s.update(decoder={"type": "WordPiece"}), "decoder 'WordPiece'"),
         (lambda s: s.update(pre_tokenizer={"type": "Split", "pattern": {"Regex": "a(?=b)"},

@@ -114,3 +114,46 @@ def test_bad_marian_folders_are_refused(folder, tmp_path):
         MarianTokenizer.from_pretrained(tmp_path)
     with pytest.raises(ValueError, match="side"):
         MarianTokenizer(side="middle")
+
+
+def test_bad_served_marian_folders_are_refused_by_name(folder, tmp_path):
+    """The server's reader checks what an artifact's tokenizer folder holds: each refusal is
+    a ValueError naming the file, never its path."""
+    write_tokenizer(MarianTokenizer.from_pretrained(folder), tmp_path / "tokenizer")
+    good = {p.name: p.read_bytes() for p in (tmp_path / "tokenizer").iterdir()}
+    vocab = json.loads(good["vocab.json"])
+    cases = [
+        ("vocab.json", json.dumps({**vocab, "x": True}).encode(), "number its tokens"),
+        ("vocab.json", json.dumps({**vocab, "x": len(vocab) + 5}).encode(), "number its tokens"),
+        ("vocab.json", b"[1]", "number its tokens"),
+        ("vocab.json", b"{", "vocab.json is not valid JSON"),
+        ("tokenizer.json", b'{"type": "marian", "special_tokens": []}', "special tokens"),
+        ("tokenizer.json", b'{"type": "marian", "special_tokens": [[1]]}', "special tokens"),
+        ("source.spm", b"", "not a SentencePiece model"),
+        ("source.spm", b"garbage", "not a SentencePiece model"),
+        ("source.spm", None, "has no source.spm"),
+    ]
+    for name, data, message in cases:
+        target = tmp_path / "tokenizer" / name
+        target.unlink()
+        if data is not None:
+            target.write_bytes(data)
+        with pytest.raises(ValueError, match=message) as caught:
+            load_text_tokenizer(tmp_path / "tokenizer")
+        assert str(tmp_path) not in str(caught.value)
+        target.write_bytes(good[name])
+    assert load_text_tokenizer(tmp_path / "tokenizer").encode("hello") != []
+
+
+def test_marian_tokenizer_arguments_are_checked(folder):
+    files = [(folder / n).read_bytes() for n in ("source.spm", "target.spm")]
+    with pytest.raises(ValueError, match="given together"):
+        MarianTokenizer(files[0], None, None)
+    with pytest.raises(ValueError, match="must include '<unk>'"):
+        MarianTokenizer(special_tokens=("</s>", "<pad>"))
+    with pytest.raises(ValueError, match="distinct non-empty"):
+        MarianTokenizer(special_tokens=("<unk>", "<unk>"))
+    with pytest.raises(ValueError, match="SentencePiece model"):
+        MarianTokenizer(files[0], b"garbage", json.loads((folder / "vocab.json").read_text()))
+    with pytest.raises(ValueError, match="has no files"):
+        MarianTokenizer().save_assets("/nonexistent")

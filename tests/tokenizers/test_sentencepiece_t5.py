@@ -2,7 +2,6 @@
 in-graph tokenizer, the server's reader and `transformers`' `T5Tokenizer` give the same ids
 on the same generated lines; the normalizer equals `tokenizers`' on every code point."""
 
-import base64
 import io
 import random
 import sys
@@ -58,7 +57,9 @@ def t5_folder(tmp_path_factory):
     """A folder with T5's `spiece.model` only (nmt_nfkc), trained on generated lines."""
     folder = tmp_path_factory.mktemp("t5_spiece")
     (folder / "spiece.model").write_bytes(_train(mixed_lines(3000, seed=5)))
-    (folder / "tokenizer_config.json").write_text('{"extra_ids": 7}')
+    (folder / "tokenizer_config.json").write_text(
+        '{"extra_ids": 7, "tokenizer_class": "T5Tokenizer"}'
+    )
     return folder
 
 
@@ -115,9 +116,16 @@ def test_spiece_ids_equal_t5_tokenizer_in_graph_and_in_the_server(t5_folder, tmp
     assert texts == reference.batch_decode(want[:200], skip_special_tokens=True)
 
 
-def test_bad_sentencepiece_files_are_refused(tmp_path, charsmap):
+def test_bad_sentencepiece_files_are_refused(tmp_path, charsmap, t5_folder):
     (tmp_path / "spiece.model").write_bytes(b"\x0a\xff\xff garbage")
+    with pytest.raises(ValueError, match="T5's settings only"):  # XLNet's, Pegasus's: not T5's
+        folder_tokenizer_json(tmp_path)
+    (tmp_path / "config.json").write_text('{"model_type": "t5"}')
     with pytest.raises(ValueError, match="not a SentencePiece model"):
+        folder_tokenizer_json(tmp_path)
+    (tmp_path / "spiece.model").write_bytes((t5_folder / "spiece.model").read_bytes())
+    (tmp_path / "tokenizer_config.json").write_text('{"additional_special_tokens": 5}')
+    with pytest.raises(ValueError, match="must be a list"):
         folder_tokenizer_json(tmp_path)
     bpe = tmp_path / "bpe.model"
     bpe.write_bytes(_train(mixed_lines(500, seed=1)[:500], model_type="bpe"))
@@ -145,6 +153,11 @@ def test_a_malformed_trie_changes_nothing_outside_it(charsmap):
     for i in range(4, 4 + len(charsmap) // 2, 4):
         units[i : i + 4] = rng.getrandbits(32).to_bytes(4, "little")
     normalize = precompiled_normalizer(bytes(units))
-    out = normalize(tf.constant(["héllo ＡＢＣ", "\u0301", ""])).numpy()
-    assert out.shape == (3,)
-    assert base64.b64encode(charsmap)  # the original is untouched
+    texts = ["héllo ＡＢＣ ½ ﬁ", "\u0301", "", "\uff21\u0301b"]
+    out = normalize(tf.constant(texts)).numpy()
+    assert out.shape == (4,)
+    for text in out:  # whatever the trie says, the text stays UTF-8
+        text.decode("utf-8")
+    # Replacement strings that are not UTF-8 are refused when the charsmap is read.
+    with pytest.raises(ValueError, match="not UTF-8"):
+        read_charsmap(charsmap + b"\xff\x00")
