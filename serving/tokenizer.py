@@ -333,11 +333,10 @@ def _file_bytes(folder: Path, name: str) -> bytes:
 
 
 def _json_file(folder: Path, name: str) -> Any:
+    data = _file_bytes(folder, name)
     try:
-        return json.loads(_file_bytes(folder, name).decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as error:
-        if str(error).startswith(("the tokenizer folder", name)):
-            raise
+        return json.loads(data.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError):
         raise ValueError(f"{name} is not valid JSON") from None
 
 

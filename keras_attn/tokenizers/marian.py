@@ -19,6 +19,7 @@ import tensorflow_text as tf_text
 
 from keras_attn.tokenizers import bpe_ops
 from keras_attn.tokenizers.base import Tokenizer
+from keras_attn.tokenizers.pipeline import read_folder_json
 
 FILES = ("source.spm", "target.spm", "vocab.json")
 MARIAN_SPECIAL_TOKENS = ("</s>", "<unk>", "<pad>")
@@ -82,15 +83,8 @@ class MarianTokenizer(Tokenizer):
         """The tokenizer of a Hugging Face Marian folder (`source.spm`, `target.spm`,
         `vocab.json`). A folder with separate source and target vocabularies is refused."""
         folder = os.fspath(folder)
-        config = os.path.join(folder, "tokenizer_config.json")
-        if os.path.exists(config):
-            data = _read(config)
-            try:
-                settings = json.loads(data.decode("utf-8"))
-            except (ValueError, UnicodeDecodeError):
-                raise ValueError("tokenizer_config.json is not valid JSON") from None
-            if isinstance(settings, dict) and settings.get("separate_vocabs"):
-                raise ValueError("Marian folders with separate vocabularies are not supported")
+        if read_folder_json(folder, "tokenizer_config.json").get("separate_vocabs"):
+            raise ValueError("Marian folders with separate vocabularies are not supported")
         files = [_read(os.path.join(folder, name)) for name in FILES]
         vocabulary = _vocabulary(files[2])
         return cls(files[0], files[1], vocabulary, **kwargs)

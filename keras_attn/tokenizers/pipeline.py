@@ -28,6 +28,23 @@ def read_json_file(path: str | os.PathLike[str], argument: str) -> Any:
         return json.load(f)
 
 
+def read_folder_json(folder: str | os.PathLike[str], name: str) -> dict[str, Any]:
+    """A small JSON object file of the folder ({} when absent)."""
+    path = os.path.join(folder, name)
+    if not os.path.exists(path):
+        return {}
+    if os.path.getsize(path) > 1 << 20:
+        raise ValueError(f"{name} has over 1 MiB; at most 1 MiB is read")
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (ValueError, UnicodeDecodeError):
+        raise ValueError(f"{name} is not valid JSON") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{name} must hold a JSON object")
+    return config
+
+
 def string_table(
     keys: Iterable[str], values: Iterable[int], default: int
 ) -> tf.lookup.StaticHashTable:

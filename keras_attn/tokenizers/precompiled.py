@@ -87,7 +87,8 @@ def grapheme_pattern() -> str:
         elif category in ("Cc", "Zl", "Zp") or (category == "Cf" and code not in (0x200C, 0x200D)):
             control.append(code)
     extend_class = _ranges(extend) + EXTEND_EXTRA + "\u0e33\u0eb3"
-    control_class = _ranges([c for c in control if chr(c) not in _expand(PREPEND)])
+    prepend = _expand(PREPEND)
+    control_class = _ranges([c for c in control if chr(c) not in prepend])
     return f"\r\n|[{control_class}]|[{PREPEND}]*[^{control_class}][{extend_class}]*|[{PREPEND}]+"
 
 

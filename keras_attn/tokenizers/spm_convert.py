@@ -9,9 +9,10 @@ control and unknown pieces and T5's `<extra_id_N>` sentinels (appended in revers
 """
 
 import base64
-import json
 import os
 from typing import Any
+
+from keras_attn.tokenizers.pipeline import read_folder_json
 
 MAX_MODEL_BYTES = 64 << 20  # T5's spiece.model is 0.8 MB, the largest hub ones ~10 MB
 MAX_EXTRA_IDS = 10_000
@@ -107,28 +108,11 @@ def sentencepiece_tokenizer_json(proto: Any, extra_ids: int = 0) -> dict[str, An
     }
 
 
-def _json_object(folder: str | os.PathLike[str], name: str) -> dict[str, Any]:
-    """A small JSON object file of the folder ({} when absent)."""
-    path = os.path.join(folder, name)
-    if not os.path.exists(path):
-        return {}
-    if os.path.getsize(path) > 1 << 20:
-        raise ValueError(f"{name} has over 1 MiB; at most 1 MiB is read")
-    try:
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f)
-    except (ValueError, UnicodeDecodeError):
-        raise ValueError(f"{name} is not valid JSON") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{name} must hold a JSON object")
-    return config
-
-
 def is_t5_folder(folder: str | os.PathLike[str]) -> bool:
     """Whether the folder says it is T5's (config.json's `model_type`, or
     tokenizer_config.json's `tokenizer_class`): the settings `spiece.model` is read with."""
-    model_type = _json_object(folder, "config.json").get("model_type")
-    tokenizer_class = _json_object(folder, "tokenizer_config.json").get("tokenizer_class")
+    model_type = read_folder_json(folder, "config.json").get("model_type")
+    tokenizer_class = read_folder_json(folder, "tokenizer_config.json").get("tokenizer_class")
     t5_classes = ("T5Tokenizer", "T5TokenizerFast")
     return model_type in ("t5", "mt5", "umt5") or tokenizer_class in t5_classes
 
@@ -136,7 +120,7 @@ def is_t5_folder(folder: str | os.PathLike[str]) -> bool:
 def folder_extra_ids(folder: str | os.PathLike[str]) -> int:
     """T5's sentinel count for a folder: `tokenizer_config.json`'s `extra_ids`, else the
     `<extra_id_N>` among its special tokens, else 100 (`transformers`' default)."""
-    config = _json_object(folder, "tokenizer_config.json")
+    config = read_folder_json(folder, "tokenizer_config.json")
     if "extra_ids" in config:
         return config["extra_ids"]
     tokens = config.get("additional_special_tokens") or config.get("extra_special_tokens") or []
