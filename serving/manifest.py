@@ -160,6 +160,9 @@ class Seq2SeqGraphs(CacheGraph):
     # decoder start id may be the padding id and which may generate it.
     pad_id: int | None
     decoder_start_id: int | None  # None: the model names none (one trained from scratch)
+    # The only id a generation's last step may choose (BART's and Marian's end id); None:
+    # any id (and artifacts exported before it was written).
+    forced_eos_token_id: int | None = None
 
 
 class ChatSpec(_Strict):

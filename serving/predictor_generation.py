@@ -92,8 +92,9 @@ class Generates:
     ) -> Iterator[tuple[int, int]]:
         """`generate_ids` as a generator of `(row, new id)`, each as soon as it is chosen."""
         step, state, starts, pad_id, max_length = self._decoding(prompts, use_cache)
+        forced = None if self.encoder_decoder is None else self.encoder_decoder.forced_eos_token_id
         return decode_tokens(step, state, starts, max_new_tokens, stop_token_ids, pad_id,
-                             max_length, sampler)  # fmt: skip
+                             max_length, sampler, forced)  # fmt: skip
 
     def beam_ids(
         self,
@@ -108,10 +109,12 @@ class Generates:
         step: Any
         select: Any
         state: Any
+        forced = None
         if self.encoder_decoder is not None:
             graphs = self.encoder_decoder
             step, select, state = graphs.step, graphs.select, graphs.start([prompt])
             start, pad_id, limit = [graphs.start_id], graphs.pad_id, graphs.max_length
+            forced = graphs.forced_eos_token_id
         elif self.decode_session is not None and self.decoding is not None:
             step, state = self.decode_step, empty_cache(self.decoding, 1)
             start, pad_id, limit = list(prompt), self.pad_id, self.decoding["max_length"]
@@ -125,7 +128,7 @@ class Generates:
             )
         return beam_ids(step, select, state, start, max_new_tokens, beams.num_beams,
                         beams.length_penalty, set(stop_token_ids), pad_id,
-                        beams.early_stopping, beams.no_repeat_ngram_size)  # fmt: skip
+                        beams.early_stopping, beams.no_repeat_ngram_size, forced)  # fmt: skip
 
     def _decoding(self, prompts, use_cache):
         """`(step, state, prompts to continue, id never generated, max length)`: a decoder's

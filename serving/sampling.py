@@ -14,6 +14,17 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
 
 
+def force_token(logits: np.ndarray, rows: np.ndarray, token_id: int | None) -> np.ndarray:
+    """`logits` where each row of `rows` (a boolean mask) can only choose `token_id`: its
+    other logits become -inf and that one 0 (`transformers`' `forced_eos_token_id` on the
+    last step of a generation). `token_id=None` leaves them alone."""
+    if token_id is None or not rows.any():
+        return logits
+    forced = np.full(logits.shape[-1], -np.inf)
+    forced[token_id] = 0.0
+    return np.where(rows[:, None], forced, logits)
+
+
 def top_k_filter(logits: np.ndarray, k: int) -> np.ndarray:
     """Keeps each row's `k` largest logits (and ties with the k-th); the rest become -inf."""
     k = min(k, logits.shape[-1])

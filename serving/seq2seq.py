@@ -7,6 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from keras_attn_serving.manifest import ArtifactError
+
+# The manifest's ids that index the decoder's logits.
+TARGET_IDS = ("pad_id", "decoder_start_id", "forced_eos_token_id")
 
 
 class EncoderDecoder:
@@ -32,7 +36,10 @@ class EncoderDecoder:
         self._start_id: int | None = spec["decoder_start_id"]
         self.pad_id: int | None = spec["pad_id"]  # never generated (None: every id may be)
         self.max_length: int = spec["max_length"]
+        # The only id a generation's last step may choose (None: any id).
+        self.forced_eos_token_id: int | None = spec.get("forced_eos_token_id")
         self._outputs = [o.name for o in self.decoder.get_outputs()]
+        _check_ids(spec, self.decoder.get_outputs()[self._outputs.index("logits")].shape[-1])
 
     @property
     def start_id(self) -> int:
@@ -75,3 +82,16 @@ class EncoderDecoder:
         }
         out = dict(zip(self._outputs, self.decoder.run(None, feeds), strict=True))
         return out["logits"], {**state, "cache": out["updated_cache"]}
+
+
+def _check_ids(spec: dict[str, Any], vocabulary: Any) -> None:
+    """An `ArtifactError` unless each of the manifest's target ids indexes the logits."""
+    for name in TARGET_IDS:
+        value = spec.get(name)
+        if value is None or not isinstance(vocabulary, int):
+            continue
+        if not 0 <= value < vocabulary:
+            raise ArtifactError(
+                f"manifest.json field 'seq2seq.{name}' is {value!r}: not an id of the decoder's "
+                f"vocabulary [0, {vocabulary})"
+            )

@@ -37,6 +37,7 @@ def beam_search(
     use_cache: bool = True,
     early_stopping: bool | str = False,
     no_repeat_ngram_size: int = 0,
+    forced_eos_token_id: int | None = None,
 ) -> list[int]:
     """The best hypothesis's new ids for prompt `row` (see `keras_attn_serving.beam.beam_ids`).
     `use_cache=False` recomputes the whole prefix every step (the reference)."""
@@ -53,7 +54,7 @@ def beam_search(
 
         return beam_ids(step, select_rows, state, prompt, max_new_tokens, num_beams,
                         length_penalty, stop, pad_token_id, early_stopping,
-                        no_repeat_ngram_size)  # fmt: skip
+                        no_repeat_ngram_size, forced_eos_token_id)  # fmt: skip
 
     def full_step(ids: np.ndarray, state: Any, index: int) -> tuple[np.ndarray, Any]:
         prefix, inner = state

@@ -9,7 +9,7 @@ from keras import ops
 
 from keras_attn.decoding.beam import ban_ngrams, beam_search, check_beam_arguments
 from keras_attn.decoding.runners import Runner, compiled, position
-from keras_attn.decoding.samplers import Sampler
+from keras_attn.decoding.samplers import Sampler, force_token
 from keras_attn.types import Tensor
 
 SAMPLERS = ("greedy", "sample", "beam")
@@ -78,6 +78,7 @@ def decode(
     pad_token_id: int | None = 0,
     early_stopping: bool | str = False,
     no_repeat_ngram_size: int = 0,
+    forced_eos_token_id: int | None = None,
 ) -> list[list[int]]:
     """Continues each prompt by up to `max_new_tokens` ids.
 
@@ -100,6 +101,9 @@ def decode(
             as `transformers` decides it (see `keras_attn.decoding.beam`).
         no_repeat_ngram_size: int. No n-gram of this size occurs twice in a row's ids
             (prompt included). Defaults to `0` (off).
+        forced_eos_token_id: int or None. The only id a row's last step (its
+            `max_new_tokens`-th id) may choose, as `transformers` forces it (BART's and
+            Marian's checkpoints name their end id). Defaults to `None` (off).
         stop_token_ids: ids that end a sequence; they are not returned.
         use_cache: bool. `False` recomputes the whole prefix every step (the reference).
         pad_token_id: int or None. Padding id, never generated. Defaults to `0`. `None`: no
@@ -127,6 +131,16 @@ def decode(
             )
     size = getattr(runner, "vocabulary_size", None)
     bad = sorted({int(t) for p in prompts for t in p if size is not None and not 0 <= t < size})
+    forced = forced_eos_token_id
+    if forced is not None and (
+        isinstance(forced, bool) or not isinstance(forced, (int, np.integer)) or forced < 0
+        or (size is not None and forced >= size)
+    ):  # fmt: skip
+        raise ValueError(
+            f"`forced_eos_token_id` must be None or an id of the vocabulary [0, {size}). "
+            f"Received: forced_eos_token_id={forced!r}"
+        )
+    forced = None if forced is None else int(forced)
     if bad:
         raise ValueError(
             f"`prompts` hold ids outside the vocabulary [0, {size}). Received: {bad[:5]}"
@@ -155,6 +169,7 @@ def decode(
                 use_cache,
                 early_stopping,
                 no_repeat_ngram_size,
+                forced,
             )
             for row, prompt in enumerate(prompts)
         ]
@@ -175,7 +190,7 @@ def decode(
         buffer, finished = greedy_loop(runner)(
             tensor(buffer), tensor(lengths.astype("int32")), state, logits[:, -1],
             position(start), tensor(np.asarray(sorted(stop) or [-1], dtype="int32")),
-            pad_token_id,
+            pad_token_id, forced,
         )  # fmt: skip
         return _new_ids(ops.convert_to_numpy(buffer), ops.convert_to_numpy(finished), lengths,
                         max_new_tokens, _ends(stop, pad_token_id))  # fmt: skip
@@ -183,7 +198,8 @@ def decode(
         logits = runner.compiled_full(buffer[:, :start], state)
     finished = np.zeros(len(prompts), dtype=bool)
     for t in range(start, width):
-        last = _last_logits(logits, pad_token_id)
+        at_end = np.asarray(lengths + max_new_tokens - 1 == t)
+        last = force_token(_last_logits(logits, pad_token_id), at_end, forced)
         if no_repeat_ngram_size:
             ban_ngrams(last, [buffer[r, :t].tolist() for r in range(len(prompts))],
                        no_repeat_ngram_size)  # fmt: skip
@@ -225,8 +241,10 @@ def greedy_loop(runner: Runner) -> Callable[..., tuple[Tensor, Tensor]]:
     on TensorFlow. Same rules as `decode`: step `t` writes position `t` of every row whose
     prompt is shorter than `t`; a row stops at its first stop token.
 
-    Returns `fn(buffer, lengths, state, last_logits, t, stop_ids, pad_token_id) -> (buffer,
-    finished)`, where `state` and `last_logits` come from prefilling `buffer[:, :t]`.
+    Returns `fn(buffer, lengths, state, last_logits, t, stop_ids, pad_token_id,
+    forced_eos_token_id) -> (buffer, finished)`, where `state` and `last_logits` come from
+    prefilling `buffer[:, :t]`; a row's last step (position `length + width - longest - 1`)
+    chooses `forced_eos_token_id` where that is not None.
     """
 
     def loop(
@@ -237,16 +255,23 @@ def greedy_loop(runner: Runner) -> Callable[..., tuple[Tensor, Tensor]]:
         t: int | Tensor,
         stop_ids: Tensor,
         pad_token_id: int | None,
+        forced_eos_token_id: int | None = None,
     ) -> tuple[Tensor, Tensor]:
         rows, width = buffer.shape
         fill = 0 if pad_token_id is None else pad_token_id
         vocabulary = ops.arange(ops.shape(logits)[-1], dtype="int32")
+        # Each row's last step: its length plus the new ids the buffer leaves it, minus one.
+        last_step = lengths + (width - ops.max(lengths)) - 1
 
         def body(
             t: Tensor, buffer: Tensor, state: Any, logits: Tensor, finished: Tensor
         ) -> tuple[Tensor, Tensor, Any, Tensor, Tensor]:
             if pad_token_id is not None:
                 logits = ops.where(vocabulary == pad_token_id, float("-inf"), logits)
+            if forced_eos_token_id is not None:
+                forced = ops.where(vocabulary == forced_eos_token_id, 0.0, float("-inf"))
+                at_end = ops.expand_dims(last_step == t, 1)
+                logits = ops.where(at_end, ops.cast(forced, logits.dtype), logits)
             chosen = ops.cast(ops.argmax(logits, axis=-1), "int32")
             chosen = ops.where(finished, fill, chosen)
             current = ops.squeeze(ops.slice(buffer, (0, t), (rows, 1)), 1)
@@ -270,7 +295,7 @@ def greedy_loop(runner: Runner) -> Callable[..., tuple[Tensor, Tensor]]:
         if keras.backend.backend() == "jax":
             import jax
 
-            return jax.jit(loop, static_argnums=(6,))
+            return jax.jit(loop, static_argnums=(6, 7))
         if keras.backend.backend() == "tensorflow":
             import tensorflow as tf
 

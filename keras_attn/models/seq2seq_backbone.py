@@ -151,6 +151,8 @@ class Seq2SeqBackbone(Backbone):
             Defaults to `1.0`.
         output_bias: bool. A bias on the output logits (`final_logits_bias`).
         decoder_start_token_id: optional int: the first decoder input of generation.
+        forced_eos_token_id: optional int: the only id the last step of a generation may
+            choose (BART's and Marian's checkpoints: their end id; `transformers`' rule).
         head_dim: optional int. Width of each head; defaults to `hidden_dim // num_heads` (T5's
             `d_kv` may differ).
     Returns:
@@ -165,7 +167,7 @@ class Seq2SeqBackbone(Backbone):
         "embedding_layer_norm", "layer_norm_epsilon", "normalization", "gated_feed_forward",
         "attention_bias", "feed_forward_bias", "score", "relative_attention_num_buckets",
         "relative_attention_max_distance", "tie_word_embeddings", "logit_scale",
-        "output_bias", "decoder_start_token_id", "head_dim",
+        "output_bias", "decoder_start_token_id", "head_dim", "forced_eos_token_id",
     )  # fmt: skip
 
     def __init__(
@@ -201,6 +203,7 @@ class Seq2SeqBackbone(Backbone):
         output_bias: bool = False,
         decoder_start_token_id: int | None = None,
         head_dim: int | None = None,
+        forced_eos_token_id: int | None = None,
         name: str = "seq2seq_backbone",
         **kwargs: Any,
     ) -> None:
@@ -222,6 +225,14 @@ class Seq2SeqBackbone(Backbone):
         check_non_negative_ints(pad_token_id=pad_token_id, position_offset=position_offset)
         if decoder_start_token_id is not None:
             check_non_negative_ints(decoder_start_token_id=decoder_start_token_id)
+        if forced_eos_token_id is not None:
+            check_non_negative_ints(forced_eos_token_id=forced_eos_token_id)
+            if forced_eos_token_id >= (target_vocabulary_size or vocabulary_size):
+                raise ValueError(
+                    "`forced_eos_token_id` must be an id of the target vocabulary. Received: "
+                    f"forced_eos_token_id={forced_eos_token_id}, vocabulary size "
+                    f"{target_vocabulary_size or vocabulary_size}"
+                )
         if head_dim is not None:
             check_positive_ints(head_dim=head_dim)
         if not isinstance(logit_scale, int | float) or not logit_scale > 0:

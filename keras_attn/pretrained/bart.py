@@ -32,11 +32,19 @@ def _same(config: dict[str, Any], encoder: str, decoder: str) -> Any:
     return first
 
 
-def special_ids(config: dict[str, Any], vocab: Any, pad: int) -> dict[str, Any]:
-    """`pad_token_id` and `decoder_start_token_id` of a config, each inside the vocabulary."""
+def special_ids(
+    config: dict[str, Any], vocab: Any, pad: int, forced_eos: int | None = None
+) -> dict[str, Any]:
+    """`pad_token_id`, `decoder_start_token_id` and `forced_eos_token_id` of a config (the
+    family's defaults where it is silent, as its `transformers` config class has them), each
+    inside the vocabulary."""
+    forced = config.get("forced_eos_token_id", forced_eos)
+    if isinstance(forced, list) and len(forced) == 1:  # `transformers` takes a list too
+        forced = forced[0]
     ids = {
         "pad_token_id": config.get("pad_token_id", pad),
         "decoder_start_token_id": config.get("decoder_start_token_id"),
+        "forced_eos_token_id": forced,
     }
     for name, value in ids.items():
         if value is None:
@@ -105,7 +113,7 @@ class Bart(BaseLayout):
             "mask_decoder_padding": False,
             "scale_embedding": bool(config.get("scale_embedding", False)),
             "output_bias": True,
-            **special_ids(config, vocab, pad=1),
+            **special_ids(config, vocab, pad=1, forced_eos=2),
             **self._positions(config),
         }
 
@@ -173,6 +181,8 @@ class Bart(BaseLayout):
         }
         if model.decoder_start_token_id is not None:
             config["decoder_start_token_id"] = model.decoder_start_token_id
+        # Written even when None: the config class would read its absence as its default.
+        config["forced_eos_token_id"] = model.forced_eos_token_id
         return config
 
     def stored_key(self, key: str) -> str:
@@ -248,9 +258,8 @@ class Marian(Bart):
                 f"decoder_vocab_size={config['decoder_vocab_size']!r}, vocab_size={vocab!r}"
             )
         fixed(config, share_encoder_decoder_embeddings=True)
-        kwargs = super().model_kwargs(
-            {"activation_function": "swish", "pad_token_id": 58100, **config}, weights
-        )
+        defaults = {"activation_function": "swish", "pad_token_id": 58100, "forced_eos_token_id": 0}
+        kwargs = super().model_kwargs({**defaults, **config}, weights)
         if kwargs["decoder_start_token_id"] is None:
             kwargs["decoder_start_token_id"] = kwargs["pad_token_id"]
         # opus-mt's generation settings ban the padding id (`bad_words_ids=[[pad]]`).

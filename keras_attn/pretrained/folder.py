@@ -49,19 +49,20 @@ def read_config(folder: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 GENERATION_FILE = "generation_config.json"
-# What a layout reads from `generation_config.json` where `config.json` does not say it.
-GENERATION_KEYS = ("bad_words_ids",)
+# What a layout reads from `generation_config.json`, which wins over `config.json`.
+GENERATION_KEYS = ("bad_words_ids", "forced_eos_token_id")
 
 
 def with_generation_defaults(folder: str | os.PathLike[str], config: dict[str, Any]) -> dict:
-    """`config` with the `GENERATION_KEYS` of the folder's `generation_config.json` that it
-    lacks (`transformers` 5 writes them there; older folders in `config.json`)."""
+    """`config` with the `GENERATION_KEYS` of the folder's `generation_config.json`, which
+    `transformers` reads in their place (version 5 writes them there; older folders in
+    `config.json`, read where `generation_config.json` is absent or silent)."""
     if not os.path.exists(_path(folder, GENERATION_FILE)):
         return config
     generation = _read_json(folder, GENERATION_FILE)
     if not isinstance(generation, dict):
         raise ValueError(f"{GENERATION_FILE} must hold a JSON object")
-    extra = {k: generation[k] for k in GENERATION_KEYS if k in generation and k not in config}
+    extra = {k: generation[k] for k in GENERATION_KEYS if k in generation}
     return {**config, **extra}
 
 

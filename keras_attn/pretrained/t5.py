@@ -163,8 +163,9 @@ class T5(BaseLayout):
             "tie_word_embeddings": model.tie_word_embeddings,
             "scale_decoder_outputs": scaled,
         }
-        if model.decoder_start_token_id is not None:
-            config["decoder_start_token_id"] = model.decoder_start_token_id
+        for key in ("decoder_start_token_id", "forced_eos_token_id"):
+            if getattr(model, key) is not None:
+                config[key] = getattr(model, key)
         return config
 
     def _side(self, side: str, layers: int, decoder: bool, gated: bool) -> dict[str, Any]:

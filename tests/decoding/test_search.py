@@ -39,6 +39,12 @@ class BigramRunner:
     def full(self, ids, state):
         return self.step(ids, state, 0)[0]
 
+    @classmethod
+    def sized(cls):
+        runner = cls()
+        runner.vocabulary_size = len(BIGRAM)
+        return runner
+
 
 def test_greedy_takes_the_likeliest_token_and_stops_at_stop_tokens():
     runner = BigramRunner()
@@ -62,6 +68,30 @@ def test_beam_search_finds_the_likelier_sequence_greedy_misses():
     beam1 = decode(BigramRunner(), [[START]], 5, sampler="beam", num_beams=1,
                      stop_token_ids=[STOP])  # fmt: skip
     assert beam1 == greedy == [[A, A, A, A, A]]
+
+
+def test_forced_eos_is_the_last_step_of_every_sampler_and_row():
+    # Greedy goes START A A A…; STOP forced on the 3rd step is that step's id (a stop id
+    # ends the row there and is not returned).
+    assert decode(BigramRunner(), [[START]], 3, forced_eos_token_id=STOP) == [[A, A, STOP]]
+    assert decode(BigramRunner(), [[START]], 3, forced_eos_token_id=STOP,
+                  stop_token_ids=[STOP]) == [[A, A]]  # fmt: skip
+    # Not a stop id: it is returned, as the row's last id; each row's own last step.
+    rows = decode(BigramRunner(), [[START], [START, A, A]], 3, forced_eos_token_id=B)
+    assert rows == [[A, A, B], [A, A, B]]
+    for kwargs in ({"sampler": "beam", "num_beams": 2}, {"sampler": "sample", "seed": 3}):
+        out = decode(BigramRunner(), [[START]], 4, forced_eos_token_id=B, **kwargs)
+        assert len(out[0]) == 4 and out[0][-1] == B, kwargs
+    # Beam, STOP forced at step 2: the forced id's log-probability is 0 (transformers'
+    # rule), so the beams keep the order of their first step: A (0.5) over B (0.4), although
+    # the model would end B STOP (0.4·0.9) more likely than A STOP (0.5·0.3).
+    assert decode(BigramRunner(), [[START]], 2, sampler="beam", num_beams=2,
+                  stop_token_ids=[STOP], forced_eos_token_id=STOP) == [[A]]  # fmt: skip
+    assert decode(BigramRunner(), [[START]], 2, sampler="beam", num_beams=2,
+                  stop_token_ids=[STOP]) == [[B]]  # fmt: skip
+    for bad in (-1, 5, 2.0, True, "2"):
+        with pytest.raises(ValueError, match="forced_eos_token_id"):
+            decode(BigramRunner.sized(), [[START]], 3, forced_eos_token_id=bad)
 
 
 def test_length_penalty_pinned():
@@ -104,6 +134,16 @@ def test_stop_tokens_end_each_row_on_a_real_model(lm):
     for full, cut in zip(greedy, out, strict=True):
         expected = full[: full.index(stop)] if stop in full else full
         assert cut == expected
+
+
+def test_forced_eos_in_the_compiled_greedy_loop_equals_the_python_loop(lm):
+    free = lm.generate(PROMPTS, 6)
+    forced = lm.generate(PROMPTS, 6, forced_eos_token_id=11)
+    assert forced == [[*row[:5], 11] for row in free]
+    assert lm.generate(PROMPTS, 6, forced_eos_token_id=11, use_cache=False) == forced
+    assert lm.generate(PROMPTS, 6, forced_eos_token_id=11, stop_token_ids=[11]) == [
+        row[: row.index(11)] if 11 in row[:5] else row[:5] for row in free
+    ]
 
 
 def test_sampling_with_a_seed_is_reproducible_and_cached_equals_uncached(lm):

@@ -125,7 +125,6 @@ def test_greedy_ids_equal_transformers_generate(family):
     name, model, _, lm = family
     pad, start, end = lm.pad_token_id, lm.decoder_start_token_id, model.config.eos_token_id
     source, _ = _batch(pad, start)
-    model.generation_config.forced_eos_token_id = None  # BART's and Marian's last-step rule
     with torch.no_grad():
         reference = model.generate(
             input_ids=torch.tensor(source), attention_mask=torch.tensor(source != pad),
@@ -142,10 +141,17 @@ def test_greedy_ids_equal_transformers_generate(family):
     uncached = lm.generate(sources, 10, start, stop_token_ids=[end], pad_token_id=None,
                            use_cache=False)  # fmt: skip
     assert uncached == ours
+    # BART's and Marian's checkpoints force their end id on the last step: a row that ran
+    # to the limit ends one id early, as transformers' does.
+    forced = model.generation_config.forced_eos_token_id
+    assert forced == lm.forced_eos_token_id == (None if name.startswith("t5") else end)
+    free = lm.generate(sources, 10, start, stop_token_ids=[end], pad_token_id=None,
+                       forced_eos_token_id=None)  # fmt: skip
+    if forced is not None:
+        assert any(len(f) == 10 and o == f[:9] for o, f in zip(ours, free, strict=True)), name
 
 
 def _reference_ids(model, source, pad, end, **settings):
-    model.generation_config.forced_eos_token_id = None
     with torch.no_grad():
         rows = model.generate(
             input_ids=torch.tensor(source), attention_mask=torch.tensor(source != pad),
@@ -231,8 +237,10 @@ def _edited(tmp_path, family, **changes):
     """A folder of `family` written by transformers, its config.json then edited."""
     torch.manual_seed(0)
     FAMILIES[family]().save_pretrained(tmp_path)
-    config = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**config, **changes}))
+    for name in ("config.json", "generation_config.json"):  # the latter wins where it says
+        config = json.loads((tmp_path / name).read_text())
+        edits = {k: v for k, v in changes.items() if name == "config.json" or k in config}
+        (tmp_path / name).write_text(json.dumps({**config, **edits}))
     return tmp_path
 
 
@@ -242,6 +250,8 @@ def _edited(tmp_path, family, **changes):
         ("bart", {"decoder_ffn_dim": 40}, "encoder_ffn_dim=37, decoder_ffn_dim=40"),
         ("bart", {"pad_token_id": 500}, r"pad_token_id must be an id of its vocabulary"),
         ("bart", {"decoder_start_token_id": -1}, "decoder_start_token_id"),
+        ("bart", {"forced_eos_token_id": 99}, "forced_eos_token_id must be an id of its voc"),
+        ("bart", {"forced_eos_token_id": [2, 3]}, "forced_eos_token_id"),
         ("bart", {"is_encoder_decoder": False}, "is_encoder_decoder"),
         # Sizes the tensors disagree with are named before the model is built.
         ("bart", {"max_position_embeddings": 1 << 20}, r"embed_positions\.weight"),

@@ -89,7 +89,7 @@ def _marian(vocab):
         vocab_size=vocab, d_model=32, encoder_layers=2, decoder_layers=2,
         encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=37,
         decoder_ffn_dim=37, max_position_embeddings=64, pad_token_id=vocab - 1,
-        decoder_start_token_id=vocab - 1, eos_token_id=0, forced_eos_token_id=None,
+        decoder_start_token_id=vocab - 1, eos_token_id=0,
     )  # fmt: skip
     return transformers.MarianMTModel(config)
 
@@ -98,7 +98,7 @@ def _bart(vocab):
     config = transformers.BartConfig(
         vocab_size=vocab, d_model=32, encoder_layers=2, decoder_layers=2,
         encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=37,
-        decoder_ffn_dim=37, max_position_embeddings=64, forced_eos_token_id=None,
+        decoder_ffn_dim=37, max_position_embeddings=64,
     )  # fmt: skip
     return transformers.BartForConditionalGeneration(config)
 

@@ -35,6 +35,8 @@ def served(request, tmp_path_factory):
         for name, parameter in model.named_parameters():
             if "embed_positions" not in name:  # Marian's sinusoids are fixed, not loaded
                 parameter.mul_(2.0)
+        if request.param == "bart":  # else these random weights end at once
+            model.final_logits_bias[0, model.config.eos_token_id] -= 3.0
     folder = tmp_path_factory.mktemp(request.param)
     model.save_pretrained(folder / "hf")
     tokenizer.save_pretrained(folder / "hf")
@@ -47,22 +49,38 @@ def served(request, tmp_path_factory):
         sequence_lengths=(4, 9), tolerance=tolerance,
     )  # fmt: skip
     url, stop = serve_in_thread(create_app(ModelRepository(folder / "repository")))
-    yield request.param, lm, manifest, url
+    yield request.param, lm, manifest, url, folder / "repository" / "s2s" / "1"
     stop()
 
 
 def test_the_artifact_has_both_graphs_checked(served):
-    _, lm, manifest, _ = served
+    name, lm, manifest, _, _ = served
     graphs = manifest.seq2seq
     assert (graphs.encoder_file, graphs.file) == ("encode.onnx", "decode.onnx")
     assert graphs.greedy_equals_keras and graphs.step_logits_max_abs_diff <= 5e-3
     assert graphs.decoder_start_id == lm.decoder_start_token_id
     assert graphs.pad_id is None  # the families may generate their padding id
+    # BART's and Marian's checkpoints force their end id on the last step; T5's do not.
+    assert graphs.forced_eos_token_id == lm.forced_eos_token_id
+    assert (lm.forced_eos_token_id is None) == (name == "t5")
     assert {"encode.onnx", "decode.onnx"} <= set(manifest.files)
 
 
+@pytest.mark.parametrize("field", ["forced_eos_token_id", "pad_id", "decoder_start_id"])
+@pytest.mark.parametrize("value", [-1, 10**9])
+def test_manifest_ids_outside_the_vocabulary_are_refused(served, field, value):
+    from keras_attn_serving.manifest import ArtifactError
+    from keras_attn_serving.seq2seq import EncoderDecoder
+
+    _, _, manifest, _, artifact = served
+    spec = {**manifest.seq2seq.model_dump(), field: value}
+    with pytest.raises(ArtifactError, match=f"seq2seq.{field}' is {value}: not an id"):
+        EncoderDecoder(artifact, spec)
+
+
 def test_generate_and_stream_equal_keras(served):
-    name, lm, _, url = served
+    name, lm, _, url, _ = served
+    reached_the_limit, lengths = 0, []  # rows whose end id was forced on the last step
     for text in TEXTS[:4]:
         body = {"text_input": text, "parameters": {"max_tokens": 8}}
         answer = httpx.post(f"{url}/v2/models/s2s/generate", json=body, timeout=60)
@@ -72,12 +90,16 @@ def test_generate_and_stream_equal_keras(served):
         stop = lm.preprocessor.end_token_ids
         expected_ids = lm.generate([source], 8, stop_token_ids=stop)[0]
         assert answer.json()["token_ids"] == expected_ids, (name, text)
+        reached_the_limit += len(expected_ids) == 7 and lm.forced_eos_token_id in stop
+        lengths.append(len(expected_ids))
         assert answer.json()["text_output"] == lm.generate(text, 8), (name, text)
         with httpx.stream("POST", f"{url}/v2/models/s2s/generate_stream", json=body,
                           timeout=60) as stream:  # fmt: skip
             events = [json.loads(line[5:]) for line in stream.iter_lines() if line]
         assert [e["token_id"] for e in events] == expected_ids
         assert "".join(e["text_output"] for e in events) == answer.json()["text_output"]
+    assert reached_the_limit or name == "t5", (name, lengths)
+    assert any(lengths), name  # ids that could differ
 
 
 @pytest.mark.parametrize(
@@ -85,7 +107,7 @@ def test_generate_and_stream_equal_keras(served):
     [{"num_beams": 3}, {"num_beams": 2, "length_penalty": 2.0, "no_repeat_ngram_size": 2}],
 )
 def test_beam_search_equals_keras(served, settings):
-    name, lm, _, url = served
+    name, lm, _, url, _ = served
     for text in TEXTS[:3]:
         body = {"text_input": text, "parameters": {"max_tokens": 8, **settings}}
         answer = httpx.post(f"{url}/v2/models/s2s/generate", json=body, timeout=60)
@@ -95,7 +117,7 @@ def test_beam_search_equals_keras(served, settings):
 
 
 def test_a_source_longer_than_the_encoder_takes_is_refused(served):
-    _, _, manifest, url = served
+    _, _, manifest, url, _ = served
     if manifest.max_sequence_length is None:
         pytest.skip("relative positions: the encoder takes any length")
     body = {"text_input": "hello " * 400, "parameters": {"max_tokens": 4}}
@@ -107,7 +129,7 @@ def test_a_source_longer_than_the_encoder_takes_is_refused(served):
 def test_openai_completions_generate_from_the_source(served):
     """`/v1/completions`: the prompt is the source text; temperature 0 is Keras greedy. The
     chat route needs a chat template, which no encoder-decoder here has: a 400 naming it."""
-    name, lm, _, url = served
+    name, lm, _, url, _ = served
     text = TEXTS[0]
     body = {"model": "s2s", "prompt": text, "max_tokens": 8, "temperature": 0}
     answer = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
