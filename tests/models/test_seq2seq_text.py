@@ -16,7 +16,7 @@ from keras_attn.models import Seq2SeqLM
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
-pytestmark = pytest.mark.tf_only  # the preprocessor's tokenizer runs in TensorFlow
+pytestmark = [pytest.mark.tf_only, pytest.mark.slow]  # the tokenizer runs in TensorFlow
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.", "Hello world, this is a test!",
