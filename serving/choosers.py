@@ -49,8 +49,10 @@ class Choice:
         if self.top_logprobs is not None:
             scores = log_softmax(np.asarray(logits[0], np.float64))
             top = np.argsort(-scores, kind="stable")[: self.top_logprobs]
-            self.scores.append((float(scores[token]),
-                                [(int(i), float(scores[i])) for i in top]))  # fmt: skip
+            # Ids that could not be chosen (-inf: banned, or another id forced) are no
+            # alternatives, and JSON has no infinity.
+            self.scores.append((float(scores[token]), [(int(i), float(scores[i])) for i in top
+                                                       if np.isfinite(scores[i])]))  # fmt: skip
         if self.grammar is not None:
             self.grammar.advance(token)
         return np.array([token])

@@ -68,4 +68,4 @@ def beam_search(
     start = (np.zeros((1, 0), "int32"), state)
     return beam_ids(full_step, select, start, prompt, max_new_tokens, num_beams,
                     length_penalty, stop, pad_token_id, early_stopping,
-                    no_repeat_ngram_size)  # fmt: skip
+                    no_repeat_ngram_size, forced_eos_token_id)  # fmt: skip

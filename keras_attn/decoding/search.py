@@ -198,11 +198,13 @@ def decode(
         logits = runner.compiled_full(buffer[:, :start], state)
     finished = np.zeros(len(prompts), dtype=bool)
     for t in range(start, width):
-        at_end = np.asarray(lengths + max_new_tokens - 1 == t)
-        last = force_token(_last_logits(logits, pad_token_id), at_end, forced)
+        last = _last_logits(logits, pad_token_id)
         if no_repeat_ngram_size:
             ban_ngrams(last, [buffer[r, :t].tolist() for r in range(len(prompts))],
                        no_repeat_ngram_size)  # fmt: skip
+        # After the n-gram ban, as `transformers` orders its processors: the forced id wins.
+        at_end = np.asarray(lengths + max_new_tokens - 1 == t)
+        last = force_token(last, at_end, forced)
         chosen = choose(last)
         generated = t >= lengths
         chosen = np.where(finished, fill, chosen)

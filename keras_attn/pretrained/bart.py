@@ -32,13 +32,10 @@ def _same(config: dict[str, Any], encoder: str, decoder: str) -> Any:
     return first
 
 
-def special_ids(
-    config: dict[str, Any], vocab: Any, pad: int, forced_eos: int | None = None
-) -> dict[str, Any]:
-    """`pad_token_id`, `decoder_start_token_id` and `forced_eos_token_id` of a config (the
-    family's defaults where it is silent, as its `transformers` config class has them), each
-    inside the vocabulary."""
-    forced = config.get("forced_eos_token_id", forced_eos)
+def special_ids(config: dict[str, Any], vocab: Any, pad: int) -> dict[str, Any]:
+    """`pad_token_id`, `decoder_start_token_id` and `forced_eos_token_id` of a config (with
+    its generation settings: `with_generation_defaults`), each inside the vocabulary."""
+    forced = config.get("forced_eos_token_id")
     if isinstance(forced, list) and len(forced) == 1:  # `transformers` takes a list too
         forced = forced[0]
     ids = {
@@ -52,7 +49,7 @@ def special_ids(
         bad = isinstance(value, bool) or not isinstance(value, int) or value < 0
         if bad or (isinstance(vocab, int) and value >= vocab):
             raise ValueError(
-                f"config.json's {name} must be an id of its vocabulary [0, {vocab}). "
+                f"The folder's {name} must be an id of its vocabulary [0, {vocab}). "
                 f"Received: {name}={value!r}"
             )
     return ids
@@ -113,7 +110,7 @@ class Bart(BaseLayout):
             "mask_decoder_padding": False,
             "scale_embedding": bool(config.get("scale_embedding", False)),
             "output_bias": True,
-            **special_ids(config, vocab, pad=1, forced_eos=2),
+            **special_ids(config, vocab, pad=1),
             **self._positions(config),
         }
 
@@ -258,7 +255,7 @@ class Marian(Bart):
                 f"decoder_vocab_size={config['decoder_vocab_size']!r}, vocab_size={vocab!r}"
             )
         fixed(config, share_encoder_decoder_embeddings=True)
-        defaults = {"activation_function": "swish", "pad_token_id": 58100, "forced_eos_token_id": 0}
+        defaults = {"activation_function": "swish", "pad_token_id": 58100}
         kwargs = super().model_kwargs({**defaults, **config}, weights)
         if kwargs["decoder_start_token_id"] is None:
             kwargs["decoder_start_token_id"] = kwargs["pad_token_id"]

@@ -49,20 +49,21 @@ def read_config(folder: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 GENERATION_FILE = "generation_config.json"
-# What a layout reads from `generation_config.json`, which wins over `config.json`.
+# The generation settings a layout reads: from `generation_config.json` where the folder has
+# one, else from `config.json` (older folders), as `transformers` 5 reads them.
 GENERATION_KEYS = ("bad_words_ids", "forced_eos_token_id")
 
 
 def with_generation_defaults(folder: str | os.PathLike[str], config: dict[str, Any]) -> dict:
-    """`config` with the `GENERATION_KEYS` of the folder's `generation_config.json`, which
-    `transformers` reads in their place (version 5 writes them there; older folders in
-    `config.json`, read where `generation_config.json` is absent or silent)."""
+    """`config` whose `GENERATION_KEYS` are those of the folder's `generation_config.json`
+    where there is one (a key it does not hold is None there, whatever `config.json` says:
+    `transformers` then reads only that file); `config` as it is otherwise."""
     if not os.path.exists(_path(folder, GENERATION_FILE)):
         return config
     generation = _read_json(folder, GENERATION_FILE)
     if not isinstance(generation, dict):
         raise ValueError(f"{GENERATION_FILE} must hold a JSON object")
-    extra = {k: generation[k] for k in GENERATION_KEYS if k in generation}
+    extra = {k: generation.get(k) for k in GENERATION_KEYS}
     return {**config, **extra}
 
 

@@ -89,9 +89,35 @@ def test_forced_eos_is_the_last_step_of_every_sampler_and_row():
                   stop_token_ids=[STOP], forced_eos_token_id=STOP) == [[A]]  # fmt: skip
     assert decode(BigramRunner(), [[START]], 2, sampler="beam", num_beams=2,
                   stop_token_ids=[STOP]) == [[B]]  # fmt: skip
+    # Uncached beam forces as the cached one; the forced id wins over the n-gram ban, as in
+    # `transformers` (its processors ban first, then force).
+    for use_cache in (True, False):
+        assert decode(
+            BigramRunner(),
+            [[START]],
+            2,
+            sampler="beam",
+            num_beams=2,
+            length_penalty=0.0,
+            forced_eos_token_id=A,
+            use_cache=use_cache,
+        ) == [[A, A]]
+    for kwargs in ({}, {"sampler": "sample", "seed": 1}):
+        assert decode(BigramRunner(), [[START]], 2, no_repeat_ngram_size=1,
+                      forced_eos_token_id=A, **kwargs)[0][-1] == A  # fmt: skip
     for bad in (-1, 5, 2.0, True, "2"):
         with pytest.raises(ValueError, match="forced_eos_token_id"):
             decode(BigramRunner.sized(), [[START]], 3, forced_eos_token_id=bad)
+
+
+def test_openai_alternatives_leave_out_ids_that_could_not_be_chosen():
+    from keras_attn_serving.choosers import Choice
+    from keras_attn_serving.sampling import force_token
+
+    logits = force_token(np.zeros((1, 5)), np.array([True]), STOP)
+    choice = Choice(None, top_logprobs=3)
+    assert choice(logits).tolist() == [STOP]
+    assert choice.scores == [(0.0, [(STOP, 0.0)])]  # no -inf alternatives (not JSON)
 
 
 def test_length_penalty_pinned():

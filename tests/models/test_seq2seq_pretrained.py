@@ -12,6 +12,7 @@ from safetensors.numpy import load_file
 from keras_attn.layers import RelativePositionBias
 from keras_attn.models import Seq2SeqBackbone, Seq2SeqLM
 from keras_attn.pretrained import load_pretrained, save_pretrained
+from keras_attn.pretrained.folder import GENERATION_KEYS
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -237,11 +238,44 @@ def _edited(tmp_path, family, **changes):
     """A folder of `family` written by transformers, its config.json then edited."""
     torch.manual_seed(0)
     FAMILIES[family]().save_pretrained(tmp_path)
-    for name in ("config.json", "generation_config.json"):  # the latter wins where it says
+    for name in ("config.json", "generation_config.json"):  # the latter's keys win
         config = json.loads((tmp_path / name).read_text())
-        edits = {k: v for k, v in changes.items() if name == "config.json" or k in config}
+        edits = {k: v for k, v in changes.items()
+                 if name == "config.json" or k in config or k in GENERATION_KEYS}  # fmt: skip
         (tmp_path / name).write_text(json.dumps({**config, **edits}))
     return tmp_path
+
+
+@pytest.mark.parametrize(
+    "edit",
+    ["as_written", "generation_config_silent", "no_generation_config", "both_silent",
+     "generation_config_says_other"],
+)  # fmt: skip
+def test_forced_eos_is_read_where_transformers_reads_it(tmp_path, edit):
+    """`generation_config.json`, where there is one (a key it lacks is None, whatever
+    config.json says), else config.json: what `transformers` 5 loads, in every case."""
+    torch.manual_seed(0)
+    _bart().save_pretrained(tmp_path)
+    config, generation = (tmp_path / "config.json"), (tmp_path / "generation_config.json")
+    if edit in ("generation_config_silent", "both_silent"):
+        written = json.loads(generation.read_text())
+        generation.write_text(json.dumps({k: v for k, v in written.items()
+                                          if k != "forced_eos_token_id"}))  # fmt: skip
+    if edit in ("no_generation_config", "both_silent"):
+        generation.unlink() if edit == "no_generation_config" else None
+        written = json.loads(config.read_text())
+        if edit == "both_silent":
+            written.pop("forced_eos_token_id")
+        config.write_text(json.dumps(written))
+    if edit == "generation_config_says_other":
+        generation.write_text(json.dumps({**json.loads(generation.read_text()),
+                                          "forced_eos_token_id": 5}))  # fmt: skip
+    expected = transformers.BartForConditionalGeneration.from_pretrained(tmp_path)
+    expected = expected.generation_config.forced_eos_token_id
+    want = {"as_written": 2, "generation_config_silent": None, "no_generation_config": 2,
+            "both_silent": None, "generation_config_says_other": 5}[edit]  # fmt: skip
+    assert expected == want  # transformers' own reading, pinned
+    assert load_pretrained(tmp_path).forced_eos_token_id == want
 
 
 @pytest.mark.parametrize(
