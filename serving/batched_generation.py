@@ -46,38 +46,13 @@ from keras_attn_serving.decode_requests import (
     _Request,
     _Sink,
 )
-from keras_attn_serving.generation import bind_cache
+from keras_attn_serving.generation import BucketedCache
 from keras_attn_serving.prefix_cache import PrefixCache
 
 if TYPE_CHECKING:
     import onnxruntime as ort
 
 PREFILL_ROWS = 8  # prompts prefilled in one run at most (its cache buffer has as many rows)
-
-
-class _Cache:
-    """One set of per-block key/value buffers `(rows, kv_heads, max_length, key_dim)` in
-    NumPy, and an onnxruntime binding per bucket of leading rows (1, 2, 4, then every
-    multiple of 4: a 20-row step costs 7.4 ms where 32 rows cost 10.7, toy Llama d512): each
-    binds views of the same memory as past and present, so GroupQueryAttention writes in
-    place."""
-
-    def __init__(self, session: "ort.InferenceSession", spec: dict[str, Any], rows: int) -> None:
-        shape = (rows, spec["kv_heads"], spec["max_length"], spec["key_dim"])
-        self.buffers = [np.zeros(shape, np.float32) for _ in range(2 * spec["layers"])]
-        self.bindings: dict[int, Any] = {}
-        self.values: list[Any] = []  # the OrtValues must outlive their bindings
-        for size in sorted({min(size, rows) for size in (1, 2, 4, *range(8, rows + 4, 4))}):
-            binding, values = bind_cache(session, [buffer[:size] for buffer in self.buffers])
-            self.bindings[size] = binding
-            self.values += values
-
-    def bucket(self, rows: int) -> int:
-        return min(size for size in self.bindings if size >= rows)
-
-    def copy_row(self, source: "_Cache", source_row: int, row: int, length: int) -> None:
-        for mine, theirs in zip(self.buffers, source.buffers, strict=True):
-            mine[row, :, :length] = theirs[source_row, :, :length]
 
 
 class DecodeBatcher:
@@ -103,8 +78,8 @@ class DecodeBatcher:
         self.max_length = int(spec["max_length"])
         width = session.get_outputs()[0].shape[-1]  # the logits' width: ids the model embeds
         self.vocabulary_size = width if isinstance(width, int) else None
-        self.cache = _Cache(session, spec, max_decode_rows)
-        self.prefill = _Cache(session, spec, min(max_decode_rows, PREFILL_ROWS))
+        self.cache = BucketedCache(session, spec, max_decode_rows)
+        self.prefill = BucketedCache(session, spec, min(max_decode_rows, PREFILL_ROWS))
         self.max_decode_rows = max_decode_rows
         self.prefix = PrefixCache(prefix_cache_bytes)
         self.active: list[_Request] = []
@@ -275,7 +250,7 @@ class DecodeBatcher:
             self.active[row].out.put(error)
             self._finish(row)
 
-    def _run(self, cache: _Cache, rows: int, token_ids: np.ndarray, index: np.ndarray
+    def _run(self, cache: BucketedCache, rows: int, token_ids: np.ndarray, index: np.ndarray
              ) -> np.ndarray:  # fmt: skip
         binding = cache.bindings[rows]
         binding.bind_cpu_input("token_ids", np.ascontiguousarray(token_ids, np.int32))

@@ -169,6 +169,32 @@ def bind_cache(session: "ort.InferenceSession", arrays: list[np.ndarray]) -> tup
     return binding, values
 
 
+class BucketedCache:
+    """The shared cache of iteration-level batching (`batched_generation`): one set of
+    per-block key/value buffers `(rows, kv_heads, max_length, key_dim)` in
+    NumPy, and an onnxruntime binding per bucket of leading rows (1, 2, 4, then every
+    multiple of 4: a 20-row step costs 7.4 ms where 32 rows cost 10.7, toy Llama d512): each
+    binds views of the same memory as past and present, so GroupQueryAttention writes in
+    place."""
+
+    def __init__(self, session: "ort.InferenceSession", spec: dict[str, Any], rows: int) -> None:
+        shape = (rows, spec["kv_heads"], spec["max_length"], spec["key_dim"])
+        self.buffers = [np.zeros(shape, np.float32) for _ in range(2 * spec["layers"])]
+        self.bindings: dict[int, Any] = {}
+        self.values: list[Any] = []  # the OrtValues must outlive their bindings
+        for size in sorted({min(size, rows) for size in (1, 2, 4, *range(8, rows + 4, 4))}):
+            binding, values = bind_cache(session, [buffer[:size] for buffer in self.buffers])
+            self.bindings[size] = binding
+            self.values += values
+
+    def bucket(self, rows: int) -> int:
+        return min(size for size in self.bindings if size >= rows)
+
+    def copy_row(self, source: "BucketedCache", source_row: int, row: int, length: int) -> None:
+        for mine, theirs in zip(self.buffers, source.buffers, strict=True):
+            mine[row, :, :length] = theirs[source_row, :, :length]
+
+
 def gqa_step(
     session: "ort.InferenceSession",
 ) -> Callable[[np.ndarray, BoundCache, int], tuple[np.ndarray, BoundCache]]:

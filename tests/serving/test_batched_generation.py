@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from keras_attn_export import export_model
 from keras_attn_serving import Predictor
-from keras_attn_serving.batched_generation import DecodeBatcher, _Cache
+from keras_attn_serving.batched_generation import DecodeBatcher
+from keras_attn_serving.generation import BucketedCache
 from keras_attn_serving.sampling import Sampler
 
 from keras_attn.models import CausalLM
@@ -254,10 +255,10 @@ def test_steps_run_on_buckets_of_rows_near_the_requests_in_flight(predictor):
     """A step's cost follows its rows (20 rows cost 7.4 ms where 32 cost 10.7 on the toy
     Llama): buckets are 1, 2, 4 and every multiple of 4, capped at the capacity."""
     session, spec = predictor.gqa_session, predictor.gqa
-    assert sorted(_Cache(session, spec, 32).bindings) == [1, 2, 4, 8, 12, 16, 20, 24, 28, 32]
-    assert sorted(_Cache(session, spec, 5).bindings) == [1, 2, 4, 5]
-    assert sorted(_Cache(session, spec, 1).bindings) == [1]
-    assert [_Cache(session, spec, 32).bucket(n) for n in (1, 3, 5, 9, 21, 32)] == [
+    assert sorted(BucketedCache(session, spec, 32).bindings) == [1, 2, 4, 8, 12, 16, 20, 24, 28, 32]
+    assert sorted(BucketedCache(session, spec, 5).bindings) == [1, 2, 4, 5]
+    assert sorted(BucketedCache(session, spec, 1).bindings) == [1]
+    assert [BucketedCache(session, spec, 32).bucket(n) for n in (1, 3, 5, 9, 21, 32)] == [
         1, 4, 8, 12, 24, 32]  # fmt: skip
 
 
