@@ -128,7 +128,8 @@ def check_seq2seq(model: keras.Model, folder: Path, spec: dict, tolerance: float
     keras_ids = model.generate(rows, new, start)
     onnx_ids = decode_ids(graphs.step, graphs.start(rows), [[start]] * len(rows), new,
                           pad_id=graphs.pad_id, max_length=spec["max_length"],
-                          forced_eos_token_id=graphs.forced_eos_token_id)  # fmt: skip
+                          forced_eos_token_id=graphs.forced_eos_token_id,
+                          forced_bos_token_id=graphs.forced_bos_token_id)  # fmt: skip
     if onnx_ids != keras_ids:
         raise ParityError(f"encoder-decoder greedy ids {onnx_ids} differ from Keras {keras_ids}")
     return worst
@@ -145,6 +146,7 @@ def _start_id(backbone: Any) -> int:
 def _entry(model: keras.Model, spec: dict[str, int]) -> dict[str, Any]:
     """The manifest's `seq2seq` entry but for the check's figures."""
     backbone = model.backbone
+    forced_bos = backbone.forced_bos_token_id
     return {
         "encoder_file": "encode.onnx",
         "file": "decode.onnx",
@@ -156,6 +158,8 @@ def _entry(model: keras.Model, spec: dict[str, int]) -> dict[str, Any]:
         # None: trained here without one; requests then name it (`decoder_start_id`).
         "decoder_start_id": backbone.decoder_start_token_id,
         "forced_eos_token_id": backbone.forced_eos_token_id,
+        # Only where set: servers older than the field refuse it (`Seq2SeqGraphs`).
+        **({} if forced_bos is None else {"forced_bos_token_id": forced_bos}),
     }
 
 

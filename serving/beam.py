@@ -13,7 +13,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import numpy as np
-from keras_attn_serving.sampling import force_token, log_softmax
+from keras_attn_serving.sampling import force_ends, log_softmax
 
 # `step(token_ids (rows, n), state, index) -> (last logits (rows, vocab), state)` and
 # `select(state, rows) -> state` (the state of the beams that go on, in their new order).
@@ -84,6 +84,7 @@ def beam_ids(
     early_stopping: bool | str = False,
     no_repeat_ngram_size: int = 0,
     forced_eos_token_id: int | None = None,
+    forced_bos_token_id: int | None = None,
 ) -> list[int]:
     """Beam search for one prompt (see the module) from the decoding `state` of one row;
     returns the best hypothesis's new ids, without its stop id.
@@ -92,7 +93,8 @@ def beam_ids(
     the best live beam, scored at its current length, cannot beat the worst of `num_beams`
     finished ones; `"never"` scores it at `max_new_tokens` instead (with `length_penalty >
     0`). With one beam this is greedy decoding. `forced_eos_token_id`: the only id the
-    last step (the `max_new_tokens`-th id) may choose, as `transformers` forces it.
+    last step (the `max_new_tokens`-th id) may choose, as `transformers` forces it;
+    `forced_bos_token_id`: the only first id after a one-id prompt (`sampling.force_ends`).
     """
     prompt = [int(t) for t in prompt]
     logits, state = step(np.asarray([prompt], dtype="int32"), state, 0)
@@ -106,8 +108,8 @@ def beam_ids(
         if no_repeat_ngram_size:
             ban_ngrams(log_probs, [[*prompt, *b] for b in beams], no_repeat_ngram_size)
         last = n == max_new_tokens - 1
-        if last:
-            log_probs = force_token(log_probs, np.ones(len(beams), bool), forced_eos_token_id)
+        log_probs = force_ends(log_probs, n, len(prompt), max_new_tokens,
+                               forced_bos_token_id, forced_eos_token_id)  # fmt: skip
         candidates = (scores[:, None] + log_probs).ravel()
         vocab = log_probs.shape[-1]
         order = np.argsort(-candidates, kind="stable")[:keep]

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from keras_attn_serving.sampling import force_token
+from keras_attn_serving.sampling import force_ends
 
 if TYPE_CHECKING:
     import onnxruntime as ort
@@ -22,7 +22,8 @@ Chooser = Callable[[np.ndarray], np.ndarray]
 def decode_ids(step: Step, state: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                stop_token_ids: Iterable[int] = (), pad_id: int | None = 0,
                max_length: int | None = None, sampler: Chooser | None = None,
-               forced_eos_token_id: int | None = None) -> list[list[int]]:  # fmt: skip
+               forced_eos_token_id: int | None = None,
+               forced_bos_token_id: int | None = None) -> list[list[int]]:  # fmt: skip
     """Extends each prompt one token at a time: the most likely token, or `sampler`'s choice.
 
     `step(token_ids, state, index) -> (last_logits (batch, vocab), state)` runs new tokens
@@ -35,7 +36,8 @@ def decode_ids(step: Step, state: Any, prompts: Sequence[Sequence[int]], max_new
     `sampler` (a `keras_attn_serving.sampling.Sampler`) is called once per step on every
     row's logits, as Keras-side `decode` calls it: the same seed draws the same ids.
     `forced_eos_token_id`: the only id a row's last step (its `max_new_tokens`-th id) may
-    choose (`transformers`' rule of the same name).
+    choose (`transformers`' rule of the same name); `forced_bos_token_id`: the only first
+    new id of a one-id prompt (an encoder-decoder's start id; `sampling.force_ends`).
 
     Returns:
         list of lists: the new ids of each prompt.
@@ -43,7 +45,7 @@ def decode_ids(step: Step, state: Any, prompts: Sequence[Sequence[int]], max_new
     new: list[list[int]] = [[] for _ in prompts]
     for row, token in decode_tokens(step, state, prompts, max_new_tokens, stop_token_ids,
                                     pad_id, max_length, sampler,
-                                    forced_eos_token_id):  # fmt: skip
+                                    forced_eos_token_id, forced_bos_token_id):  # fmt: skip
         new[row].append(token)
     return new
 
@@ -52,6 +54,7 @@ def decode_tokens(step: Step, state: Any, prompts: Sequence[Sequence[int]], max_
                   stop_token_ids: Iterable[int] = (), pad_id: int | None = 0,
                   max_length: int | None = None, sampler: Chooser | None = None,
                   forced_eos_token_id: int | None = None,
+                  forced_bos_token_id: int | None = None,
                   ) -> Iterator[tuple[int, int]]:  # fmt: skip
     """`decode_ids` as a generator of `(row, new id)`, each as soon as it is chosen (what
     streaming generation sends); a row's ids end before its first stop token."""
@@ -80,8 +83,8 @@ def decode_tokens(step: Step, state: Any, prompts: Sequence[Sequence[int]], max_
         last = np.asarray(logits, np.float64)
         if pad_id is not None:
             last[:, pad_id] = -np.inf
-        at_end = np.asarray(lengths + max_new_tokens - 1 == t)
-        last = force_token(last, at_end, forced_eos_token_id)
+        last = force_ends(last, t - lengths, lengths, max_new_tokens, forced_bos_token_id,
+                          forced_eos_token_id)  # fmt: skip
         chosen = np.where(done, fill, last.argmax(-1) if sampler is None else sampler(last))
         generated = (t >= lengths) & (t < lengths + max_new_tokens)
         buffer[:, t] = np.where(t >= lengths, chosen, buffer[:, t])

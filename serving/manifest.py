@@ -163,6 +163,9 @@ class Seq2SeqGraphs(CacheGraph):
     # The only id a generation's last step may choose (BART's and Marian's end id); None:
     # any id (and artifacts exported before it was written).
     forced_eos_token_id: int | None = None
+    # The only id its first step may choose (`bart-large-cnn`'s 0); None: any id. Written
+    # only where it is not None, so that servers older than the field read the rest.
+    forced_bos_token_id: int | None = None
 
 
 class ChatSpec(_Strict):

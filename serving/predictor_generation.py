@@ -92,9 +92,10 @@ class Generates:
     ) -> Iterator[tuple[int, int]]:
         """`generate_ids` as a generator of `(row, new id)`, each as soon as it is chosen."""
         step, state, starts, pad_id, max_length = self._decoding(prompts, use_cache)
-        forced = None if self.encoder_decoder is None else self.encoder_decoder.forced_eos_token_id
+        graphs = self.encoder_decoder
+        forced = (None, None) if graphs is None else graphs.forced_ids
         return decode_tokens(step, state, starts, max_new_tokens, stop_token_ids, pad_id,
-                             max_length, sampler, forced)  # fmt: skip
+                             max_length, sampler, *forced)  # fmt: skip
 
     def beam_ids(
         self,
@@ -109,12 +110,12 @@ class Generates:
         step: Any
         select: Any
         state: Any
-        forced = None
+        forced: tuple[int | None, int | None] = (None, None)
         if self.encoder_decoder is not None:
             graphs = self.encoder_decoder
             step, select, state = graphs.step, graphs.select, graphs.start([prompt])
             start, pad_id, limit = [graphs.start_id], graphs.pad_id, graphs.max_length
-            forced = graphs.forced_eos_token_id
+            forced = graphs.forced_ids
         elif self.decode_session is not None and self.decoding is not None:
             step, state = self.decode_step, empty_cache(self.decoding, 1)
             start, pad_id, limit = list(prompt), self.pad_id, self.decoding["max_length"]
@@ -128,7 +129,7 @@ class Generates:
             )
         return beam_ids(step, select, state, start, max_new_tokens, beams.num_beams,
                         beams.length_penalty, set(stop_token_ids), pad_id,
-                        beams.early_stopping, beams.no_repeat_ngram_size, forced)  # fmt: skip
+                        beams.early_stopping, beams.no_repeat_ngram_size, *forced)  # fmt: skip
 
     def _decoding(self, prompts, use_cache):
         """`(step, state, prompts to continue, id never generated, max length)`: a decoder's

@@ -25,6 +25,26 @@ def force_token(logits: np.ndarray, rows: np.ndarray, token_id: int | None) -> n
     return np.where(rows[:, None], forced, logits)
 
 
+def force_ends(
+    logits: np.ndarray,
+    new_index: np.ndarray | int,
+    prompt_lengths: np.ndarray | int,
+    max_new_tokens: int,
+    forced_bos_token_id: int | None = None,
+    forced_eos_token_id: int | None = None,
+) -> np.ndarray:
+    """`transformers`' two forcing rules, in its order: a row choosing its first new id
+    (`new_index` 0) after a one-id prompt (an encoder-decoder's start id) can only choose
+    `forced_bos_token_id`; a row choosing its `max_new_tokens`-th id can only choose
+    `forced_eos_token_id`, which wins where both hold. `new_index`, `prompt_lengths`: per
+    row, or one int for every row."""
+    rows = np.ones(len(logits), bool)
+    first = rows & (np.asarray(new_index) == 0) & (np.asarray(prompt_lengths) == 1)
+    logits = force_token(logits, first, forced_bos_token_id)
+    return force_token(logits, rows & (np.asarray(new_index) == max_new_tokens - 1),
+                       forced_eos_token_id)  # fmt: skip
+
+
 def top_k_filter(logits: np.ndarray, k: int) -> np.ndarray:
     """Keeps each row's `k` largest logits (and ties with the k-th); the rest become -inf."""
     k = min(k, logits.shape[-1])

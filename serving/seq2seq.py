@@ -10,7 +10,7 @@ import numpy as np
 from keras_attn_serving.manifest import ArtifactError
 
 # The manifest's ids that index the decoder's logits.
-TARGET_IDS = ("pad_id", "decoder_start_id", "forced_eos_token_id")
+TARGET_IDS = ("pad_id", "decoder_start_id", "forced_eos_token_id", "forced_bos_token_id")
 
 
 class EncoderDecoder:
@@ -38,8 +38,16 @@ class EncoderDecoder:
         self.max_length: int = spec["max_length"]
         # The only id a generation's last step may choose (None: any id).
         self.forced_eos_token_id: int | None = spec.get("forced_eos_token_id")
+        # The only id a generation's first step may choose (None: any id).
+        self.forced_bos_token_id: int | None = spec.get("forced_bos_token_id")
         self._outputs = [o.name for o in self.decoder.get_outputs()]
         _check_ids(spec, self.decoder.get_outputs()[self._outputs.index("logits")].shape[-1])
+
+    @property
+    def forced_ids(self) -> tuple[int | None, int | None]:
+        """`(forced_eos_token_id, forced_bos_token_id)`, in the order `decode_tokens` and
+        `beam_ids` take them."""
+        return self.forced_eos_token_id, self.forced_bos_token_id
 
     @property
     def start_id(self) -> int:

@@ -38,6 +38,7 @@ def beam_search(
     early_stopping: bool | str = False,
     no_repeat_ngram_size: int = 0,
     forced_eos_token_id: int | None = None,
+    forced_bos_token_id: int | None = None,
 ) -> list[int]:
     """The best hypothesis's new ids for prompt `row` (see `keras_attn_serving.beam.beam_ids`).
     `use_cache=False` recomputes the whole prefix every step (the reference)."""
@@ -54,7 +55,8 @@ def beam_search(
 
         return beam_ids(step, select_rows, state, prompt, max_new_tokens, num_beams,
                         length_penalty, stop, pad_token_id, early_stopping,
-                        no_repeat_ngram_size, forced_eos_token_id)  # fmt: skip
+                        no_repeat_ngram_size, forced_eos_token_id,
+                        forced_bos_token_id)  # fmt: skip
 
     def full_step(ids: np.ndarray, state: Any, index: int) -> tuple[np.ndarray, Any]:
         prefix, inner = state
@@ -68,4 +70,5 @@ def beam_search(
     start = (np.zeros((1, 0), "int32"), state)
     return beam_ids(full_step, select, start, prompt, max_new_tokens, num_beams,
                     length_penalty, stop, pad_token_id, early_stopping,
-                    no_repeat_ngram_size, forced_eos_token_id)  # fmt: skip
+                    no_repeat_ngram_size, forced_eos_token_id,
+                        forced_bos_token_id)  # fmt: skip

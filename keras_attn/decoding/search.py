@@ -9,7 +9,7 @@ from keras import ops
 
 from keras_attn.decoding.beam import ban_ngrams, beam_search, check_beam_arguments
 from keras_attn.decoding.runners import Runner, compiled, position
-from keras_attn.decoding.samplers import Sampler, force_token
+from keras_attn.decoding.samplers import Sampler, force_ends
 from keras_attn.types import Tensor
 
 SAMPLERS = ("greedy", "sample", "beam")
@@ -79,6 +79,7 @@ def decode(
     early_stopping: bool | str = False,
     no_repeat_ngram_size: int = 0,
     forced_eos_token_id: int | None = None,
+    forced_bos_token_id: int | None = None,
 ) -> list[list[int]]:
     """Continues each prompt by up to `max_new_tokens` ids.
 
@@ -104,6 +105,10 @@ def decode(
         forced_eos_token_id: int or None. The only id a row's last step (its
             `max_new_tokens`-th id) may choose, as `transformers` forces it (BART's and
             Marian's checkpoints name their end id). Defaults to `None` (off).
+        forced_bos_token_id: int or None. The only id the first new id of a row whose
+            prompt is one id (an encoder-decoder's start id) may be, as `transformers` forces
+            it (`bart-large-cnn` names 0). `forced_eos_token_id` wins where both apply.
+            Defaults to `None` (off).
         stop_token_ids: ids that end a sequence; they are not returned.
         use_cache: bool. `False` recomputes the whole prefix every step (the reference).
         pad_token_id: int or None. Padding id, never generated. Defaults to `0`. `None`: no
@@ -131,16 +136,8 @@ def decode(
             )
     size = getattr(runner, "vocabulary_size", None)
     bad = sorted({int(t) for p in prompts for t in p if size is not None and not 0 <= t < size})
-    forced = forced_eos_token_id
-    if forced is not None and (
-        isinstance(forced, bool) or not isinstance(forced, (int, np.integer)) or forced < 0
-        or (size is not None and forced >= size)
-    ):  # fmt: skip
-        raise ValueError(
-            f"`forced_eos_token_id` must be None or an id of the vocabulary [0, {size}). "
-            f"Received: forced_eos_token_id={forced!r}"
-        )
-    forced = None if forced is None else int(forced)
+    forced = _forced_id("forced_eos_token_id", forced_eos_token_id, size)
+    forced_bos = _forced_id("forced_bos_token_id", forced_bos_token_id, size)
     if bad:
         raise ValueError(
             f"`prompts` hold ids outside the vocabulary [0, {size}). Received: {bad[:5]}"
@@ -170,6 +167,7 @@ def decode(
                 early_stopping,
                 no_repeat_ngram_size,
                 forced,
+                forced_bos,
             )
             for row, prompt in enumerate(prompts)
         ]
@@ -190,7 +188,7 @@ def decode(
         buffer, finished = greedy_loop(runner)(
             tensor(buffer), tensor(lengths.astype("int32")), state, logits[:, -1],
             position(start), tensor(np.asarray(sorted(stop) or [-1], dtype="int32")),
-            pad_token_id, forced,
+            pad_token_id, forced, forced_bos,
         )  # fmt: skip
         return _new_ids(ops.convert_to_numpy(buffer), ops.convert_to_numpy(finished), lengths,
                         max_new_tokens, _ends(stop, pad_token_id))  # fmt: skip
@@ -203,8 +201,7 @@ def decode(
             ban_ngrams(last, [buffer[r, :t].tolist() for r in range(len(prompts))],
                        no_repeat_ngram_size)  # fmt: skip
         # After the n-gram ban, as `transformers` orders its processors: the forced id wins.
-        at_end = np.asarray(lengths + max_new_tokens - 1 == t)
-        last = force_token(last, at_end, forced)
+        last = force_ends(last, t - lengths, lengths, max_new_tokens, forced_bos, forced)
         chosen = choose(last)
         generated = t >= lengths
         chosen = np.where(finished, fill, chosen)
@@ -217,6 +214,18 @@ def decode(
         else:
             logits = runner.compiled_full(buffer[:, : t + 1], state)
     return _new_ids(buffer, finished, lengths, max_new_tokens, _ends(stop, pad_token_id))
+
+
+def _forced_id(name: str, value: Any, size: int | None) -> int | None:
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0
+        or (size is not None and value >= size)
+    ):  # fmt: skip
+        raise ValueError(
+            f"`{name}` must be None or an id of the vocabulary [0, {size}). "
+            f"Received: {name}={value!r}"
+        )
+    return None if value is None else int(value)
 
 
 def _new_ids(buffer, finished, lengths, max_new_tokens, stop):
@@ -244,9 +253,10 @@ def greedy_loop(runner: Runner) -> Callable[..., tuple[Tensor, Tensor]]:
     prompt is shorter than `t`; a row stops at its first stop token.
 
     Returns `fn(buffer, lengths, state, last_logits, t, stop_ids, pad_token_id,
-    forced_eos_token_id) -> (buffer, finished)`, where `state` and `last_logits` come from
-    prefilling `buffer[:, :t]`; a row's last step (position `length + width - longest - 1`)
-    chooses `forced_eos_token_id` where that is not None.
+    forced_eos_token_id, forced_bos_token_id) -> (buffer, finished)`, where `state` and
+    `last_logits` come from prefilling `buffer[:, :t]`; a row's last step (position
+    `length + width - longest - 1`) chooses `forced_eos_token_id` where that is not None, and
+    the first new id of a one-id prompt is `forced_bos_token_id` where that is not None.
     """
 
     def loop(
@@ -258,6 +268,7 @@ def greedy_loop(runner: Runner) -> Callable[..., tuple[Tensor, Tensor]]:
         stop_ids: Tensor,
         pad_token_id: int | None,
         forced_eos_token_id: int | None = None,
+        forced_bos_token_id: int | None = None,
     ) -> tuple[Tensor, Tensor]:
         rows, width = buffer.shape
         fill = 0 if pad_token_id is None else pad_token_id
@@ -270,10 +281,15 @@ def greedy_loop(runner: Runner) -> Callable[..., tuple[Tensor, Tensor]]:
         ) -> tuple[Tensor, Tensor, Any, Tensor, Tensor]:
             if pad_token_id is not None:
                 logits = ops.where(vocabulary == pad_token_id, float("-inf"), logits)
-            if forced_eos_token_id is not None:
-                forced = ops.where(vocabulary == forced_eos_token_id, 0.0, float("-inf"))
-                at_end = ops.expand_dims(last_step == t, 1)
-                logits = ops.where(at_end, ops.cast(forced, logits.dtype), logits)
+            # `keras_attn_serving.sampling.force_ends` in the graph: first bos, then eos.
+            for forced_id, where in (
+                (forced_bos_token_id, ops.logical_and(lengths == 1, t == 1)),
+                (forced_eos_token_id, last_step == t),
+            ):
+                if forced_id is not None:
+                    forced = ops.where(vocabulary == forced_id, 0.0, float("-inf"))
+                    where = ops.expand_dims(where, 1)
+                    logits = ops.where(where, ops.cast(forced, logits.dtype), logits)
             chosen = ops.cast(ops.argmax(logits, axis=-1), "int32")
             chosen = ops.where(finished, fill, chosen)
             current = ops.squeeze(ops.slice(buffer, (0, t), (rows, 1)), 1)
@@ -297,7 +313,7 @@ def greedy_loop(runner: Runner) -> Callable[..., tuple[Tensor, Tensor]]:
         if keras.backend.backend() == "jax":
             import jax
 
-            return jax.jit(loop, static_argnums=(6, 7))
+            return jax.jit(loop, static_argnums=(6, 7, 8))
         if keras.backend.backend() == "tensorflow":
             import tensorflow as tf
 

@@ -185,9 +185,9 @@ class Seq2SeqLM(HoldsBackbone, Task):
         is then the target text, special tokens left out). Keyword arguments as
         `keras_attn.decoding.decode` (`sampler`, `num_beams`, `length_penalty`,
         `early_stopping`, `no_repeat_ngram_size`, `stop_token_ids`: default the
-        preprocessor's end id, `forced_eos_token_id`: default the checkpoint's, ...). Returns
-        the generated target ids of each source (without the start id, and without the stop id
-        that ended it), or their text.
+        preprocessor's end id, `forced_eos_token_id` and `forced_bos_token_id`: default the
+        checkpoint's, ...). Returns the generated target ids of each source (without the start
+        id, and without the stop id that ended it), or their text.
         """
         from keras_attn.decoding import decode
 
@@ -202,6 +202,7 @@ class Seq2SeqLM(HoldsBackbone, Task):
         # for Marian's, which its checkpoints ban.
         kwargs.setdefault("pad_token_id", self.never_generated_id)
         kwargs.setdefault("forced_eos_token_id", self.forced_eos_token_id)
+        kwargs.setdefault("forced_bos_token_id", self.forced_bos_token_id)
         text = isinstance(sources, str) or (
             isinstance(sources, (list, tuple)) and bool(sources)
             and all(isinstance(s, str) for s in sources)

@@ -153,6 +153,8 @@ class Seq2SeqBackbone(Backbone):
         decoder_start_token_id: optional int: the first decoder input of generation.
         forced_eos_token_id: optional int: the only id the last step of a generation may
             choose (BART's and Marian's checkpoints: their end id; `transformers`' rule).
+        forced_bos_token_id: optional int: the only id the first step of a generation may
+            choose (`bart-large-cnn`: 0).
         head_dim: optional int. Width of each head; defaults to `hidden_dim // num_heads` (T5's
             `d_kv` may differ).
     Returns:
@@ -168,6 +170,7 @@ class Seq2SeqBackbone(Backbone):
         "attention_bias", "feed_forward_bias", "score", "relative_attention_num_buckets",
         "relative_attention_max_distance", "tie_word_embeddings", "logit_scale",
         "output_bias", "decoder_start_token_id", "head_dim", "forced_eos_token_id",
+        "forced_bos_token_id",
     )  # fmt: skip
 
     def __init__(
@@ -204,6 +207,7 @@ class Seq2SeqBackbone(Backbone):
         decoder_start_token_id: int | None = None,
         head_dim: int | None = None,
         forced_eos_token_id: int | None = None,
+        forced_bos_token_id: int | None = None,
         name: str = "seq2seq_backbone",
         **kwargs: Any,
     ) -> None:
@@ -225,13 +229,16 @@ class Seq2SeqBackbone(Backbone):
         check_non_negative_ints(pad_token_id=pad_token_id, position_offset=position_offset)
         if decoder_start_token_id is not None:
             check_non_negative_ints(decoder_start_token_id=decoder_start_token_id)
-        if forced_eos_token_id is not None:
-            check_non_negative_ints(forced_eos_token_id=forced_eos_token_id)
-            if forced_eos_token_id >= (target_vocabulary_size or vocabulary_size):
+        forced = {"forced_eos_token_id": forced_eos_token_id,
+                  "forced_bos_token_id": forced_bos_token_id}  # fmt: skip
+        for key, value in forced.items():
+            if value is None:
+                continue
+            check_non_negative_ints(**{key: value})
+            if value >= (target_vocabulary_size or vocabulary_size):
                 raise ValueError(
-                    "`forced_eos_token_id` must be an id of the target vocabulary. Received: "
-                    f"forced_eos_token_id={forced_eos_token_id}, vocabulary size "
-                    f"{target_vocabulary_size or vocabulary_size}"
+                    f"`{key}` must be an id of the target vocabulary. Received: "
+                    f"{key}={value}, vocabulary size {target_vocabulary_size or vocabulary_size}"
                 )
         if head_dim is not None:
             check_positive_ints(head_dim=head_dim)

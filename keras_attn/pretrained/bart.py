@@ -33,8 +33,9 @@ def _same(config: dict[str, Any], encoder: str, decoder: str) -> Any:
 
 
 def special_ids(config: dict[str, Any], vocab: Any, pad: int) -> dict[str, Any]:
-    """`pad_token_id`, `decoder_start_token_id` and `forced_eos_token_id` of a config (with
-    its generation settings: `with_generation_defaults`), each inside the vocabulary."""
+    """`pad_token_id`, `decoder_start_token_id`, `forced_eos_token_id` and
+    `forced_bos_token_id` of a config (with its generation settings:
+    `with_generation_defaults`), each inside the vocabulary."""
     forced = config.get("forced_eos_token_id")
     if isinstance(forced, list) and len(forced) == 1:  # `transformers` takes a list too
         forced = forced[0]
@@ -42,6 +43,7 @@ def special_ids(config: dict[str, Any], vocab: Any, pad: int) -> dict[str, Any]:
         "pad_token_id": config.get("pad_token_id", pad),
         "decoder_start_token_id": config.get("decoder_start_token_id"),
         "forced_eos_token_id": forced,
+        "forced_bos_token_id": config.get("forced_bos_token_id"),
     }
     for name, value in ids.items():
         if value is None:
@@ -180,6 +182,8 @@ class Bart(BaseLayout):
             config["decoder_start_token_id"] = model.decoder_start_token_id
         # Written even when None: the config class would read its absence as its default.
         config["forced_eos_token_id"] = model.forced_eos_token_id
+        if model.forced_bos_token_id is not None:  # the config class's default is None
+            config["forced_bos_token_id"] = model.forced_bos_token_id
         return config
 
     def stored_key(self, key: str) -> str:

@@ -51,7 +51,7 @@ def read_config(folder: str | os.PathLike[str]) -> dict[str, Any]:
 GENERATION_FILE = "generation_config.json"
 # The generation settings a layout reads: from `generation_config.json` where the folder has
 # one, else from `config.json` (older folders), as `transformers` 5 reads them.
-GENERATION_KEYS = ("bad_words_ids", "forced_eos_token_id")
+GENERATION_KEYS = ("bad_words_ids", "forced_eos_token_id", "forced_bos_token_id")
 
 
 def with_generation_defaults(folder: str | os.PathLike[str], config: dict[str, Any]) -> dict:

@@ -163,7 +163,7 @@ class T5(BaseLayout):
             "tie_word_embeddings": model.tie_word_embeddings,
             "scale_decoder_outputs": scaled,
         }
-        for key in ("decoder_start_token_id", "forced_eos_token_id"):
+        for key in ("decoder_start_token_id", "forced_eos_token_id", "forced_bos_token_id"):
             if getattr(model, key) is not None:
                 config[key] = getattr(model, key)
         return config

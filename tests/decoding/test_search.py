@@ -110,6 +110,27 @@ def test_forced_eos_is_the_last_step_of_every_sampler_and_row():
             decode(BigramRunner.sized(), [[START]], 3, forced_eos_token_id=bad)
 
 
+def test_forced_bos_is_the_first_new_id_of_one_id_prompts():
+    # Only a one-id prompt (an encoder-decoder's start id) is forced, as `transformers`
+    # forces at length 1; after B the bigram ends at once.
+    rows = decode(BigramRunner(), [[START], [START, A]], 3, stop_token_ids=[STOP],
+                  forced_bos_token_id=B)  # fmt: skip
+    assert rows == [[B], [A, A, A]]
+    # Beam: the forced first id's log-probability is 0; then A A (0.4) beats A STOP (0.3).
+    for use_cache in (True, False):
+        assert decode(BigramRunner(), [[START]], 2, sampler="beam", num_beams=2,
+                      stop_token_ids=[STOP], forced_bos_token_id=A,
+                      use_cache=use_cache) == [[A, A]]  # fmt: skip
+    out = decode(BigramRunner(), [[START]], 3, sampler="sample", seed=3, forced_bos_token_id=B)
+    assert out[0][0] == B
+    # Both on one step: the end id wins (transformers applies it second).
+    assert decode(BigramRunner(), [[START]], 1, forced_bos_token_id=B,
+                  forced_eos_token_id=A) == [[A]]  # fmt: skip
+    for bad in (-1, 5, 2.0, True, "2"):
+        with pytest.raises(ValueError, match="forced_bos_token_id"):
+            decode(BigramRunner.sized(), [[START]], 3, forced_bos_token_id=bad)
+
+
 def test_openai_alternatives_leave_out_ids_that_could_not_be_chosen():
     from keras_attn_serving.choosers import Choice
     from keras_attn_serving.sampling import force_token
@@ -162,11 +183,19 @@ def test_stop_tokens_end_each_row_on_a_real_model(lm):
         assert cut == expected
 
 
-def test_forced_eos_in_the_compiled_greedy_loop_equals_the_python_loop(lm):
+def test_forced_ids_in_the_compiled_greedy_loop_equal_the_python_loop(lm):
     free = lm.generate(PROMPTS, 6)
     forced = lm.generate(PROMPTS, 6, forced_eos_token_id=11)
     assert forced == [[*row[:5], 11] for row in free]
     assert lm.generate(PROMPTS, 6, forced_eos_token_id=11, use_cache=False) == forced
+    # The first new id of the one-id prompt only; both at once.
+    forced = lm.generate(PROMPTS, 6, forced_bos_token_id=17)
+    assert forced[:2] == free[:2] and forced[2][0] == 17 != free[2][0]
+    assert lm.generate(PROMPTS, 6, forced_bos_token_id=17, use_cache=False) == forced
+    both = lm.generate(PROMPTS, 6, forced_bos_token_id=17, forced_eos_token_id=11)
+    assert both == lm.generate(PROMPTS, 6, forced_bos_token_id=17, forced_eos_token_id=11,
+                               use_cache=False)  # fmt: skip
+    assert [row[-1] for row in both] == [11, 11, 11] and both[2][0] == 17
 
 
 def test_sampling_with_a_seed_is_reproducible_and_cached_equals_uncached(lm):

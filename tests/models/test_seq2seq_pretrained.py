@@ -286,6 +286,8 @@ def test_forced_eos_is_read_where_transformers_reads_it(tmp_path, edit):
         ("bart", {"decoder_start_token_id": -1}, "decoder_start_token_id"),
         ("bart", {"forced_eos_token_id": 99}, "forced_eos_token_id must be an id of its voc"),
         ("bart", {"forced_eos_token_id": [2, 3]}, "forced_eos_token_id"),
+        ("bart", {"forced_bos_token_id": 99}, "forced_bos_token_id must be an id of its voc"),
+        ("bart", {"forced_bos_token_id": "0"}, "forced_bos_token_id"),
         ("bart", {"is_encoder_decoder": False}, "is_encoder_decoder"),
         # Sizes the tensors disagree with are named before the model is built.
         ("bart", {"max_position_embeddings": 1 << 20}, r"embed_positions\.weight"),
@@ -362,3 +364,43 @@ def test_marian_padding_ban_from_generation_config(tmp_path):
     reread = transformers.MarianMTModel.from_pretrained(tmp_path / "ours")
     assert reread.generation_config.bad_words_ids == [[98]]
     assert _entry(lm, {"max_length": 64})["pad_id"] == 98
+
+
+def test_forced_bos_equals_transformers_generate(tmp_path):
+    """`bart-large-cnn`'s folders force the first new id (`forced_bos_token_id`, in
+    generation_config.json since transformers 5): greedy, beam and n-gram ids
+    equal `transformers.generate`, every row starts with it, it survives `save_pretrained`,
+    and the export records it."""
+    from keras_attn_export.seq2seq import _entry
+
+    torch.manual_seed(0)
+    model = _bart().eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(SCALES["bart"])
+        model.final_logits_bias[0, 2] -= 3.0
+    model.generation_config.forced_bos_token_id = 7
+    model.save_pretrained(tmp_path / "hf")
+    lm = Seq2SeqLM.from_pretrained(tmp_path / "hf", dropout=0.0)
+    assert lm.forced_bos_token_id == 7 and lm.forced_eos_token_id == 2
+    source, _ = _batch(1, 2)
+    sources = [[int(t) for t in row if t != 1] for row in source]
+    for settings in ({"num_beams": 1}, {"num_beams": 3, "length_penalty": 1.0},
+                     {"num_beams": 2, "no_repeat_ngram_size": 2}):  # fmt: skip
+        expected = _reference_ids(model, source, 1, 2, max_new_tokens=7, **settings)
+        beam = {"sampler": "beam", **settings} if settings["num_beams"] > 1 else {}
+        ours = lm.generate(sources, 7, stop_token_ids=[2], pad_token_id=None, **beam)
+        assert ours == expected, settings
+        assert all(row[0] == 7 for row in ours), settings
+    free = lm.generate(sources, 7, stop_token_ids=[2], pad_token_id=None, forced_bos_token_id=None)
+    assert all(row[0] != 7 for row in free)  # the forcing is what puts 7 first
+    # One new id: the end id is forced too, and wins (transformers applies it second).
+    assert lm.generate(sources, 1, stop_token_ids=[], pad_token_id=None) == [[2], [2]]
+    lm.save_pretrained(tmp_path / "ours")
+    assert Seq2SeqLM.from_pretrained(tmp_path / "ours").forced_bos_token_id == 7
+    reread = transformers.BartForConditionalGeneration.from_pretrained(tmp_path / "ours")
+    assert reread.generation_config.forced_bos_token_id == 7
+    assert _entry(lm, {"max_length": 64})["forced_bos_token_id"] == 7
+    unforced = type(lm.backbone).from_config({**lm.backbone.get_config(),
+                                              "forced_bos_token_id": None})  # fmt: skip
+    assert "forced_bos_token_id" not in _entry(Seq2SeqLM(unforced), {"max_length": 64})

@@ -37,6 +37,8 @@ def served(request, tmp_path_factory):
                 parameter.mul_(2.0)
         if request.param == "bart":  # else these random weights end at once
             model.final_logits_bias[0, model.config.eos_token_id] -= 3.0
+    if request.param == "bart":  # as bart-large-cnn's folders: the first new id is <s>
+        model.generation_config.forced_bos_token_id = 0
     folder = tmp_path_factory.mktemp(request.param)
     model.save_pretrained(folder / "hf")
     tokenizer.save_pretrained(folder / "hf")
@@ -63,10 +65,13 @@ def test_the_artifact_has_both_graphs_checked(served):
     # BART's and Marian's checkpoints force their end id on the last step; T5's do not.
     assert graphs.forced_eos_token_id == lm.forced_eos_token_id
     assert (lm.forced_eos_token_id is None) == (name == "t5")
+    assert graphs.forced_bos_token_id == lm.forced_bos_token_id == (0 if name == "bart" else None)
     assert {"encode.onnx", "decode.onnx"} <= set(manifest.files)
 
 
-@pytest.mark.parametrize("field", ["forced_eos_token_id", "pad_id", "decoder_start_id"])
+@pytest.mark.parametrize(
+    "field", ["forced_eos_token_id", "forced_bos_token_id", "pad_id", "decoder_start_id"]
+)
 @pytest.mark.parametrize("value", [-1, 10**9])
 def test_manifest_ids_outside_the_vocabulary_are_refused(served, field, value):
     from keras_attn_serving.manifest import ArtifactError
@@ -90,6 +95,7 @@ def test_generate_and_stream_equal_keras(served):
         stop = lm.preprocessor.end_token_ids
         expected_ids = lm.generate([source], 8, stop_token_ids=stop)[0]
         assert answer.json()["token_ids"] == expected_ids, (name, text)
+        assert (expected_ids[0] == 0) == (name == "bart"), (name, expected_ids)
         free = lm.generate([source], 8, stop_token_ids=stop, forced_eos_token_id=None)[0]
         reached_the_limit += len(free) == 8 and expected_ids == free[:7]
         lengths.append(len(expected_ids))
