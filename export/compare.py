@@ -89,7 +89,7 @@ def at_real_positions(
     that output (the real positions and each row's first); else whole."""
     if rule is None or name not in rule["outputs"]:
         return output, reference
-    kept = np.asarray(feeds[rule["input"]]) != rule["pad_value"]
+    kept = np.asarray(feeds[rule["input"]]) != rule["pad_token_id"]
     kept[:, 0] = True
     return output[kept], reference[kept]
 

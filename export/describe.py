@@ -182,7 +182,7 @@ def write_tokenizer(
         "unknown_token": "[UNK]",
         "suffix_indicator": "##",
         "max_bytes_per_word": tokenizer.max_bytes_per_word,
-        "pad_id": 0,
+        "pad_token_id": 0,
     }
     (folder / "tokenizer.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     return [vocab]

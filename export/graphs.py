@@ -144,13 +144,13 @@ def export_decoding(
         )
     spec = write_decode_onnx(model, folder / "decode.onnx", max_length, opset)
     session = ort.InferenceSession(str(folder / "decode.onnx"), providers=["CPUExecutionProvider"])
-    pad_id = 0 if lm.zero_is_padding else None
+    pad_token_id = 0 if lm.zero_is_padding else None
     worst = _check_decoding(
         model, "decode.onnx", session_step(session), lambda b: empty_cache(spec, b),
-        max_length, tolerance, pad_id,
+        max_length, tolerance, pad_token_id,
     )  # fmt: skip
     decoding = {"file": "decode.onnx", **spec, "step_logits_max_abs_diff": worst,
-                "greedy_equals_keras": True, "pad_id": pad_id}  # fmt: skip
+                "greedy_equals_keras": True, "pad_token_id": pad_token_id}  # fmt: skip
     reason = supported(lm)
     if reason is not None:
         decoding["gqa"] = {"file": None, "unsupported": reason}
@@ -161,14 +161,14 @@ def export_decoding(
     )
     worst = _check_decoding(
         model, "decode_gqa.onnx", gqa_step(session),
-        lambda b: BoundCache(session, gqa_spec, b), max_length, tolerance, pad_id,
+        lambda b: BoundCache(session, gqa_spec, b), max_length, tolerance, pad_token_id,
     )  # fmt: skip
     decoding["gqa"] = {"file": "decode_gqa.onnx", **gqa_spec, "step_logits_max_abs_diff": worst,
                        "greedy_equals_keras": True}  # fmt: skip
     return decoding
 
 
-def _check_decoding(model, name, step, new_state, max_length, tolerance, pad_id):
+def _check_decoding(model, name, step, new_state, max_length, tolerance, pad_token_id):
     """Raises `ParityError` unless a decode graph's `step` (from the state `new_state(batch)`)
     gives the Keras model's logits at every position and Keras `generate()`'s greedy ids;
     returns the largest logits difference."""
@@ -188,7 +188,7 @@ def _check_decoding(model, name, step, new_state, max_length, tolerance, pad_id)
     if worst > limit:
         raise ParityError(f"{name} logits differ from Keras by {worst:.3e} > tolerance {limit}")
     onnx_ids = decode_ids(step, new_state(len(prompts)), prompts, new_tokens,
-                             pad_id=pad_id, max_length=max_length)  # fmt: skip
+                             pad_token_id=pad_token_id, max_length=max_length)  # fmt: skip
     keras_ids = generate(model, prompts, new_tokens)
     if onnx_ids != keras_ids:
         raise ParityError(f"{name} greedy ids {onnx_ids} differ from Keras generate() {keras_ids}")

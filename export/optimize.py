@@ -41,12 +41,15 @@ PADDING_KEY = "keras_attn.unpadded"
 
 
 def padding_rule(model: "onnx.ModelProto") -> dict | None:
-    """`{"input", "pad_value", "outputs"}` of a graph `fuse` unpadded, else None: positions
-    where that input is the pad value, but for each row's first, are padding, and the
-    `outputs` are zero there."""
+    """`{"input", "pad_token_id", "outputs"}` of a graph `fuse` unpadded, else None:
+    positions where that input is the padding id, but for each row's first, are padding, and
+    the `outputs` are zero there (graphs written before manifest format 5 say `pad_value`)."""
     for prop in model.metadata_props:
         if prop.key == PADDING_KEY:
-            return dict(json.loads(prop.value))
+            rule = dict(json.loads(prop.value))
+            if "pad_value" in rule:
+                rule["pad_token_id"] = rule.pop("pad_value")
+            return rule
     return None
 
 

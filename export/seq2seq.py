@@ -127,7 +127,8 @@ def check_seq2seq(model: keras.Model, folder: Path, spec: dict, tolerance: float
     new = min(8, spec["max_length"] - 1)
     keras_ids = model.generate(rows, new, start)
     onnx_ids = decode_ids(graphs.step, graphs.start(rows), [[start]] * len(rows), new,
-                          pad_id=graphs.pad_id, max_length=spec["max_length"],
+                          pad_token_id=graphs.never_generated_id,
+                          max_length=spec["max_length"],
                           forced_eos_token_id=graphs.forced_eos_token_id,
                           forced_bos_token_id=graphs.forced_bos_token_id)  # fmt: skip
     if onnx_ids != keras_ids:
@@ -151,10 +152,10 @@ def _entry(model: keras.Model, spec: dict[str, int]) -> dict[str, Any]:
         "encoder_file": "encode.onnx",
         "file": "decode.onnx",
         **spec,
-        "source_pad_id": backbone.pad_token_id,
+        "pad_token_id": backbone.pad_token_id,
         # What Keras `generate` never generates: the padding id where the decoder masks it
         # or the checkpoint bans it (the other pretrained families may generate theirs).
-        "pad_id": model.never_generated_id,
+        "never_generated_id": model.never_generated_id,
         # None: trained here without one; requests then name it (`decoder_start_id`).
         "decoder_start_id": backbone.decoder_start_token_id,
         "forced_eos_token_id": backbone.forced_eos_token_id,

@@ -181,7 +181,7 @@ def _plan(graph, start, attention, positions):
 
 def unpad(model: "ir.Model") -> dict | None:
     """Rewrites a fused encoder to compute per-position work on kept tokens only (module
-    docstring); returns `{"input", "pad_value", "outputs"}` (which positions are padding, and
+    docstring); returns `{"input", "pad_token_id", "outputs"}` (which positions are padding, and
     the graph outputs now zero there), or None when the graph is left as it was."""
     import onnx_ir as ir
 
@@ -265,5 +265,5 @@ def unpad(model: "ir.Model") -> dict | None:
             out.name, out.type, out.shape = name, value.type, value.shape
         graph.outputs[index] = out
     graph.sort()
-    input_name, pad_value = padding_rule(mask)  # type: ignore[misc]
-    return {"input": input_name, "pad_value": pad_value, "outputs": outputs}
+    input_name, pad_token_id = padding_rule(mask)  # type: ignore[misc]
+    return {"input": input_name, "pad_token_id": pad_token_id, "outputs": outputs}

@@ -62,19 +62,20 @@ class DecodeBatcher:
         session: the `decode_gqa.onnx` onnxruntime session (it must take a per-row `index`).
         spec: the manifest's `decoding.gqa` entry (`layers`, `kv_heads`, `key_dim`,
             `max_length`).
-        pad_id: the id never generated (manifest `decoding.pad_id`); None: no id is banned.
+        pad_token_id: the id never generated (manifest `decoding.pad_token_id`); None: no id
+            is banned.
         max_decode_rows: requests decoded together at most; more wait for a row.
         prefix_cache_bytes: the most bytes of prompt keys and values kept for prompts that
             begin the same way (`prefix_cache.PrefixCache`); 0 keeps none.
     """
 
     def __init__(self, session: "ort.InferenceSession", spec: dict[str, Any],
-                 pad_id: int | None, max_decode_rows: int = 32,
+                 pad_token_id: int | None, max_decode_rows: int = 32,
                  prefix_cache_bytes: int = 0) -> None:  # fmt: skip
         rows = max_decode_rows
         if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
             raise ValueError(f"`max_decode_rows` must be a positive integer. Received: {rows!r}")
-        self.session, self.spec, self.pad_id = session, spec, pad_id
+        self.session, self.spec, self.pad_token_id = session, spec, pad_token_id
         self.max_length = int(spec["max_length"])
         width = session.get_outputs()[0].shape[-1]  # the logits' width: ids the model embeds
         self.vocabulary_size = width if isinstance(width, int) else None
@@ -267,7 +268,7 @@ class DecodeBatcher:
         logits = None
         if width:
             rows = self.prefill.bucket(len(requests))
-            token_ids = np.full((rows, width), self.pad_id or 0, np.int32)
+            token_ids = np.full((rows, width), self.pad_token_id or 0, np.int32)
             for k, request in enumerate(requests):
                 ids = request.prompt if whole else request.prompt[:-1]
                 token_ids[k, : len(ids)] = ids
@@ -327,7 +328,7 @@ class DecodeBatcher:
     def _step(self) -> None:
         count = len(self.active)
         rows = self.cache.bucket(count)
-        token_ids = np.full((rows, 1), self.pad_id or 0, np.int32)
+        token_ids = np.full((rows, 1), self.pad_token_id or 0, np.int32)
         index = np.zeros(rows, np.int32)
         for row, request in enumerate(self.active):
             token_ids[row, 0], index[row] = request.next_token, request.position
@@ -349,8 +350,8 @@ class DecodeBatcher:
     def _banned(self, logits: np.ndarray, dtype: Any) -> np.ndarray:
         """A copy of `logits` (`(rows, vocab)`) as `dtype`, the pad id never chosen."""
         logits = np.array(logits, dtype)
-        if self.pad_id is not None:
-            logits[:, self.pad_id] = -np.inf
+        if self.pad_token_id is not None:
+            logits[:, self.pad_token_id] = -np.inf
         return logits
 
     def _choose(self, row: int, request: _Request, logits: np.ndarray, greedy: int) -> None:

@@ -20,7 +20,7 @@ Chooser = Callable[[np.ndarray], np.ndarray]
 
 
 def decode_ids(step: Step, state: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-               stop_token_ids: Iterable[int] = (), pad_id: int | None = 0,
+               stop_token_ids: Iterable[int] = (), pad_token_id: int | None = 0,
                max_length: int | None = None, sampler: Chooser | None = None,
                forced_eos_token_id: int | None = None,
                forced_bos_token_id: int | None = None) -> list[list[int]]:  # fmt: skip
@@ -30,7 +30,7 @@ def decode_ids(step: Step, state: Any, prompts: Sequence[Sequence[int]], max_new
     placed at `index`. Prompts of different lengths share a right-padded buffer: the
     shortest prompt's length is prefilled for every row, then each step writes one position
     for all rows (rows still inside their prompt keep the prompt's token). The padding id is
-    never generated; `pad_id=None` (a model that reads id 0 as a token) bans no id. A row
+    never generated; `pad_token_id=None` (a model that reads id 0 as a token) bans no id. A row
     ends at its first stop token, which is not returned (the contract of
     `keras_attn.models.generate`: the same ids in Keras, in the export and over HTTP).
     `sampler` (a `keras_attn_serving.sampling.Sampler`) is called once per step on every
@@ -44,14 +44,14 @@ def decode_ids(step: Step, state: Any, prompts: Sequence[Sequence[int]], max_new
     """
     new: list[list[int]] = [[] for _ in prompts]
     for row, token in decode_tokens(step, state, prompts, max_new_tokens, stop_token_ids,
-                                    pad_id, max_length, sampler,
+                                    pad_token_id, max_length, sampler,
                                     forced_eos_token_id, forced_bos_token_id):  # fmt: skip
         new[row].append(token)
     return new
 
 
 def decode_tokens(step: Step, state: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                  stop_token_ids: Iterable[int] = (), pad_id: int | None = 0,
+                  stop_token_ids: Iterable[int] = (), pad_token_id: int | None = 0,
                   max_length: int | None = None, sampler: Chooser | None = None,
                   forced_eos_token_id: int | None = None,
                   forced_bos_token_id: int | None = None,
@@ -71,7 +71,7 @@ def decode_tokens(step: Step, state: Any, prompts: Sequence[Sequence[int]], max_
             f"prompt length {int(lengths.max())} + max_new_tokens {max_new_tokens} exceeds the "
             f"model's maximum sequence length {max_length}"
         )
-    fill = 0 if pad_id is None else pad_id
+    fill = 0 if pad_token_id is None else pad_token_id
     buffer = np.full((len(prompts), total), fill, dtype=np.int32)
     for i, prompt in enumerate(prompts):
         buffer[i, : len(prompt)] = prompt
@@ -81,8 +81,8 @@ def decode_tokens(step: Step, state: Any, prompts: Sequence[Sequence[int]], max_
     logits, state = step(buffer[:, :start], state, 0)
     for t in range(start, total):
         last = np.asarray(logits, np.float64)
-        if pad_id is not None:
-            last[:, pad_id] = -np.inf
+        if pad_token_id is not None:
+            last[:, pad_token_id] = -np.inf
         last = force_ends(last, t - lengths, lengths, max_new_tokens, forced_bos_token_id,
                           forced_eos_token_id)  # fmt: skip
         chosen = np.where(done, fill, last.argmax(-1) if sampler is None else sampler(last))
@@ -118,13 +118,13 @@ def greedy(
     prompts: Sequence[Sequence[int]],
     max_new_tokens: int,
     stop_token_ids: Iterable[int] = (),
-    pad_id: int | None = 0,
+    pad_token_id: int | None = 0,
     max_length: int | None = None,
 ) -> list[list[int]]:
     """Greedy `decode_ids` over a full-prefix `logits_fn` (see `prefix_step`)."""
     empty = np.zeros((len(prompts), 0), np.int32)
     return decode_ids(prefix_step(logits_fn), empty, prompts, max_new_tokens,
-                         stop_token_ids, pad_id, max_length)  # fmt: skip
+                         stop_token_ids, pad_token_id, max_length)  # fmt: skip
 
 
 def session_step(

@@ -19,9 +19,12 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 MANIFEST = "manifest.json"
 # 2: int8 weights chosen by measurement. 3: `decoding.pad_id` is None where no id is padding,
 # and `decode_gqa.onnx` takes a per-row `index`. 4: `onnx.unpadded`, and `onnx.file` is the
-# fused graph when there is one. Format 2 and 3 artifacts are still read.
-FORMAT_VERSION = 4
-READABLE_VERSIONS = (2, 3, 4)
+# fused graph when there is one. 5: one name for the padding id, `pad_token_id` (as the
+# library's models call it): `decoding.pad_id`, `seq2seq.source_pad_id` and
+# `onnx.unpadded.*.pad_value` before; `seq2seq.pad_id` is `seq2seq.never_generated_id`.
+# Formats 2 to 4 are still read (`_renamed`).
+FORMAT_VERSION = 5
+READABLE_VERSIONS = (2, 3, 4, 5)
 Task = Literal["classify", "tag", "embed", "generate", "span_qa", "multiple_choice",
                "pretraining", "seq2seq"]  # fmt: skip
 TASKS = get_args(Task)
@@ -68,11 +71,11 @@ class EmbeddingSpec(_Strict):
 
 
 class PaddingRule(_Strict):
-    """Where a graph that skips padding finds it: positions where `input` is `pad_value`,
+    """Where a graph that skips padding finds it: positions where `input` is `pad_token_id`,
     but for each row's first; `outputs` (one value per position) are zero there."""
 
     input: str
-    pad_value: int
+    pad_token_id: int
     outputs: list[str]
 
 
@@ -145,7 +148,7 @@ class Decoding(CacheGraph):
     # The id that pads the decoding buffer and is never generated: 0, or None where id 0 is a
     # real token (GPT-2, Llama): no id is padding and every id can be generated, as in Keras
     # `generate()`. (Format 2 wrote the last id here instead, and Keras never generated it.)
-    pad_id: int | None = 0
+    pad_token_id: int | None = 0
 
 
 class Seq2SeqGraphs(CacheGraph):
@@ -155,10 +158,11 @@ class Seq2SeqGraphs(CacheGraph):
     layout) and that cross-attention cache."""
 
     encoder_file: str
-    source_pad_id: int  # pads the sources of a batch (the encoder masks it)
-    # The id never generated, as `Decoding.pad_id`: None for the pretrained families, whose
-    # decoder start id may be the padding id and which may generate it.
-    pad_id: int | None
+    pad_token_id: int  # pads the sources of a batch (the encoder masks it)
+    # The id never generated (`Decoding.pad_token_id`'s role): None for the pretrained
+    # families, whose decoder start id may be the padding id and which may generate it, but
+    # Marian's, whose checkpoints ban their padding id.
+    never_generated_id: int | None
     decoder_start_id: int | None  # None: the model names none (one trained from scratch)
     # The only id a generation's last step may choose (BART's and Marian's end id); None:
     # any id (and artifacts exported before it was written).
@@ -248,11 +252,36 @@ def parse_manifest(content: dict[str, Any]) -> Manifest:
             f"{', '.join(map(str, READABLE_VERSIONS))}"
         )
     try:
-        return Manifest.model_validate(content)
+        return Manifest.model_validate(_renamed(content) if version < 5 else content)
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "(top level)"
         raise ArtifactError(f"{MANIFEST} field {where!r}: {first['msg']}") from None
+
+
+# Format 4's names of the padding id (and of the id never generated) and format 5's.
+RENAMED = {
+    "decoding": {"pad_id": "pad_token_id"},
+    "seq2seq": {"source_pad_id": "pad_token_id", "pad_id": "never_generated_id"},
+}
+
+
+def _renamed(content: dict[str, Any]) -> dict[str, Any]:
+    """A manifest of formats 2 to 4 under format 5's names (a key that is not there, or an
+    entry that is not an object, is left for the schema to name)."""
+
+    def rename(entry: Any, names: dict[str, str]) -> Any:
+        if not isinstance(entry, dict):
+            return entry
+        return {names.get(key, key): value for key, value in entry.items()}
+
+    content = {key: rename(value, RENAMED.get(key, {})) for key, value in content.items()}
+    onnx = content.get("onnx")
+    if isinstance(onnx, dict) and isinstance(onnx.get("unpadded"), dict):
+        rules = {name: rename(rule, {"pad_value": "pad_token_id"})
+                 for name, rule in onnx["unpadded"].items()}  # fmt: skip
+        content["onnx"] = {**onnx, "unpadded": rules}
+    return content
 
 
 def sha256(path: Path) -> str:

@@ -107,9 +107,10 @@ class Predictor(Generates):
         # `decode_gqa.onnx` (onnxruntime's GroupQueryAttention, cache updated in place) when
         # the export could write it: the graph generation uses.
         self.gqa = (self.decoding or {}).get("gqa") or {}
-        # The id Keras `generate()` pads with and never generates (manifest `decoding.pad_id`);
-        # None where id 0 is a token (GPT-2, Llama): every id can be generated.
-        self.pad_id: int | None = (self.decoding or {}).get("pad_id", 0)
+        # The id Keras `generate()` pads with and never generates (manifest
+        # `decoding.pad_token_id`); None where id 0 is a token (GPT-2, Llama): every id can be
+        # generated.
+        self.pad_token_id: int | None = (self.decoding or {}).get("pad_token_id", 0)
         self.gqa_session: ort.InferenceSession | None = None
         if self.gqa.get("file"):
             shared = options

@@ -36,7 +36,7 @@ class Generates:
     decode_session: ort.InferenceSession | None
     gqa: dict[str, Any]
     gqa_session: ort.InferenceSession | None
-    pad_id: int | None
+    pad_token_id: int | None
     encoder_decoder: EncoderDecoder | None
     max_sequence_length: int | None
     max_decode_rows: int
@@ -91,10 +91,10 @@ class Generates:
         sampler: "Sampler | None" = None,
     ) -> Iterator[tuple[int, int]]:
         """`generate_ids` as a generator of `(row, new id)`, each as soon as it is chosen."""
-        step, state, starts, pad_id, max_length = self._decoding(prompts, use_cache)
+        step, state, starts, banned, max_length = self._decoding(prompts, use_cache)
         graphs = self.encoder_decoder
         forced = (None, None) if graphs is None else graphs.forced_ids
-        return decode_tokens(step, state, starts, max_new_tokens, stop_token_ids, pad_id,
+        return decode_tokens(step, state, starts, max_new_tokens, stop_token_ids, banned,
                              max_length, sampler, *forced)  # fmt: skip
 
     def beam_ids(
@@ -114,11 +114,11 @@ class Generates:
         if self.encoder_decoder is not None:
             graphs = self.encoder_decoder
             step, select, state = graphs.step, graphs.select, graphs.start([prompt])
-            start, pad_id, limit = [graphs.start_id], graphs.pad_id, graphs.max_length
+            start, banned, limit = [graphs.start_id], graphs.never_generated_id, graphs.max_length
             forced = graphs.forced_ids
         elif self.decode_session is not None and self.decoding is not None:
             step, state = self.decode_step, empty_cache(self.decoding, 1)
-            start, pad_id, limit = list(prompt), self.pad_id, self.decoding["max_length"]
+            start, banned, limit = list(prompt), self.pad_token_id, self.decoding["max_length"]
             select = _select_rows
         else:
             raise ValueError("beam search needs an exported cache graph (decode.onnx)")
@@ -128,7 +128,7 @@ class Generates:
                 f"model's maximum sequence length {limit}"
             )
         return beam_ids(step, select, state, start, max_new_tokens, beams.num_beams,
-                        beams.length_penalty, set(stop_token_ids), pad_id,
+                        beams.length_penalty, set(stop_token_ids), banned,
                         beams.early_stopping, beams.no_repeat_ngram_size, *forced)  # fmt: skip
 
     def _decoding(self, prompts, use_cache):
@@ -138,9 +138,10 @@ class Generates:
         if self.encoder_decoder is not None:
             graphs = self.encoder_decoder
             starts = [[graphs.start_id] for _ in prompts]
-            return graphs.step, graphs.start(prompts), starts, graphs.pad_id, graphs.max_length
+            banned, limit = graphs.never_generated_id, graphs.max_length
+            return graphs.step, graphs.start(prompts), starts, banned, limit
         step, state, max_length = self._decoder(len(prompts), use_cache)
-        return step, state, [list(p) for p in prompts], self.pad_id, max_length
+        return step, state, [list(p) for p in prompts], self.pad_token_id, max_length
 
     def stream_ids(
         self,
@@ -196,7 +197,7 @@ class Generates:
                 self._decode_batcher = DecodeBatcher(
                     self.gqa_session,
                     self.gqa,
-                    self.pad_id,
+                    self.pad_token_id,
                     self.max_decode_rows,
                     self.prefix_cache_bytes,
                 )

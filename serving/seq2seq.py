@@ -10,7 +10,8 @@ import numpy as np
 from keras_attn_serving.manifest import ArtifactError
 
 # The manifest's ids that index the decoder's logits.
-TARGET_IDS = ("pad_id", "decoder_start_id", "forced_eos_token_id", "forced_bos_token_id")
+TARGET_IDS = ("never_generated_id", "decoder_start_id", "forced_eos_token_id",
+              "forced_bos_token_id")  # fmt: skip
 
 
 class EncoderDecoder:
@@ -34,7 +35,8 @@ class EncoderDecoder:
         self.encoder, self.decoder = session(spec["encoder_file"]), session(spec["file"])
         self.spec = spec
         self._start_id: int | None = spec["decoder_start_id"]
-        self.pad_id: int | None = spec["pad_id"]  # never generated (None: every id may be)
+        # Never generated (None: every id may be).
+        self.never_generated_id: int | None = spec["never_generated_id"]
         self.max_length: int = spec["max_length"]
         # The only id a generation's last step may choose (None: any id).
         self.forced_eos_token_id: int | None = spec.get("forced_eos_token_id")
@@ -63,7 +65,7 @@ class EncoderDecoder:
         """The decoding state of `sources` (id lists, padded here): the encoder's
         cross-attention cache, computed once, and an empty self-attention cache."""
         width = max(len(s) for s in sources)
-        padded = np.full((len(sources), width), self.spec["source_pad_id"], np.int32)
+        padded = np.full((len(sources), width), self.spec["pad_token_id"], np.int32)
         for row, ids in enumerate(sources):
             padded[row, : len(ids)] = ids
         (cross,) = self.encoder.run(None, {"encoder_token_ids": padded})

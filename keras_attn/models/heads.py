@@ -70,14 +70,14 @@ class Head(Task):
         """
         check_renamed(kwargs, ("encoder_kwargs",))
         check_hf_names(kwargs)  # `num_labels`, before the backbone is loaded
-        from keras_attn.pretrained.heads import head_keys, load_heads
+        from keras_attn.pretrained.heads import head_activation, head_keys, load_heads
 
         keys = head_keys(folder, cls.pretrained_heads)
         backbone = EncoderBackbone.from_pretrained(
             folder, strict=strict, head_keys=keys, **(backbone_kwargs or {})
         )
         if cls.pretrained_heads:
-            kwargs.setdefault("activation", backbone.activation)  # the head's, as the encoder's
+            kwargs.setdefault("activation", head_activation(folder, backbone))
         if "preprocessor" not in kwargs:
             kwargs["preprocessor"] = folder_preprocessor(
                 folder,

@@ -36,6 +36,16 @@ HEADS: dict[str, dict[str, Head]] = {
     "roberta": {"mlm": _masked_lm("lm_head", "layer_norm", "lm_head.bias")},
 }
 HEADS["xlm-roberta"] = HEADS["camembert"] = HEADS["roberta"]
+# The masked-LM head's activation where it is not the encoder's: `RobertaLMHead` (and its
+# XLM-R and CamemBERT copies) applies exact GELU whatever the config's `hidden_act`.
+HEAD_ACTIVATIONS = {"roberta": "gelu", "xlm-roberta": "gelu", "camembert": "gelu"}
+
+
+def head_activation(folder: str | os.PathLike[str], backbone: Any) -> str:
+    """The activation of this folder's pretraining heads: the family's own, else the
+    encoder's (BERT's `hidden_act`, DistilBERT's `activation`)."""
+    model_type = str(read_config(folder).get("model_type"))
+    return HEAD_ACTIVATIONS.get(model_type, backbone.activation)
 
 
 def head_keys(folder: str | os.PathLike[str], heads: Collection[str]) -> set[str]:

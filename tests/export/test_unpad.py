@@ -48,7 +48,7 @@ def test_real_positions_equal_keras_and_padding_is_zero(exported, tmp_path):
     encoder, folder, manifest = exported
     assert manifest["onnx"]["file"] == "model.opt.onnx"  # the graph the server runs
     assert manifest["onnx"]["unpadded"]["model.opt.onnx"].model_dump() == {
-        "input": "token_ids", "pad_value": 0, "outputs": ["sequence_output"]
+        "input": "token_ids", "pad_token_id": 0, "outputs": ["sequence_output"]
     }  # fmt: skip
     expected = encoder(_feeds(IDS))
     got = run_onnx(_session(folder / "model.opt.onnx"), _feeds(IDS))
@@ -107,14 +107,14 @@ def test_a_batch_of_padding_alone_keeps_each_rows_first_position(exported):
 def test_padding_rule_names_the_input_and_pad_value(exported):
     _, folder, _ = exported
     assert padding_rule(onnx.load(folder / "model.opt.onnx")) == {
-        "input": "token_ids", "pad_value": 0, "outputs": ["sequence_output"]
+        "input": "token_ids", "pad_token_id": 0, "outputs": ["sequence_output"]
     }  # fmt: skip
     assert padding_rule(onnx.load(folder / "model.onnx")) is None
 
 
 def test_at_real_positions_compares_the_named_outputs_where_kept():
     feeds = {"token_ids": np.array([[3, 4, 0], [0, 5, 0]])}
-    rule = {"input": "token_ids", "pad_value": 0, "outputs": ["sequence_output"]}
+    rule = {"input": "token_ids", "pad_token_id": 0, "outputs": ["sequence_output"]}
     sequence = np.arange(12.0).reshape(2, 3, 2)
     got, want = at_real_positions(feeds, rule, "sequence_output", sequence, sequence + 1)
     # Row 0: positions 0 and 1; row 1: position 1, and position 0 (each row's first is kept).

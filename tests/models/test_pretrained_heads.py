@@ -75,9 +75,12 @@ def test_bert_pretraining_heads_equal_transformers(tmp_path):
         SequenceClassifier.from_pretrained(folder, num_classes=2, preprocessor=None)
 
 
-def test_bert_masked_lm_equals_transformers(tmp_path):
+# BERT's head transform applies `hidden_act`; RoBERTa's applies exact GELU whatever it says.
+@pytest.mark.parametrize("hidden_act", ["gelu", "relu", "gelu_new"])
+def test_bert_masked_lm_equals_transformers(tmp_path, hidden_act):
     torch.manual_seed(1)
-    reference = _randomized(transformers.BertForMaskedLM(transformers.BertConfig(**SIZES)))
+    config = transformers.BertConfig(**SIZES, hidden_act=hidden_act)
+    reference = _randomized(transformers.BertForMaskedLM(config))
     folder = _save(reference, tmp_path / "bert_mlm")
     with torch.no_grad():
         logits = reference(
@@ -90,9 +93,12 @@ def test_bert_masked_lm_equals_transformers(tmp_path):
     assert np.abs(_at_positions(logits)).max() > 0.5
 
 
-def test_roberta_masked_lm_equals_transformers(tmp_path):
+@pytest.mark.parametrize("hidden_act", ["gelu", "relu", "gelu_new"])
+def test_roberta_masked_lm_equals_transformers(tmp_path, hidden_act):
     torch.manual_seed(2)
-    config = transformers.RobertaConfig(**{**SIZES, "max_position_embeddings": 44})
+    config = transformers.RobertaConfig(
+        **{**SIZES, "max_position_embeddings": 44}, hidden_act=hidden_act
+    )
     reference = _randomized(transformers.RobertaForMaskedLM(config))
     folder = _save(reference, tmp_path / "roberta")
     ids = np.where(IDS == 0, 1, IDS)  # RoBERTa pads with 1
@@ -106,6 +112,7 @@ def test_roberta_masked_lm_equals_transformers(tmp_path):
         inputs["segment_ids"] = np.zeros_like(ids)
     ours = to_numpy(masked(inputs, training=False))
     np.testing.assert_allclose(ours, _at_positions(logits), atol=1e-5)
+    assert masked.get_config()["activation"] == "gelu"
 
 
 def test_a_bare_encoder_folder_leaves_the_head_fresh(tmp_path):

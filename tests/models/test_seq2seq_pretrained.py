@@ -363,7 +363,7 @@ def test_marian_padding_ban_from_generation_config(tmp_path):
     assert Seq2SeqLM.from_pretrained(tmp_path / "ours").suppress_padding
     reread = transformers.MarianMTModel.from_pretrained(tmp_path / "ours")
     assert reread.generation_config.bad_words_ids == [[98]]
-    assert _entry(lm, {"max_length": 64})["pad_id"] == 98
+    assert _entry(lm, {"max_length": 64})["never_generated_id"] == 98
 
 
 def test_forced_bos_equals_transformers_generate(tmp_path):

@@ -34,7 +34,7 @@ def predictor(request, tmp_path_factory):
     loaded = Predictor(folder)
     assert loaded.gqa_session is not None
     # Llama reads id 0 as a token: no id is padding, every id can be generated (format 3).
-    assert loaded.pad_id == (None if request.param == "llama" else 0)
+    assert loaded.pad_token_id == (None if request.param == "llama" else 0)
     return loaded
 
 
@@ -67,7 +67,7 @@ def test_shared_steps_give_each_request_its_ids_alone(predictor):
         for r in requests
     ]
     batcher = DecodeBatcher(
-        predictor.gqa_session, predictor.gqa, predictor.pad_id, max_decode_rows=8
+        predictor.gqa_session, predictor.gqa, predictor.pad_token_id, max_decode_rows=8
     )
     together: list = [None] * len(requests)
     start = threading.Barrier(len(requests))
@@ -99,7 +99,7 @@ def test_a_row_the_runtime_fails_on_fails_alone(predictor, monkeypatch):
     alone = [predictor.generate_ids([r["prompt"]], r["max_new_tokens"], sampler=r["sampler"]())[0]
              for r in requests]  # fmt: skip
     batcher = DecodeBatcher(
-        predictor.gqa_session, predictor.gqa, predictor.pad_id, max_decode_rows=8
+        predictor.gqa_session, predictor.gqa, predictor.pad_token_id, max_decode_rows=8
     )
     monkeypatch.setattr(batcher, "_check_ids", lambda prompt: None)
     bad = [[vocab + 7, 3, 4], [5, 6, vocab + 1]]
@@ -129,7 +129,7 @@ def test_a_row_the_runtime_fails_on_fails_alone(predictor, monkeypatch):
 
 def test_a_stream_closed_early_frees_its_row(predictor):
     batcher = DecodeBatcher(
-        predictor.gqa_session, predictor.gqa, predictor.pad_id, max_decode_rows=1
+        predictor.gqa_session, predictor.gqa, predictor.pad_token_id, max_decode_rows=1
     )
     first = batcher.stream([3, 4, 5], 15)
     assert isinstance(next(first), int)
@@ -146,7 +146,7 @@ def test_async_streams_equal_the_ids_alone_and_free_rows_when_closed(predictor):
     import asyncio
 
     batcher = DecodeBatcher(
-        predictor.gqa_session, predictor.gqa, predictor.pad_id, max_decode_rows=2
+        predictor.gqa_session, predictor.gqa, predictor.pad_token_id, max_decode_rows=2
     )
     prompts = [[3, 4, 5], [7, 8], [2], [9, 1, 1, 4]]
 
@@ -183,7 +183,7 @@ def test_a_stream_past_its_deadline_raises_and_frees_its_row(predictor):
     import asyncio
 
     batcher = DecodeBatcher(
-        predictor.gqa_session, predictor.gqa, predictor.pad_id, max_decode_rows=1
+        predictor.gqa_session, predictor.gqa, predictor.pad_token_id, max_decode_rows=1
     )
     release, drawn = threading.Event(), []
 
@@ -225,7 +225,7 @@ def test_a_slow_reader_past_its_deadline_stops_its_decoding(predictor):
     import asyncio
 
     batcher = DecodeBatcher(
-        predictor.gqa_session, predictor.gqa, predictor.pad_id, max_decode_rows=2
+        predictor.gqa_session, predictor.gqa, predictor.pad_token_id, max_decode_rows=2
     )
     drawn = []
 
@@ -277,7 +277,7 @@ def test_the_shared_decode_loop_gets_every_core(predictor):
 
 
 def test_bad_requests_are_value_errors(predictor):
-    batcher = DecodeBatcher(predictor.gqa_session, predictor.gqa, predictor.pad_id)
+    batcher = DecodeBatcher(predictor.gqa_session, predictor.gqa, predictor.pad_token_id)
     limit = predictor.gqa["max_length"]
     with pytest.raises(ValueError, match="max_new_tokens"):
         list(batcher.stream([1, 2], -1))
@@ -294,7 +294,9 @@ def test_bad_requests_are_value_errors(predictor):
     with pytest.raises(RuntimeError, match="closed"):
         list(batcher.stream([1, 2], 3))
     with pytest.raises(ValueError, match="max_decode_rows"):
-        DecodeBatcher(predictor.gqa_session, predictor.gqa, predictor.pad_id, max_decode_rows=0)
+        DecodeBatcher(
+            predictor.gqa_session, predictor.gqa, predictor.pad_token_id, max_decode_rows=0
+        )
 
 
 def test_predictor_streams_through_one_shared_loop(predictor):

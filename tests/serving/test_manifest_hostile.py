@@ -57,7 +57,7 @@ def write_tokenizer(folder: Path) -> None:
         "unknown_token": "[UNK]",
         "suffix_indicator": "##",
         "max_bytes_per_word": 100,
-        "pad_id": 0,
+        "pad_token_id": 0,
     }
     (folder / "tokenizer.json").write_text(json.dumps(config), encoding="utf-8")
 
@@ -200,3 +200,44 @@ def test_a_changed_byte_in_a_tokenizer_file_is_refused(artifact, name):
     data[3] ^= 1
     path.write_bytes(bytes(data))
     refused(artifact, rf"tokenizer/{name} \(field 'tokenizer'\) does not match its sha256")
+
+
+FORMAT_4_ENTRIES = {
+    "decoding": {"file": None, "pad_id": None},
+    "seq2seq": {
+        "file": "decode.onnx", "encoder_file": "encode.onnx", "source_pad_id": 58100,
+        "pad_id": 58100, "decoder_start_id": 58100,
+    },
+    "onnx": {
+        "file": "model.onnx", "opset": 17, "files": ["model.onnx"], "fused_ops": {},
+        "unpadded": {"model.onnx": {"input": "token_ids", "pad_value": 1, "outputs": ["y"]}},
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("version", [2, 3, 4])
+def test_older_formats_are_read_under_the_one_padding_name(artifact, version):
+    """Format 5 names the padding id `pad_token_id` everywhere (as the library's models do);
+    artifacts written before it keep working: their names are read as the new ones."""
+    content = json.loads((artifact / MANIFEST).read_text())
+    content.update(FORMAT_4_ENTRIES, format_version=version)
+    manifest = parse_manifest(content)
+    assert manifest.decoding.pad_token_id is None
+    assert (manifest.seq2seq.pad_token_id, manifest.seq2seq.never_generated_id) == (58100, 58100)
+    assert manifest.onnx.unpadded["model.onnx"].pad_token_id == 1
+    written = json.loads(manifest.to_json())
+    assert "pad_id" not in written["decoding"] and "source_pad_id" not in written["seq2seq"]
+
+
+@pytest.mark.parametrize(
+    ("entry", "old"),
+    [("decoding", "pad_id"), ("seq2seq", "source_pad_id"), ("seq2seq", "pad_id")],
+)
+def test_format_5_refuses_the_old_padding_names(artifact, entry, old):
+    content = json.loads((artifact / MANIFEST).read_text())
+    content.update(FORMAT_4_ENTRIES, format_version=4)
+    upgraded = json.loads(parse_manifest(content).to_json())
+    upgraded.update(format_version=5)
+    upgraded[entry][old] = 0
+    with pytest.raises(ArtifactError, match=f"field '{entry}.{old}': Extra inputs"):
+        parse_manifest(upgraded)

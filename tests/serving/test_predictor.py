@@ -76,16 +76,16 @@ def test_greedy_batches_prompts_of_different_lengths():
 
 
 def test_with_no_padding_id_every_id_is_generated():
-    # Next token: (last + 1) % 3; ids 0 and 2 are tokens when `pad_id` is None (GPT-2, Llama).
+    # Next token: (last + 1) % 3; ids 0 and 2 are tokens when `pad_token_id` is None (GPT-2, Llama).
     def logits_fn(ids):
         out = np.zeros((*ids.shape, 3))
         out[np.arange(ids.shape[0])[:, None], np.arange(ids.shape[1]), (ids + 1) % 3] = 1.0
         return out
 
-    assert greedy(logits_fn, [[1], [2, 0]], 4, pad_id=None) == [[2, 0, 1, 2], [1, 2, 0, 1]]
-    assert greedy(logits_fn, [[1]], 4, pad_id=None, stop_token_ids=[0]) == [[2]]
+    assert greedy(logits_fn, [[1], [2, 0]], 4, pad_token_id=None) == [[2, 0, 1, 2], [1, 2, 0, 1]]
+    assert greedy(logits_fn, [[1]], 4, pad_token_id=None, stop_token_ids=[0]) == [[2]]
     # A padding id is never generated: the next most likely id (here the lowest) instead.
-    assert greedy(logits_fn, [[1]], 2, pad_id=2) == [[0, 1]]
+    assert greedy(logits_fn, [[1]], 2, pad_token_id=2) == [[0, 1]]
 
 
 @pytest.mark.parametrize(
@@ -102,7 +102,7 @@ def test_with_no_padding_id_every_id_is_generated():
         (lambda m, f: m.update(files={}), "lists no files"),
         # The typed manifest: a version this reader does not know, a key it does not know, a
         # missing or mistyped field, a bare NaN.
-        (lambda m, f: m.update(format_version=1), "format_version 1; this reader knows 2, 3, 4"),
+        (lambda m, f: m.update(format_version=1), "format_version 1; this reader knows 2, 3, 4, 5"),
         (lambda m, f: m.update(format_version="2"), "format_version '2'"),
         (lambda m, f: m.update(surprise=1), "field 'surprise': Extra inputs"),
         (lambda m, f: m.pop("outputs"), "field 'outputs': Field required"),

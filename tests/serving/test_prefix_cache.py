@@ -54,7 +54,7 @@ def test_cached_prefixes_give_the_ids_of_an_uncached_run(predictor):  # noqa: F8
     shared = [int(t) for t in rng.integers(1, vocab, size=2 * BLOCK + 1)]
     prompts = [shared + [int(t) for t in rng.integers(1, vocab, size=k)] for k in (1, 3, 0, 2)]
     prompts.append([*shared[: 2 * BLOCK], 5])  # a hit that leaves one id: the step path
-    batcher = DecodeBatcher(predictor.gqa_session, predictor.gqa, predictor.pad_id,
+    batcher = DecodeBatcher(predictor.gqa_session, predictor.gqa, predictor.pad_token_id,
                             max_decode_rows=4, prefix_cache_bytes=1 << 20)  # fmt: skip
 
     async def run(prompt, sampler):

@@ -61,7 +61,7 @@ def test_the_artifact_has_both_graphs_checked(served):
     assert (graphs.encoder_file, graphs.file) == ("encode.onnx", "decode.onnx")
     assert graphs.greedy_equals_keras and graphs.step_logits_max_abs_diff <= 5e-3
     assert graphs.decoder_start_id == lm.decoder_start_token_id
-    assert graphs.pad_id is None  # the families may generate their padding id
+    assert graphs.never_generated_id is None  # the families may generate their padding id
     # BART's and Marian's checkpoints force their end id on the last step; T5's do not.
     assert graphs.forced_eos_token_id == lm.forced_eos_token_id
     assert (lm.forced_eos_token_id is None) == (name == "t5")
@@ -70,7 +70,8 @@ def test_the_artifact_has_both_graphs_checked(served):
 
 
 @pytest.mark.parametrize(
-    "field", ["forced_eos_token_id", "forced_bos_token_id", "pad_id", "decoder_start_id"]
+    "field",
+    ["forced_eos_token_id", "forced_bos_token_id", "never_generated_id", "decoder_start_id"],
 )
 @pytest.mark.parametrize("value", [-1, 10**9])
 def test_manifest_ids_outside_the_vocabulary_are_refused(served, field, value):
@@ -145,3 +146,26 @@ def test_openai_completions_generate_from_the_source(served):
     chat = {"model": "s2s", "messages": [{"role": "user", "content": text}]}
     refused = httpx.post(f"{url}/v1/chat/completions", json=chat, timeout=60)
     assert refused.status_code == 400 and "chat template" in refused.text
+
+
+def test_an_artifact_of_format_4_generates_as_one_of_format_5(served, tmp_path):
+    """The padding names before format 5 (`source_pad_id`, `pad_id`) are read as
+    `pad_token_id` and `never_generated_id`: the same ids from the same graphs."""
+    import shutil
+
+    from keras_attn_serving import Predictor
+
+    name, lm, _, _, artifact = served
+    old = tmp_path / "format4"
+    shutil.copytree(artifact, old)
+    content = json.loads((old / "manifest.json").read_text())
+    seq2seq = content["seq2seq"]
+    seq2seq["source_pad_id"] = seq2seq.pop("pad_token_id")
+    seq2seq["pad_id"] = seq2seq.pop("never_generated_id")
+    content["format_version"] = 4
+    (old / "manifest.json").write_text(json.dumps(content))
+    source = [t for t in lm.preprocessor([TEXTS[0]])["encoder_token_ids"].numpy()[0].tolist()
+              if t != lm.pad_token_id]  # fmt: skip
+    expected = lm.generate([source, source[:3]], 6)
+    assert Predictor(old).generate_ids([source, source[:3]], 6) == expected, name
+    assert Predictor(artifact).generate_ids([source, source[:3]], 6) == expected, name
