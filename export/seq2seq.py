@@ -147,7 +147,6 @@ def _start_id(backbone: Any) -> int:
 def _entry(model: keras.Model, spec: dict[str, int]) -> dict[str, Any]:
     """The manifest's `seq2seq` entry but for the check's figures."""
     backbone = model.backbone
-    forced_bos = backbone.forced_bos_token_id
     return {
         "encoder_file": "encode.onnx",
         "file": "decode.onnx",
@@ -159,8 +158,7 @@ def _entry(model: keras.Model, spec: dict[str, int]) -> dict[str, Any]:
         # None: trained here without one; requests then name it (`decoder_start_id`).
         "decoder_start_id": backbone.decoder_start_token_id,
         "forced_eos_token_id": backbone.forced_eos_token_id,
-        # Only where set: servers older than the field refuse it (`Seq2SeqGraphs`).
-        **({} if forced_bos is None else {"forced_bos_token_id": forced_bos}),
+        "forced_bos_token_id": backbone.forced_bos_token_id,
     }
 
 

@@ -167,8 +167,8 @@ class Seq2SeqGraphs(CacheGraph):
     # The only id a generation's last step may choose (BART's and Marian's end id); None:
     # any id (and artifacts exported before it was written).
     forced_eos_token_id: int | None = None
-    # The only id its first step may choose (`bart-large-cnn`'s 0); None: any id. Written
-    # only where it is not None, so that servers older than the field read the rest.
+    # The only id its first step may choose (`bart-large-cnn`'s 0); None: any id (and
+    # artifacts exported before it was written).
     forced_bos_token_id: int | None = None
 
 
@@ -270,15 +270,21 @@ def _renamed(content: dict[str, Any]) -> dict[str, Any]:
     """A manifest of formats 2 to 4 under format 5's names (a key that is not there, or an
     entry that is not an object, is left for the schema to name)."""
 
-    def rename(entry: Any, names: dict[str, str]) -> Any:
+    def rename(entry: Any, names: dict[str, str], where: str) -> Any:
         if not isinstance(entry, dict):
             return entry
+        for old, new in names.items():
+            if old in entry and new in entry:  # one value, not whichever comes last
+                raise ArtifactError(
+                    f"{MANIFEST} field '{where}' holds both {old!r} and {new!r}: format "
+                    f"{content.get('format_version')} names it {old!r} only"
+                )
         return {names.get(key, key): value for key, value in entry.items()}
 
-    content = {key: rename(value, RENAMED.get(key, {})) for key, value in content.items()}
+    content = {key: rename(value, RENAMED.get(key, {}), key) for key, value in content.items()}
     onnx = content.get("onnx")
     if isinstance(onnx, dict) and isinstance(onnx.get("unpadded"), dict):
-        rules = {name: rename(rule, {"pad_value": "pad_token_id"})
+        rules = {name: rename(rule, {"pad_value": "pad_token_id"}, f"onnx.unpadded.{name}")
                  for name, rule in onnx["unpadded"].items()}  # fmt: skip
         content["onnx"] = {**onnx, "unpadded": rules}
     return content

@@ -57,8 +57,15 @@ GENERATION_KEYS = ("bad_words_ids", "forced_eos_token_id", "forced_bos_token_id"
 def with_generation_defaults(folder: str | os.PathLike[str], config: dict[str, Any]) -> dict:
     """`config` whose `GENERATION_KEYS` are those of the folder's `generation_config.json`
     where there is one (a key it does not hold is None there, whatever `config.json` says:
-    `transformers` then reads only that file); `config` as it is otherwise."""
+    `transformers` then reads only that file); `config` as it is otherwise, but for the older
+    BART flag `force_bos_token_to_be_generated`, which `transformers` reads there as
+    `forced_bos_token_id = bos_token_id`."""
     if not os.path.exists(_path(folder, GENERATION_FILE)):
+        if config.get("force_bos_token_to_be_generated"):
+            # Older BART folders: `transformers` then forces the config's `bos_token_id`
+            # (BartConfig's default 0; Marian's None), whatever `forced_bos_token_id` says.
+            bos = config.get("bos_token_id", 0 if config.get("model_type") == "bart" else None)
+            return {**config, "forced_bos_token_id": bos}
         return config
     generation = _read_json(folder, GENERATION_FILE)
     if not isinstance(generation, dict):

@@ -403,4 +403,30 @@ def test_forced_bos_equals_transformers_generate(tmp_path):
     assert _entry(lm, {"max_length": 64})["forced_bos_token_id"] == 7
     unforced = type(lm.backbone).from_config({**lm.backbone.get_config(),
                                               "forced_bos_token_id": None})  # fmt: skip
-    assert "forced_bos_token_id" not in _entry(Seq2SeqLM(unforced), {"max_length": 64})
+    assert _entry(Seq2SeqLM(unforced), {"max_length": 64})["forced_bos_token_id"] is None
+
+
+@pytest.mark.parametrize(
+    ("edit", "generation_file", "want"),
+    [
+        ({"force_bos_token_to_be_generated": True}, False, 0),
+        ({"force_bos_token_to_be_generated": True, "forced_bos_token_id": 5}, False, 0),
+        ({"force_bos_token_to_be_generated": True, "bos_token_id": 7}, False, 7),
+        ({"force_bos_token_to_be_generated": False, "forced_bos_token_id": 5}, False, 5),
+        ({"force_bos_token_to_be_generated": True}, True, None),
+        ({"forced_bos_token_id": 5}, True, None),
+    ],
+)
+def test_forced_bos_is_read_where_transformers_reads_it(tmp_path, edit, generation_file, want):
+    """Older BART folders say `force_bos_token_to_be_generated`: without a
+    generation_config.json, `transformers` forces the config's `bos_token_id` then, whatever
+    `forced_bos_token_id` says; with one, it reads only that file."""
+    torch.manual_seed(0)
+    _bart().save_pretrained(tmp_path)
+    if not generation_file:
+        (tmp_path / "generation_config.json").unlink()
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, **edit}))
+    model = transformers.BartForConditionalGeneration.from_pretrained(tmp_path)
+    assert model.generation_config.forced_bos_token_id == want  # transformers' reading, pinned
+    assert load_pretrained(tmp_path).forced_bos_token_id == want

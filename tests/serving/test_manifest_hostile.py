@@ -229,15 +229,38 @@ def test_older_formats_are_read_under_the_one_padding_name(artifact, version):
     assert "pad_id" not in written["decoding"] and "source_pad_id" not in written["seq2seq"]
 
 
-@pytest.mark.parametrize(
-    ("entry", "old"),
-    [("decoding", "pad_id"), ("seq2seq", "source_pad_id"), ("seq2seq", "pad_id")],
-)
-def test_format_5_refuses_the_old_padding_names(artifact, entry, old):
+OLD_NAMES = [  # (where, format 4's name, format 5's)
+    (("decoding",), "pad_id", "pad_token_id"),
+    (("seq2seq",), "source_pad_id", "pad_token_id"),
+    (("seq2seq",), "pad_id", "never_generated_id"),
+    (("onnx", "unpadded", "model.onnx"), "pad_value", "pad_token_id"),
+]
+
+
+def _entry(content, path):
+    for key in path:
+        content = content[key]
+    return content
+
+
+@pytest.mark.parametrize(("where", "old", "new"), OLD_NAMES)
+def test_format_5_refuses_the_old_padding_names(artifact, where, old, new):
+    path, where = where, ".".join(where)
     content = json.loads((artifact / MANIFEST).read_text())
     content.update(FORMAT_4_ENTRIES, format_version=4)
     upgraded = json.loads(parse_manifest(content).to_json())
     upgraded.update(format_version=5)
-    upgraded[entry][old] = 0
-    with pytest.raises(ArtifactError, match=f"field '{entry}.{old}': Extra inputs"):
+    _entry(upgraded, path)[old] = 0
+    with pytest.raises(ArtifactError, match=f"field '{where}.{old}': Extra inputs"):
         parse_manifest(upgraded)
+
+
+@pytest.mark.parametrize(("where", "old", "new"), OLD_NAMES)
+def test_an_older_manifest_naming_the_padding_id_twice_is_refused(artifact, where, old, new):
+    """Both names in a format-4 manifest: refused, not read as whichever comes last."""
+    path, where = where, ".".join(where)
+    content = json.loads((artifact / MANIFEST).read_text())
+    content.update(json.loads(json.dumps(FORMAT_4_ENTRIES)), format_version=4)
+    _entry(content, path)[new] = 3
+    with pytest.raises(ArtifactError, match=f"field '{where}' holds both '{old}' and '{new}'"):
+        parse_manifest(content)
