@@ -40,7 +40,9 @@ def cache_spec(lm: Any) -> dict[str, int]:
     }
 
 
-def _functions(lm: Any, spec: dict[str, int]) -> tuple[Any, list, Any, list]:
+def _functions(
+    lm: Any, spec: dict[str, int], per_row_index: bool = True
+) -> tuple[Any, list, Any, list]:
     import tensorflow as tf
 
     layers, kv, width = spec["layers"], spec["kv_heads"], spec["key_dim"]
@@ -50,7 +52,8 @@ def _functions(lm: Any, spec: dict[str, int]) -> tuple[Any, list, Any, list]:
     decode_signature = [
         tf.TensorSpec([None, None], tf.int32, name="token_ids"),
         tf.TensorSpec([None, layers, 2, spec["max_length"], kv, width], tf.float32, name="cache"),
-        tf.TensorSpec([], tf.int32, name="index"),
+        # One position per row: rows at different lengths step together (format 5).
+        tf.TensorSpec([None] if per_row_index else [], tf.int32, name="index"),
         cross,
         source,
     ]
@@ -78,12 +81,16 @@ def _functions(lm: Any, spec: dict[str, int]) -> tuple[Any, list, Any, list]:
     return encode, encode_signature, decode, decode_signature
 
 
-def write_seq2seq_onnx(model: keras.Model, folder: Path, opset: int = 17) -> dict[str, int]:
-    """Writes `encode.onnx` and `decode.onnx` of a `Seq2SeqLM`; returns the cache spec."""
+def write_seq2seq_onnx(
+    model: keras.Model, folder: Path, opset: int = 17, per_row_index: bool = True
+) -> dict[str, int]:
+    """Writes `encode.onnx` and `decode.onnx` of a `Seq2SeqLM`; returns the cache spec.
+    `per_row_index=False` writes the decode graph as manifest formats before 5 did (one
+    scalar `index`), which servers still run."""
     import tf2onnx
 
     spec = cache_spec(model)
-    encode, encode_signature, decode, decode_signature = _functions(model, spec)
+    encode, encode_signature, decode, decode_signature = _functions(model, spec, per_row_index)
     for name, function, signature in (
         ("encode.onnx", encode, encode_signature),
         ("decode.onnx", decode, decode_signature),

@@ -43,6 +43,9 @@ class EncoderDecoder:
         # The only id a generation's first step may choose (None: any id).
         self.forced_bos_token_id: int | None = spec.get("forced_bos_token_id")
         self._outputs = [o.name for o in self.decoder.get_outputs()]
+        # Graphs of format 5 take one position per row (`(batch,)`); older ones one scalar.
+        (index,) = [i for i in self.decoder.get_inputs() if i.name == "index"]
+        self.per_row_index = len(index.shape) == 1
         _check_ids(spec, self.decoder.get_outputs()[self._outputs.index("logits")].shape[-1])
 
     @property
@@ -80,13 +83,20 @@ class EncoderDecoder:
         return {key: value[np.asarray(rows)] for key, value in state.items()}
 
     def step(
-        self, token_ids: np.ndarray, state: dict[str, np.ndarray], index: int
+        self, token_ids: np.ndarray, state: dict[str, np.ndarray], index: int | np.ndarray
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """Logits of the last of `token_ids` placed at `index`, and the new state."""
+        """Logits of the last of `token_ids` placed at `index` (one int for every row, or one
+        per row where the graph takes that: `per_row_index`), and the new state."""
+        token_ids = np.asarray(token_ids, np.int32)
+        index = np.asarray(index, np.int32)
+        if self.per_row_index:  # (not `ascontiguousarray` for a scalar: it makes it 1-D)
+            index = np.ascontiguousarray(np.broadcast_to(index, (len(token_ids),)))
+        elif index.ndim:
+            raise ValueError("this decode.onnx takes one position for every row")
         feeds = {
-            "token_ids": np.asarray(token_ids, np.int32),
+            "token_ids": token_ids,
             "cache": state["cache"],
-            "index": np.asarray(index, np.int32),
+            "index": index,
             "cross_cache": state["cross_cache"],
             "encoder_token_ids": state["sources"],
         }

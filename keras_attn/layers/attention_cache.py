@@ -6,6 +6,7 @@ from typing import Any
 
 from keras import ops
 
+from keras_attn.layers.masks import row_positions
 from keras_attn.layers.tracing import write_cache
 from keras_attn.types import Tensor
 
@@ -49,9 +50,7 @@ class KeyValueCache:
                 f"Received: cache.shape={tuple(cache.shape)}"
             )
         causal = cache_update_index is not None
-        positions = ops.arange(ops.shape(query)[1]) + ops.cast(
-            cache_update_index if causal else 0, "int32"
-        )
+        positions = row_positions(ops.shape(query)[1], cache_update_index if causal else 0)
         if causal:
             start = cache_update_index
             new_keys = self._rope(self.key_dense(query), positions, 1)

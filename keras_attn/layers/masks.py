@@ -12,6 +12,22 @@ from keras import ops
 from keras_attn.types import DType, Tensor
 
 
+def per_row(index: object) -> bool:
+    """Whether a position (`offset`, `start_index`, `cache_update_index`) is one per row of the
+    batch, a `(batch,)` tensor, rather than one int or scalar shared by every row (cached
+    decoding of rows at different lengths: iteration-level batching)."""
+    return not isinstance(index, int) and len(getattr(index, "shape", ())) == 1
+
+
+def row_positions(length: int | Tensor, start: int | Tensor) -> Tensor:
+    """Int32 positions `start + 0 … start + length - 1`: `(length,)`, or `(batch, length)`
+    when `start` is one per row."""
+    steps = ops.arange(length, dtype="int32")
+    if per_row(start):
+        return ops.expand_dims(ops.cast(start, "int32"), 1) + ops.expand_dims(steps, 0)
+    return steps + ops.cast(start, "int32")
+
+
 def causal_mask(
     query_length: int | Tensor, key_length: int | Tensor | None = None, offset: int | Tensor = 0
 ) -> Tensor:
@@ -24,15 +40,21 @@ def causal_mask(
     Args:
         query_length: int or scalar tensor. Number of queries, `T`.
         key_length: int or scalar tensor. Number of keys, `S`. Defaults to `query_length + offset`.
-        offset: int or scalar tensor. Position of the first query. Defaults to `0`.
+        offset: int, scalar tensor, or `(batch,)` tensor (one per row; `key_length` is then
+            needed). Position of the first query. Defaults to `0`.
     Returns:
-        bool tensor `(1, T, S)`.
+        bool tensor `(1, T, S)`, or `(batch, T, S)` with one offset per row.
     Example:
         >>> ops.convert_to_numpy(causal_mask(2, 3, offset=1)[0]).tolist()
         [[True, True, False], [True, True, True]]
     """
     if isinstance(offset, int) and offset < 0:
         raise ValueError(f"`offset` must be >= 0. Received: offset={offset}")
+    if per_row(offset):
+        if key_length is None:
+            raise ValueError("`key_length` is needed with one `offset` per row.")
+        rows = ops.expand_dims(row_positions(query_length, offset), -1)  # (B, T, 1)
+        return ops.greater_equal(rows, ops.arange(key_length, dtype="int32"))
     if key_length is None:
         key_length = ops.add(query_length, offset)
     rows = ops.expand_dims(ops.add(ops.arange(query_length, dtype="int32"), offset), -1)

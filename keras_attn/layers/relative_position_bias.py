@@ -9,6 +9,7 @@ import numpy as np
 from keras import ops
 
 from keras_attn.checks import check_positive_ints
+from keras_attn.layers.masks import per_row, row_positions
 from keras_attn.types import Initializer, Shape, Tensor
 
 # Far past T5's 128: a distance table of this size is small, and a larger one is a hostile
@@ -51,9 +52,10 @@ class RelativePositionBias(keras.layers.Layer):
     Call arguments:
         inputs: `(batch, T, dim)`: the queries' sequence (only its length is read).
         key_length: optional int or scalar tensor: number of keys; defaults to `T`.
-        start_index: int or scalar tensor: position of the first query (cached decoding).
+        start_index: int or scalar tensor: position of the first query (cached decoding);
+            or a `(batch,)` tensor, one per row (rows at different lengths).
     Returns:
-        float `(1, num_heads, T, key_length)`.
+        float `(1, num_heads, T, key_length)` (`(batch, …)` with one `start_index` per row).
     Example:
         >>> bias = RelativePositionBias(num_heads=4)
         >>> tuple(bias(keras.random.normal((2, 5, 8))).shape)
@@ -102,10 +104,11 @@ class RelativePositionBias(keras.layers.Layer):
         )
 
     def buckets(self, query_length: Any, key_length: Any, start_index: Any = 0) -> Tensor:
-        """Int `(T, S)` buckets of key position minus query position."""
-        queries = ops.arange(query_length, dtype="int32") + ops.cast(start_index, "int32")
+        """Int `(T, S)` buckets of key position minus query position (`(B, T, S)` with one
+        `start_index` per row)."""
+        queries = row_positions(query_length, start_index)
         keys = ops.arange(key_length, dtype="int32")
-        relative = ops.expand_dims(keys, 0) - ops.expand_dims(queries, 1)
+        relative = keys - ops.expand_dims(queries, -1)
         table = ops.convert_to_tensor(self._table)
         if self.bidirectional:
             after = ops.cast(ops.greater(relative, 0), "int32") * (self.num_buckets // 2)
@@ -121,7 +124,9 @@ class RelativePositionBias(keras.layers.Layer):
             ops.cast(self.embeddings, self.compute_dtype),
             self.buckets(query_length, key_length, start_index),
             axis=0,
-        )  # (T, S, heads)
+        )  # ([B,] T, S, heads)
+        if per_row(start_index):
+            return ops.transpose(values, (0, 3, 1, 2))
         return ops.expand_dims(ops.transpose(values, (2, 0, 1)), 0)
 
     def compute_output_spec(

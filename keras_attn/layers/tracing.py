@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 import keras
 from keras import ops
 
-from keras_attn.layers.masks import mask_value
+from keras_attn.layers.masks import mask_value, per_row, row_positions
 from keras_attn.types import Tensor
 
 if TYPE_CHECKING:  # it imports this module
@@ -38,13 +38,13 @@ class onnx_tracing:
 
 
 def write_cache(cache: Tensor, start: int | Tensor, new: Tensor) -> Tensor:
-    """`cache (B, S, ...)` with `new (B, T, ...)` written at positions `start .. start+T-1`."""
-    if not _TRACING["onnx"]:
+    """`cache (B, S, ...)` with `new (B, T, ...)` written at positions `start .. start+T-1`;
+    `start` is one int (or scalar) for every row, or a `(B,)` tensor, one per row."""
+    if not _TRACING["onnx"] and not per_row(start):
         return ops.slice_update(cache, [0, start] + [0] * (len(cache.shape) - 2), new)
     batch, length = ops.shape(new)[0], ops.shape(new)[1]
-    rows = ops.broadcast_to(ops.expand_dims(ops.arange(batch), 1), (batch, length))
-    columns = ops.arange(length) + ops.cast(start, "int32")
-    columns = ops.broadcast_to(ops.expand_dims(columns, 0), (batch, length))
+    rows = ops.broadcast_to(ops.expand_dims(ops.arange(batch, dtype="int32"), 1), (batch, length))
+    columns = ops.broadcast_to(row_positions(length, start), (batch, length))
     indices = ops.stack([ops.reshape(rows, (-1,)), ops.reshape(columns, (-1,))], axis=1)
     updates = ops.reshape(new, (-1, *new.shape[2:]))
     return ops.scatter_update(cache, indices, updates)

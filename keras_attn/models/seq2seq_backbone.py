@@ -15,6 +15,7 @@ from keras_attn.checks import (
     check_renamed,
 )
 from keras_attn.layers.embeddings import SinusoidalPositionEncoding, TokenEmbedding
+from keras_attn.layers.masks import per_row, row_positions
 from keras_attn.layers.relative_position_bias import RelativePositionBias
 from keras_attn.layers.token_and_position_embedding import (
     POSITION_ENCODINGS,
@@ -74,7 +75,10 @@ class Side:
             x = self.scale(x)
         if self.positions is not None:
             start = start_index + self.offset if self.offset else start_index
-            x = x + self.positions(x, start_index=start)
+            if per_row(start):  # one position per row: the tables' own `position_ids` path
+                x = x + self.positions(x, position_ids=row_positions(ops.shape(ids)[1], start))
+            else:
+                x = x + self.positions(x, start_index=start)
         if self.norm is not None:
             x = self.norm(x)
         return self.dropout(x, training=training)

@@ -124,6 +124,64 @@ def test_beam_search_equals_keras(served, settings):
         assert answer.json()["text_output"] == expected, (name, text, settings)
 
 
+def test_the_decode_graph_steps_rows_at_their_own_positions(served):
+    """`decode.onnx` takes one position per row: rows 2 and 4 long step together, each
+    writing its own cache place and reading its own prefix; logits equal the Keras model's
+    full forward at each row's position (iteration-level batching's graph)."""
+    import numpy as np
+    from keras_attn_serving.seq2seq import EncoderDecoder
+
+    name, lm, manifest, _, artifact = served
+    graphs = EncoderDecoder(artifact, manifest.seq2seq.model_dump())
+    assert graphs.per_row_index
+    packed = lm.preprocessor(TEXTS[:2])["encoder_token_ids"].numpy()
+    sources = [[t for t in row.tolist() if t != lm.pad_token_id] for row in packed]
+    padded = np.full((2, max(map(len, sources))), lm.pad_token_id, np.int32)
+    for row, ids in enumerate(sources):
+        padded[row, : len(ids)] = ids
+    target = np.random.default_rng(0).integers(3, 40, size=(2, 6)).astype(np.int32)
+    target[:, 0] = lm.decoder_start_token_id
+    inputs = {"encoder_token_ids": padded, "decoder_token_ids": target}
+    full = lm(inputs, training=False).numpy()
+    prefill = target[:, :4].copy()
+    prefill[0, 2:] = 7  # row 0 is 2 long: its own steps overwrite these places
+    _, state = graphs.step(prefill, graphs.start(sources), 0)
+    lengths = np.array([2, 4])
+    worst = 0.0
+    for step in range(2):
+        index = lengths + step
+        logits, state = graphs.step(target[[0, 1], index][:, None], state, index)
+        worst = max(worst, float(np.abs(logits - full[[0, 1], index]).max()))
+    assert worst <= max(1e-4, manifest.seq2seq.step_logits_max_abs_diff * 4), (name, worst)
+
+
+def test_a_decode_graph_of_one_position_for_all_rows_still_generates(served, tmp_path):
+    """Graphs written before format 5 take a scalar `index`: the server still runs them."""
+    import shutil
+
+    from keras_attn_export.seq2seq import write_seq2seq_onnx
+    from keras_attn_serving.generation import decode_ids
+    from keras_attn_serving.seq2seq import EncoderDecoder
+
+    name, lm, manifest, _, artifact = served
+    if name != "bart":
+        pytest.skip("one family is enough: the server's side is the same for all")
+    old = tmp_path / "old"
+    shutil.copytree(artifact, old)
+    write_seq2seq_onnx(lm, old, per_row_index=False)
+    graphs = EncoderDecoder(old, manifest.seq2seq.model_dump())
+    assert not graphs.per_row_index
+    packed = lm.preprocessor(TEXTS[:2])["encoder_token_ids"].numpy()
+    sources = [[t for t in row.tolist() if t != lm.pad_token_id] for row in packed]
+    ids = decode_ids(graphs.step, graphs.start(sources), [[graphs.start_id]] * 2, 6,
+                     pad_token_id=graphs.never_generated_id, max_length=graphs.max_length,
+                     forced_eos_token_id=graphs.forced_eos_token_id,
+                     forced_bos_token_id=graphs.forced_bos_token_id)  # fmt: skip
+    assert ids == lm.generate(sources, 6)
+    with pytest.raises(ValueError, match="one position for every row"):
+        graphs.step([[5], [6]], graphs.start(sources), [1, 2])
+
+
 def test_a_source_longer_than_the_encoder_takes_is_refused(served):
     _, _, manifest, url, _ = served
     if manifest.max_sequence_length is None:
