@@ -21,7 +21,8 @@ MANIFEST = "manifest.json"
 # and `decode_gqa.onnx` takes a per-row `index`. 4: `onnx.unpadded`, and `onnx.file` is the
 # fused graph when there is one. 5: one name for the padding id, `pad_token_id` (as the
 # library's models call it): `decoding.pad_id`, `seq2seq.source_pad_id` and
-# `onnx.unpadded.*.pad_value` before; `seq2seq.pad_id` is `seq2seq.never_generated_id`.
+# `onnx.unpadded.*.pad_value` before; `seq2seq.pad_id` is `seq2seq.never_generated_id`; and
+# an encoder-decoder's `decode.onnx` takes one `index` per row (older scalar ones still run).
 # Formats 2 to 4 are still read (`_renamed`).
 FORMAT_VERSION = 5
 READABLE_VERSIONS = (2, 3, 4, 5)

@@ -43,9 +43,12 @@ class EncoderDecoder:
         # The only id a generation's first step may choose (None: any id).
         self.forced_bos_token_id: int | None = spec.get("forced_bos_token_id")
         self._outputs = [o.name for o in self.decoder.get_outputs()]
-        # Graphs of format 5 take one position per row (`(batch,)`); older ones one scalar.
-        (index,) = [i for i in self.decoder.get_inputs() if i.name == "index"]
-        self.per_row_index = len(index.shape) == 1
+        # Graphs written since iteration-level batching take one position per row
+        # (`(batch,)`); older ones one scalar for every row. Both run.
+        index = [i for i in self.decoder.get_inputs() if i.name == "index"]
+        if len(index) != 1 or len(index[0].shape) > 1:
+            raise ArtifactError(f"{spec['file']} has no `index` input of shape () or (batch,)")
+        self.per_row_index = len(index[0].shape) == 1
         _check_ids(spec, self.decoder.get_outputs()[self._outputs.index("logits")].shape[-1])
 
     @property

@@ -16,7 +16,13 @@ def per_row(index: object) -> bool:
     """Whether a position (`offset`, `start_index`, `cache_update_index`) is one per row of the
     batch, a `(batch,)` tensor, rather than one int or scalar shared by every row (cached
     decoding of rows at different lengths: iteration-level batching)."""
-    return not isinstance(index, int) and len(getattr(index, "shape", ())) == 1
+    shape = getattr(index, "shape", ())
+    if getattr(shape, "rank", 0) is None:  # a graph tensor of unknown rank
+        raise ValueError(
+            "A position must be a scalar or one per row, of known rank. Received: a tensor of "
+            "unknown rank"
+        )
+    return not isinstance(index, int) and len(shape) == 1
 
 
 def row_positions(length: int | Tensor, start: int | Tensor) -> Tensor:

@@ -135,7 +135,8 @@ class RelativePositionBias(keras.layers.Layer):
         queries = inputs.shape[1]
         keys = queries if key_length is None else key_length
         keys = keys if isinstance(keys, int) else None
-        return keras.KerasTensor((1, self.num_heads, queries, keys), dtype=self.compute_dtype)
+        batch = inputs.shape[0] if per_row(start_index) else 1
+        return keras.KerasTensor((batch, self.num_heads, queries, keys), dtype=self.compute_dtype)
 
     def get_config(self) -> dict[str, Any]:
         return {

@@ -22,6 +22,7 @@ from keras_attn.layers.embeddings import (
     SinusoidalPositionEncoding,
     TokenEmbedding,
 )
+from keras_attn.layers.masks import per_row, row_positions
 from keras_attn.layers.token_and_position_embedding import TokenAndPositionEmbedding
 from keras_attn.layers.transformer_decoder import TransformerDecoder
 from keras_attn.types import Tensor
@@ -67,10 +68,14 @@ class CachedCausalLM:
         return bool(self.token_embedding.mask_zero)
 
     def embed(self, token_ids: Tensor, index: int | Tensor = 0) -> Tensor:
-        """Embeddings of `token_ids` placed at positions `index, index + 1, …`."""
+        """Embeddings of `token_ids` placed at positions `index, index + 1, …` (`index`: one
+        int for every row, or a `(batch,)` tensor, one per row)."""
         x = self.token_embedding(token_ids)
         if self.position_embedding is None:  # rotary: positions are applied in attention
             return x
+        if per_row(index):
+            positions = row_positions(ops.shape(token_ids)[1], index)
+            return x + self.position_embedding(x, position_ids=positions)
         return x + self.position_embedding(x, start_index=index)
 
     def logits(self, x: Tensor) -> Tensor:
@@ -170,6 +175,12 @@ class FunctionalCausalLM(CachedCausalLM):
 
     def embed(self, token_ids: Tensor, index: int | Tensor = 0) -> Tensor:
         if self._combined is not None:
+            if per_row(index):
+                raise ValueError(
+                    "This model's token and position embedding is one layer, which takes one "
+                    "position for every row. Received: an index of shape "
+                    f"{tuple(getattr(index, 'shape', ()))}"
+                )
             return self._combined(token_ids, start_index=index)
         # Named, not `super()`: autograph (tf.function over the decode step) mis-converts
         # zero-argument super() in a method of a subclass.

@@ -262,7 +262,7 @@ def test_seq2seq_step_with_one_position_per_row_equals_the_full_forward(case):
     # Both rows prefilled to 4 places; row 0 is 2 long, its places 2 and 3 hold other ids
     # until its own steps write there (the causal mask hides them meanwhile).
     prefill = target[:, :4].copy()
-    prefill[0, 2:] = 15 - prefill[0, 2:] + 3
+    prefill[0, 2:] = (prefill[0, 2:] - 2) % 13 + 3  # each id in 3..15 moved by one
     _, state = model.call_with_cache(prefill, state, 0)
     lengths = np.array([2, 4], "int32")
     for step in range(2):
@@ -272,3 +272,15 @@ def test_seq2seq_step_with_one_position_per_row_equals_the_full_forward(case):
         expected = full[np.arange(2), index]
         np.testing.assert_allclose(keras.ops.convert_to_numpy(logits)[:, -1], expected, atol=1e-5)
     assert not np.allclose(full[0, 2], full[1, 4], atol=1e-3)  # rows that could be told apart
+
+
+@pytest.mark.parametrize("case", ["causal_lm", "causal_lm_llama"])  # learned; rotary GQA
+def test_decoder_step_with_one_position_per_row_equals_the_full_forward(case):
+    from tests.models.model_cases import MODELS
+    from tests.models.test_generation import _step_rows_apart
+
+    factory, _, _ = MODELS[case]
+    keras.utils.set_random_seed(0)
+    model = factory()
+    target = np.random.default_rng(1).integers(3, 16, size=(2, 6)).astype("int32")
+    _step_rows_apart(model, keras.ops.convert_to_numpy(model(target, training=False)), target)

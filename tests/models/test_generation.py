@@ -1,3 +1,4 @@
+import keras
 import numpy as np
 import pytest
 
@@ -149,3 +150,33 @@ def test_bad_prompts_and_long_inputs_are_value_errors_not_op_errors(lm):
         ValueError, match=r"up to `sequence_length=32`\. Received: inputs of length 40"
     ):
         lm(np.ones((1, 40), "int32"))
+
+
+def _step_rows_apart(lm, full, target):
+    """Rows 2 and 4 ids long, one step each at its own position: logits vs `full`'s."""
+    prefill = target[:, :4].copy()
+    prefill[0, 2:] = (prefill[0, 2:] - 2) % 13 + 3  # row 0's own steps overwrite these
+    _, cache = lm.call_with_cache(prefill, lm.init_cache(2, 8), 0)
+    for step in range(2):
+        index = np.array([2, 4], "int32") + step
+        tokens = target[np.arange(2), index][:, None]
+        logits, cache = lm.call_with_cache(tokens, cache, keras.ops.convert_to_tensor(index))
+        np.testing.assert_allclose(
+            keras.ops.convert_to_numpy(logits)[:, -1], full[np.arange(2), index], atol=1e-5
+        )
+
+
+def test_functional_causal_lm_steps_rows_at_their_own_positions():
+    import keras_attn as ka
+    from keras_attn.models.cached import cached_causal_lm
+
+    model = functional_lm()
+    target = np.random.default_rng(2).integers(3, 16, size=(2, 6)).astype("int32")
+    _step_rows_apart(cached_causal_lm(model), keras.ops.convert_to_numpy(model(target)), target)
+    # One token-and-position layer takes one position for every row: refused by name.
+    ids = keras.Input((None,), dtype="int32")
+    x = ka.TokenAndPositionEmbedding(50, 16, 16, mask_zero=True)(ids)
+    x = ka.TransformerDecoder(num_heads=2, intermediate_dim=32)(x)
+    combined = cached_causal_lm(keras.Model(ids, keras.layers.Dense(50)(x)))
+    with pytest.raises(ValueError, match="one position for every row"):
+        combined.call_with_cache(target[:, :1], combined.init_cache(2, 8), np.array([1, 2]))
