@@ -38,6 +38,8 @@ def force_ends(
     `forced_bos_token_id`; a row choosing its `max_new_tokens`-th id can only choose
     `forced_eos_token_id`, which wins where both hold. `new_index`, `prompt_lengths`: per
     row, or one int for every row."""
+    if forced_bos_token_id is None and forced_eos_token_id is None:  # every step's usual case
+        return logits
     rows = np.ones(len(logits), bool)
     first = rows & (np.asarray(new_index) == 0) & (np.asarray(prompt_lengths) == 1)
     logits = force_token(logits, first, forced_bos_token_id)

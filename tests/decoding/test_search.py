@@ -249,6 +249,7 @@ def test_seq2seq_step_with_one_position_per_row_equals_the_full_forward(case):
     and values are written at its own position, its queries see its own prefix, and its
     logits are the full forward's there."""
     from tests.models.model_cases import MODELS
+    from tests.models.test_generation import _step_rows_apart
 
     factory, inputs, _ = MODELS[case]
     keras.utils.set_random_seed(0)
@@ -258,19 +259,7 @@ def test_seq2seq_step_with_one_position_per_row_equals_the_full_forward(case):
     full = keras.ops.convert_to_numpy(
         model({"encoder_token_ids": source, "decoder_token_ids": target}, training=False)
     )
-    state = model.init_cache(model.encode(source), source, 8)
-    # Both rows prefilled to 4 places; row 0 is 2 long, its places 2 and 3 hold other ids
-    # until its own steps write there (the causal mask hides them meanwhile).
-    prefill = target[:, :4].copy()
-    prefill[0, 2:] = (prefill[0, 2:] - 2) % 13 + 3  # each id in 3..15 moved by one
-    _, state = model.call_with_cache(prefill, state, 0)
-    lengths = np.array([2, 4], "int32")
-    for step in range(2):
-        index = lengths + step
-        tokens = target[np.arange(2), index][:, None]
-        logits, state = model.call_with_cache(tokens, state, keras.ops.convert_to_tensor(index))
-        expected = full[np.arange(2), index]
-        np.testing.assert_allclose(keras.ops.convert_to_numpy(logits)[:, -1], expected, atol=1e-5)
+    _step_rows_apart(model, full, target, model.init_cache(model.encode(source), source, 8))
     assert not np.allclose(full[0, 2], full[1, 4], atol=1e-3)  # rows that could be told apart
 
 

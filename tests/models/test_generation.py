@@ -152,11 +152,13 @@ def test_bad_prompts_and_long_inputs_are_value_errors_not_op_errors(lm):
         lm(np.ones((1, 40), "int32"))
 
 
-def _step_rows_apart(lm, full, target):
-    """Rows 2 and 4 ids long, one step each at its own position: logits vs `full`'s."""
+def _step_rows_apart(lm, full, target, cache=None):
+    """Rows 2 and 4 ids long, one step each at its own position: logits vs `full`'s (ids
+    3..15 in `target`; `cache`: the empty state, a decoder's own by default)."""
     prefill = target[:, :4].copy()
     prefill[0, 2:] = (prefill[0, 2:] - 2) % 13 + 3  # row 0's own steps overwrite these
-    _, cache = lm.call_with_cache(prefill, lm.init_cache(2, 8), 0)
+    cache = lm.init_cache(2, 8) if cache is None else cache
+    _, cache = lm.call_with_cache(prefill, cache, 0)
     for step in range(2):
         index = np.array([2, 4], "int32") + step
         tokens = target[np.arange(2), index][:, None]
