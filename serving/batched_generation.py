@@ -17,45 +17,24 @@ one, whose cache rows are copied over), and a step runs on the smallest bucket o
 capacity. Newcomers are prefilled shortest first, `PREFILL_ROWS` to a run, so that each run
 pads its prompts to lengths close to theirs.
 
-Every request draws with its own sampler on its own row, one call per step, as
-`generation.decode_tokens` does for one prompt, so its ids are those of decoding it alone
-(and of Keras `generate` with the same seed), whatever else shares the steps.
-
-`stream` hands each id to the caller's thread through a queue; `astream` hands it straight to
-an asyncio event loop (`call_soon_threadsafe`), so a server streams without a thread per
-request waiting on the queue.
+The loop itself (streams, deadlines, cancellation, each request's own sampler, failures kept
+to the requests at fault) is `shared_steps.SharedSteps`, which the encoder-decoders' batcher
+(`seq2seq_batching`) shares.
 """
 
-import asyncio
-import queue
-import sys
-import threading
-import time
-from collections import deque
-from collections.abc import AsyncGenerator, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from keras_attn_serving.decode_requests import (
-    _END,
-    Chooser,
-    _fail,
-    _flush,
-    _LoopSink,
-    _raised,
-    _Request,
-    _Sink,
-)
+from keras_attn_serving.decode_requests import _fail, _Request
 from keras_attn_serving.generation import BucketedCache
 from keras_attn_serving.prefix_cache import PrefixCache
+from keras_attn_serving.shared_steps import PREFILL_ROWS, SharedSteps
 
 if TYPE_CHECKING:
     import onnxruntime as ort
 
-PREFILL_ROWS = 8  # prompts prefilled in one run at most (its cache buffer has as many rows)
 
-
-class DecodeBatcher:
+class DecodeBatcher(SharedSteps):
     """Continuous batching over one `decode_gqa.onnx` session.
 
     Args:
@@ -72,184 +51,21 @@ class DecodeBatcher:
     def __init__(self, session: "ort.InferenceSession", spec: dict[str, Any],
                  pad_token_id: int | None, max_decode_rows: int = 32,
                  prefix_cache_bytes: int = 0) -> None:  # fmt: skip
-        rows = max_decode_rows
-        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
-            raise ValueError(f"`max_decode_rows` must be a positive integer. Received: {rows!r}")
+        super().__init__(max_decode_rows)
         self.session, self.spec, self.pad_token_id = session, spec, pad_token_id
+        self.banned_id = pad_token_id
         self.max_length = int(spec["max_length"])
         width = session.get_outputs()[0].shape[-1]  # the logits' width: ids the model embeds
         self.vocabulary_size = width if isinstance(width, int) else None
         self.cache = BucketedCache(session, spec, max_decode_rows)
         self.prefill = BucketedCache(session, spec, min(max_decode_rows, PREFILL_ROWS))
-        self.max_decode_rows = max_decode_rows
         self.prefix = PrefixCache(prefix_cache_bytes)
-        self.active: list[_Request] = []
-        self.waiting: deque[_Request] = deque()
-        self.lock = threading.Condition()
-        self.closed = False
-        self.steps = 0  # batched decode steps run (for tests and metrics)
-        self.rows_stepped = 0  # requests advanced by them
-        self.peak_rows = 0  # the most requests one step has advanced
-        self.pending: list[tuple[_LoopSink, Any]] = []  # for `astream`s, put by the loop
-        self.thread = threading.Thread(target=self._loop, name="decode-batcher", daemon=True)
-        self.thread.start()
+        self._start()
 
-    def stream(self, prompt: Sequence[int], max_new_tokens: int,
-               stop_token_ids: Iterable[int] = (), sampler: Chooser | None = None,
-               outcome: dict[str, Any] | None = None) -> Iterator[int]:  # fmt: skip
-        """The new ids of `prompt`, each as soon as its step has run; a stop token ends the
-        stream and is not returned. Closing the generator early frees its row."""
-        out: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        request = self._submit(prompt, max_new_tokens, stop_token_ids, sampler, out, outcome)
-        if request is None:
-            return
-        try:
-            while (item := out.get()) is not _END:
-                yield _raised(item)
-        finally:
-            request.cancelled = True
-
-    async def astream(self, prompt: Sequence[int], max_new_tokens: int,
-                      stop_token_ids: Iterable[int] = (), sampler: Chooser | None = None,
-                      deadline: float | None = None, outcome: dict[str, Any] | None = None,
-                      ) -> AsyncGenerator[int, None]:  # fmt: skip
-        """`stream` for a caller on an asyncio event loop: awaiting an id blocks no thread.
-        Closing the generator early (or cancelling the task awaiting it) frees its row.
-        Past `deadline` (a `time.perf_counter()` time) the stream raises `TimeoutError` and
-        frees its row: one timer for the whole stream, not one per id."""
-        late = TimeoutError("the generation passed its deadline")
-        if deadline is not None and deadline <= time.perf_counter():
-            raise late
-        loop = asyncio.get_running_loop()
-        sink = _LoopSink(loop, self.pending)
-        request = self._submit(prompt, max_new_tokens, stop_token_ids, sampler, sink, outcome)
-        if request is None:
-            return
-        timer = None
-        if deadline is not None:
-
-            def expire() -> None:  # the loop stops computing it, even for a slow reader
-                request.cancelled = True
-                sink.queue.put_nowait(late)
-
-            timer = loop.call_later(deadline - time.perf_counter(), expire)
-        try:
-            while (item := await sink.queue.get()) is not _END:
-                yield _raised(item)
-        finally:
-            request.cancelled = True
-            if timer is not None:
-                timer.cancel()
-
-    def _submit(self, prompt: Sequence[int], max_new_tokens: int, stop_token_ids: Iterable[int],
-                sampler: Chooser | None, out: _Sink, outcome: dict[str, Any] | None = None,
-                ) -> "_Request | None":  # fmt: skip
-        """The request, checked and queued for the loop; None when it asks for no ids."""
-        prompt = [int(t) for t in prompt]
-        if not prompt:
-            raise ValueError("`prompt` must be a non-empty list of ids.")
-        self._check_ids(prompt)
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or (
-            max_new_tokens < 0
-        ):  # fmt: skip
-            raise ValueError(f"`max_new_tokens` must be >= 0. Received: {max_new_tokens!r}")
-        if len(prompt) + max_new_tokens > self.max_length:
-            raise ValueError(
-                f"prompt length {len(prompt)} + max_new_tokens {max_new_tokens} exceeds the "
-                f"model's maximum sequence length {self.max_length}"
-            )
-        if max_new_tokens == 0:
-            return None
-        stop_ids = frozenset(map(int, stop_token_ids))
-        request = _Request(prompt, max_new_tokens, stop_ids, sampler, out)
-        request.outcome = outcome
-        with self.lock:
-            if self.closed:
-                raise RuntimeError("the decode batcher is closed")
-            self.waiting.append(request)
-            self.lock.notify()
-        return request
-
-    def close(self) -> None:
-        """Ends the loop; requests in flight get an error."""
-        with self.lock:
-            self.closed = True
-            self.lock.notify()
-        self.thread.join(timeout=10)
-
-    # The loop (one thread): admit waiting requests, then one step for every active row.
-
-    def _loop(self) -> None:
-        while True:
-            with self.lock:
-                while not self.closed and not self.waiting and not self.active:
-                    self.lock.wait()
-                if self.closed:
-                    break
-                newcomers: list[_Request] = []
-                while self.waiting and len(self.active) + len(newcomers) < self.max_decode_rows:
-                    newcomers.append(self.waiting.popleft())
-            # By length: each prefill run pads its prompts to the longest of them.
-            live = sorted((r for r in newcomers if not r.cancelled), key=lambda r: len(r.prompt))
-            try:
-                for request in newcomers:
-                    if request.cancelled:
-                        request.done = True
-                        request.out.put(_END)
-                misses = [r for r in live if not self._admit_cached(r)]
-                for start in range(0, len(misses), PREFILL_ROWS):
-                    self._admit_each(misses[start : start + PREFILL_ROWS])
-                _flush(self.pending)  # first ids of prompts prefilled whole, before the step
-                self._drop_cancelled()
-                if self.active:
-                    try:
-                        self._step()
-                    except Exception as error:  # only the rows at fault, if any is
-                        self._fail_step(error)
-            except Exception as error:  # a failure of the loop itself: every request gets it
-                for request in [*self.active, *(r for r in live if r not in self.active)]:
-                    _fail(request, error)
-                self.active.clear()
-            _flush(self.pending)
-        closed = RuntimeError("the decode batcher was closed")
-        for request in [*self.active, *self.waiting]:
-            _fail(request, closed)
-        _flush(self.pending)
-
-    def _check_ids(self, prompt: list[int]) -> None:
-        """Ids the model has no embedding for are refused before they join a shared step."""
-        vocabulary = self.vocabulary_size
-        if vocabulary is not None and not 0 <= min(prompt) <= max(prompt) < vocabulary:
-            bad = sorted({t for t in prompt if not 0 <= t < vocabulary})
-            raise ValueError(f"`prompt` has ids outside [0, {vocabulary}): {bad[:5]}")
-
-    def _admit_each(self, requests: list[_Request]) -> None:
-        """`_admit`, with rows isolated: when a prefill run fails, each of its prompts is
-        tried alone, and only a prompt that fails alone gets the error."""
-        try:
-            self._admit(requests)
-            return
-        except Exception as error:
-            left = [r for r in requests if not r.done and not any(r is a for a in self.active)]
-            if len(requests) == 1 or len(left) < len(requests):
-                for request in left:  # alone, or failed past the run: these get the error
-                    _fail(request, error)
-                return
-        for request in requests:
-            self._admit_each([request])
-
-    def _fail_step(self, error: Exception) -> None:
-        """A failed step ends the rows whose inputs are at fault (an id past the vocabulary,
-        a position past the cache); only when none is, every row gets the error."""
-        vocabulary = self.vocabulary_size or sys.maxsize
-        faulty = [
-            row for row, r in enumerate(self.active)
-            if not 0 <= r.next_token < vocabulary or not 0 <= r.position < self.max_length
-        ]  # fmt: skip
-        rows = faulty or list(range(len(self.active)))
-        for row in sorted(rows, reverse=True):  # backwards: a finished row takes the last one
-            self.active[row].out.put(error)
-            self._finish(row)
+    def _admit_newcomers(self, live: list[_Request]) -> None:
+        """Prompts that begin with cached blocks are admitted from them; the rest are
+        prefilled, `PREFILL_ROWS` to a run."""
+        super()._admit_newcomers([r for r in live if not self._admit_cached(r)])
 
     def _run(self, cache: BucketedCache, rows: int, token_ids: np.ndarray, index: np.ndarray
              ) -> np.ndarray:  # fmt: skip
@@ -325,69 +141,13 @@ class DecodeBatcher:
                 self._finish(self.active.index(request))
         return True
 
-    def _step(self) -> None:
-        count = len(self.active)
+    def _run_step(self, count: int) -> np.ndarray:
         rows = self.cache.bucket(count)
         token_ids = np.full((rows, 1), self.pad_token_id or 0, np.int32)
         index = np.zeros(rows, np.int32)
         for row, request in enumerate(self.active):
             token_ids[row, 0], index[row] = request.next_token, request.position
-        logits = self._run(self.cache, rows, token_ids, index)
-        self.steps += 1
-        self.rows_stepped += count
-        self.peak_rows = max(self.peak_rows, count)
-        greedy = self._greedy(logits[:count])
-        for row in range(count - 1, -1, -1):  # backwards: a finished row takes the last one
-            request = self.active[row]
-            request.position += 1
-            self._choose(row, request, logits[row], greedy[row])
+        return self._run(self.cache, rows, token_ids, index)
 
-    def _greedy(self, logits: np.ndarray) -> np.ndarray:
-        """The greedy id of every row at once (one pass, not one per request): float32's
-        argmax is float64's, as widening keeps every order and every tie."""
-        return self._banned(logits, logits.dtype).argmax(-1)
-
-    def _banned(self, logits: np.ndarray, dtype: Any) -> np.ndarray:
-        """A copy of `logits` (`(rows, vocab)`) as `dtype`, the pad id never chosen."""
-        logits = np.array(logits, dtype)
-        if self.pad_token_id is not None:
-            logits[:, self.pad_token_id] = -np.inf
-        return logits
-
-    def _choose(self, row: int, request: _Request, logits: np.ndarray, greedy: int) -> None:
-        """Picks `request`'s next id (`greedy`, or its sampler's draw from its float64
-        logits); sends it, or ends the request."""
-        if request.sampler is None:
-            token = int(greedy)
-        else:
-            try:  # a request's own chooser (a grammar, say) fails that request alone
-                token = int(request.sampler(self._banned(logits[None], np.float64))[0])
-            except Exception as error:
-                _fail(request, error)
-                self._finish(row)
-                return
-        request.produced += 1
-        stopped = token in request.stop_ids
-        if not stopped:
-            request.out.put(token)
-        if stopped or request.produced >= request.max_new_tokens or request.cancelled:
-            self._finish(row)
-        else:
-            request.next_token = token
-
-    def _drop_cancelled(self) -> None:
-        for row in range(len(self.active) - 1, -1, -1):
-            if self.active[row].cancelled:
-                self._finish(row)
-
-    def _finish(self, row: int) -> None:
-        """Ends the request in `row`; the last active request moves into its row."""
-        request = self.active[row]
-        request.done = True
-        request.out.put(_END)
-        last = len(self.active) - 1
-        if row != last:
-            moved = self.active[last]
-            self.cache.copy_row(self.cache, last, row, moved.position)
-            self.active[row] = moved
-        self.active.pop()
+    def _move_row(self, source: int, row: int, request: _Request) -> None:
+        self.cache.copy_row(self.cache, source, row, request.position)

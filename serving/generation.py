@@ -172,6 +172,12 @@ def bind_cache(session: "ort.InferenceSession", arrays: list[np.ndarray]) -> tup
     return binding, values
 
 
+def row_buckets(rows: int) -> list[int]:
+    """The row counts a shared step runs on, up to `rows`: 1, 2, 4, then every multiple of
+    4 (a step's cost follows its rows, not the capacity)."""
+    return sorted({min(size, rows) for size in (1, 2, 4, *range(8, rows + 4, 4))})
+
+
 class BucketedCache:
     """The shared cache of iteration-level batching (`batched_generation`): one set of
     per-block key/value buffers `(rows, kv_heads, max_length, key_dim)` in
@@ -185,7 +191,7 @@ class BucketedCache:
         self.buffers = [np.zeros(shape, np.float32) for _ in range(2 * spec["layers"])]
         self.bindings: dict[int, Any] = {}
         self.values: list[Any] = []  # the OrtValues must outlive their bindings
-        for size in sorted({min(size, rows) for size in (1, 2, 4, *range(8, rows + 4, 4))}):
+        for size in row_buckets(rows):
             binding, values = bind_cache(session, [buffer[:size] for buffer in self.buffers])
             self.bindings[size] = binding
             self.values += values

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnxruntime as ort
-from keras_attn_serving.batched_generation import DecodeBatcher
 from keras_attn_serving.chat_template import ChatTemplate
 from keras_attn_serving.generation import (
     gqa_step,
@@ -20,6 +19,7 @@ from keras_attn_serving.generation import (
 from keras_attn_serving.manifest import ArtifactError, read_manifest, verify_files
 from keras_attn_serving.predictor_generation import Generates, per_row_index
 from keras_attn_serving.seq2seq import EncoderDecoder
+from keras_attn_serving.shared_steps import SharedSteps
 from keras_attn_serving.tokenizer import load_text_tokenizer
 
 if TYPE_CHECKING:
@@ -38,10 +38,11 @@ class Predictor(Generates):
         verify: check every file's sha256 against the manifest first. Defaults to `True`.
         num_threads: onnxruntime intra-op threads; defaults to onnxruntime's choice.
         max_decode_rows: `stream_ids` requests that share each decode step (iteration-level
-            batching over `decode_gqa.onnx`); 0 (the default) decodes each alone.
-        decode_threads: onnxruntime intra-op threads of `decode_gqa.onnx` when `max_decode_rows`
-            shares its steps: one thread runs them all, so by default it gets onnxruntime's
-            choice (every core), not `num_threads`.
+            batching over `decode_gqa.onnx`, or an encoder-decoder's `decode.onnx`); 0 (the
+            default) decodes each alone.
+        decode_threads: onnxruntime intra-op threads of that decode graph when
+            `max_decode_rows` shares its steps: one thread runs them all, so by default it
+            gets onnxruntime's choice (every core), not `num_threads`.
         prefix_cache_bytes: prompt keys and values the shared decode loop keeps for prompts
             that begin alike (`prefix_cache.PrefixCache`); 0 (the default) keeps none.
     Example:
@@ -67,7 +68,7 @@ class Predictor(Generates):
         self.folder = Path(folder)
         self.max_decode_rows = max_decode_rows
         self.prefix_cache_bytes = prefix_cache_bytes
-        self._decode_batcher: DecodeBatcher | None = None
+        self._decode_batcher: SharedSteps | None = None
         self._closed = False
         self._batcher_lock = threading.Lock()
         self.manifest = read_manifest(self.folder)
@@ -112,12 +113,12 @@ class Predictor(Generates):
         # generated.
         self.pad_token_id: int | None = (self.decoding or {}).get("pad_token_id", 0)
         self.gqa_session: ort.InferenceSession | None = None
+        shared = options
+        if max_decode_rows:  # one decode thread runs every shared step: it gets the cores
+            shared = ort.SessionOptions()
+            if decode_threads:
+                shared.intra_op_num_threads = decode_threads
         if self.gqa.get("file"):
-            shared = options
-            if max_decode_rows:  # one decode thread runs every step: it gets the cores
-                shared = ort.SessionOptions()
-                if decode_threads:
-                    shared.intra_op_num_threads = decode_threads
             gqa_file = str(self.folder / self.gqa["file"])
             self.gqa_session = ort.InferenceSession(
                 gqa_file, shared, providers=["CPUExecutionProvider"]
@@ -131,7 +132,8 @@ class Predictor(Generates):
             self._gqa_step = gqa_step(self.gqa_session)
         # An encoder-decoder's graphs: its prompts are sources, its decoding starts anew.
         self.encoder_decoder = (
-            EncoderDecoder(self.folder, manifest.seq2seq.model_dump(), options)
+            EncoderDecoder(self.folder, manifest.seq2seq.model_dump(), options,
+                           shared if max_decode_rows else None)
             if manifest.seq2seq else None
         )  # fmt: skip
         # input name -> what `_checked` checks, worked out once

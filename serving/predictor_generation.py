@@ -19,6 +19,8 @@ from keras_attn_serving.generation import (
     prefix_step,
 )
 from keras_attn_serving.seq2seq import EncoderDecoder
+from keras_attn_serving.seq2seq_batching import Seq2SeqBatcher
+from keras_attn_serving.shared_steps import SharedSteps
 
 if TYPE_CHECKING:
     from keras_attn_serving.generation_request import Beams
@@ -43,7 +45,7 @@ class Generates:
     prefix_cache_bytes: int
     _decode_step: Any
     _gqa_step: Any
-    _decode_batcher: DecodeBatcher | None
+    _decode_batcher: SharedSteps | None
     _closed: bool
     _batcher_lock: threading.Lock
 
@@ -151,9 +153,10 @@ class Generates:
         sampler: "Sampler | None" = None,
     ) -> Iterator[int]:
         """The new ids of one prompt, each as soon as it is chosen (what `/generate_stream`
-        sends). With `max_decode_rows` and a `decode_gqa.onnx` that takes one position per row,
-        concurrent calls share decode steps (`keras_attn_serving.batched_generation`); the
-        ids are those of decoding the prompt alone either way."""
+        sends). With `max_decode_rows` and a decode graph that takes one position per row
+        (`decode_gqa.onnx`, or an encoder-decoder's `decode.onnx`), concurrent calls share
+        decode steps (`batched_generation`, `seq2seq_batching`); the ids are those of
+        decoding the prompt alone either way. An encoder-decoder's prompt is its source."""
         batcher = self._batcher()
         if batcher is not None:
             return batcher.stream(prompt, max_new_tokens, stop_token_ids, sampler)
@@ -179,28 +182,31 @@ class Generates:
         return batcher.astream(prompt, max_new_tokens, stop_token_ids, sampler, deadline, outcome)
 
     @property
-    def decode_batcher(self) -> "DecodeBatcher | None":
+    def decode_batcher(self) -> "SharedSteps | None":
         """The shared decode loop, if one has started (for metrics)."""
         return self._decode_batcher
 
-    def _batcher(self) -> "DecodeBatcher | None":
-        """The shared decode loop, started on first use; None when it cannot run (or this
-        predictor was closed: a request that loaded it before a reload decodes alone)."""
-        if not self.max_decode_rows or self.gqa_session is None or self._closed:
+    def _batcher(self) -> "SharedSteps | None":
+        """The shared decode loop, started on first use; None when it cannot run (graphs
+        exported before one position per row, an encoder-decoder without a start id) or this
+        predictor was closed (a request that loaded it before a reload decodes alone)."""
+        if not self.max_decode_rows or self._closed:
             return None
-        if not per_row_index(self.gqa_session):  # exported before one position per row
+        graphs = self.encoder_decoder
+        if graphs is not None:
+            if not graphs.per_row_index or graphs.spec["decoder_start_id"] is None:
+                return None
+        elif self.gqa_session is None or not per_row_index(self.gqa_session):
             return None
         with self._batcher_lock:
             if self._closed:
                 return None
             if self._decode_batcher is None:
-                self._decode_batcher = DecodeBatcher(
-                    self.gqa_session,
-                    self.gqa,
-                    self.pad_token_id,
-                    self.max_decode_rows,
-                    self.prefix_cache_bytes,
-                )
+                self._decode_batcher = (
+                    Seq2SeqBatcher(graphs, self.max_decode_rows) if graphs is not None
+                    else DecodeBatcher(self.gqa_session, self.gqa, self.pad_token_id,
+                                       self.max_decode_rows, self.prefix_cache_bytes)
+                )  # fmt: skip
             return self._decode_batcher
 
     def close(self) -> None:

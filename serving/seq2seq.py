@@ -22,17 +22,22 @@ class EncoderDecoder:
         folder: the artifact folder.
         spec: the manifest's `seq2seq` entry (a dict).
         options: optional `onnxruntime.SessionOptions`.
+        batched_options: the `decode.onnx` session's options where its steps are shared by
+            the requests in flight (`seq2seq_batching`: one thread runs them, with every
+            core); a graph that cannot share steps (a scalar `index`) keeps `options`.
     """
 
-    def __init__(self, folder: Path, spec: dict[str, Any], options: Any = None) -> None:
+    def __init__(self, folder: Path, spec: dict[str, Any], options: Any = None,
+                 batched_options: Any = None) -> None:  # fmt: skip
         import onnxruntime as ort
 
-        def session(name: str) -> Any:
+        def session(name: str, chosen: Any = options) -> Any:
             return ort.InferenceSession(
-                str(folder / name), options, providers=["CPUExecutionProvider"]
+                str(folder / name), chosen, providers=["CPUExecutionProvider"]
             )
 
-        self.encoder, self.decoder = session(spec["encoder_file"]), session(spec["file"])
+        self.encoder = session(spec["encoder_file"])
+        self.decoder = session(spec["file"], batched_options or options)
         self.spec = spec
         self._start_id: int | None = spec["decoder_start_id"]
         # Never generated (None: every id may be).
@@ -49,7 +54,13 @@ class EncoderDecoder:
         if len(index) != 1 or len(index[0].shape) > 1:
             raise ArtifactError(f"{spec['file']} has no `index` input of shape () or (batch,)")
         self.per_row_index = len(index[0].shape) == 1
-        _check_ids(spec, self.decoder.get_outputs()[self._outputs.index("logits")].shape[-1])
+        if batched_options is not None and not self.per_row_index:  # steps are never shared
+            self.decoder = session(spec["file"])
+        width = self.decoder.get_outputs()[self._outputs.index("logits")].shape[-1]
+        # The logits' width: the ids the decoder can choose (None where the graph leaves it
+        # open).
+        self.vocabulary_size: int | None = width if isinstance(width, int) else None
+        _check_ids(spec, width)
 
     @property
     def forced_ids(self) -> tuple[int | None, int | None]:
@@ -96,15 +107,24 @@ class EncoderDecoder:
             index = np.ascontiguousarray(np.broadcast_to(index, (len(token_ids),)))
         elif index.ndim:
             raise ValueError("this decode.onnx takes one position for every row")
+        logits, cache = self.run_decoder(
+            token_ids, state["cache"], index, state["cross_cache"], state["sources"]
+        )
+        return logits, {**state, "cache": cache}
+
+    def run_decoder(self, token_ids: np.ndarray, cache: np.ndarray, index: np.ndarray,
+                    cross_cache: np.ndarray, sources: np.ndarray,
+                    ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        """One run of `decode.onnx` on its inputs: `(logits, updated self-attention cache)`."""
         feeds = {
             "token_ids": token_ids,
-            "cache": state["cache"],
+            "cache": cache,
             "index": index,
-            "cross_cache": state["cross_cache"],
-            "encoder_token_ids": state["sources"],
+            "cross_cache": cross_cache,
+            "encoder_token_ids": sources,
         }
         out = dict(zip(self._outputs, self.decoder.run(None, feeds), strict=True))
-        return out["logits"], {**state, "cache": out["updated_cache"]}
+        return out["logits"], out["updated_cache"]
 
 
 def _check_ids(spec: dict[str, Any], vocabulary: Any) -> None:

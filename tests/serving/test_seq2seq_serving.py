@@ -17,6 +17,7 @@ pytest.importorskip("transformers")
 from tests.models.test_seq2seq_text import FAMILIES, TEXTS  # noqa: E402
 
 pytestmark = [pytest.mark.tf_only, pytest.mark.slow]
+REPOSITORIES: dict = {}  # each family's served repository, to look at its decode loop
 
 
 # t5_spiece exports as t5 does (its spiece.model becomes the same tokenizer.json).
@@ -50,7 +51,9 @@ def served(request, tmp_path_factory):
         lm, folder / "repository" / "s2s" / "1", formats=("onnx",), batch_sizes=(1, 2),
         sequence_lengths=(4, 9), tolerance=tolerance,
     )  # fmt: skip
-    url, stop = serve_in_thread(create_app(ModelRepository(folder / "repository")))
+    repository = ModelRepository(folder / "repository")
+    REPOSITORIES[request.param] = repository
+    url, stop = serve_in_thread(create_app(repository))
     yield request.param, lm, manifest, url, folder / "repository" / "s2s" / "1"
     stop()
 
@@ -108,6 +111,32 @@ def test_generate_and_stream_equal_keras(served):
         assert "".join(e["text_output"] for e in events) == answer.json()["text_output"]
     assert reached_the_limit or name == "t5", (name, lengths)
     assert any(lengths), name  # ids that could differ
+
+
+def test_concurrent_streams_share_steps_and_equal_keras(served):
+    """Six `/generate_stream` requests at once, sources of different lengths: the server's
+    decode loop steps them together (iteration-level batching), and each gets the ids and
+    text Keras `generate` makes from its source alone, forcing included."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    name, lm, _, url, _ = served
+    texts = [TEXTS[k % len(TEXTS)][: 8 + 9 * k] for k in range(6)]
+
+    def streamed(text):
+        body = {"text_input": text, "parameters": {"max_tokens": 10}}
+        with httpx.stream("POST", f"{url}/v2/models/s2s/generate_stream", json=body,
+                          timeout=120) as stream:  # fmt: skip
+            return [json.loads(line[5:]) for line in stream.iter_lines() if line]
+
+    with ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(streamed, texts))
+    for text, events in zip(texts, answers, strict=True):
+        expected = lm.generate(text, 10)
+        assert "".join(e["text_output"] for e in events) == expected, (name, text)
+    ((_, _, predictor, _),) = REPOSITORIES[name].loaded()
+    loop = predictor.decode_batcher
+    assert loop is not None and type(loop).__name__ == "Seq2SeqBatcher"
+    assert loop.peak_rows > 1 and loop.rows_stepped > loop.steps, name
 
 
 @pytest.mark.parametrize(
