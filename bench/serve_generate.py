@@ -97,9 +97,9 @@ def raw_ceiling(folder: Path, prompt_tokens: int, rows: int, prompts: list[str],
     token — the bench's clients all start together, and, asking for the same number of new
     tokens, tend to finish and come back together."""
     import onnxruntime as ort
-    from keras_attn_serving.batched_generation import PREFILL_ROWS
     from keras_attn_serving.generation import BucketedCache
     from keras_attn_serving.manifest import read_manifest
+    from keras_attn_serving.shared_steps import PREFILL_ROWS
     from keras_attn_serving.tokenizer import load_text_tokenizer
 
     manifest = read_manifest(folder)

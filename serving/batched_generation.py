@@ -28,7 +28,7 @@ import numpy as np
 from keras_attn_serving.decode_requests import _fail, _Request
 from keras_attn_serving.generation import BucketedCache
 from keras_attn_serving.prefix_cache import PrefixCache
-from keras_attn_serving.shared_steps import PREFILL_ROWS, SharedSteps
+from keras_attn_serving.shared_steps import SharedSteps
 
 if TYPE_CHECKING:
     import onnxruntime as ort
@@ -58,13 +58,13 @@ class DecodeBatcher(SharedSteps):
         width = session.get_outputs()[0].shape[-1]  # the logits' width: ids the model embeds
         self.vocabulary_size = width if isinstance(width, int) else None
         self.cache = BucketedCache(session, spec, max_decode_rows)
-        self.prefill = BucketedCache(session, spec, min(max_decode_rows, PREFILL_ROWS))
+        self.prefill = BucketedCache(session, spec, min(max_decode_rows, self.prefill_rows))
         self.prefix = PrefixCache(prefix_cache_bytes)
         self._start()
 
     def _admit_newcomers(self, live: list[_Request]) -> None:
         """Prompts that begin with cached blocks are admitted from them; the rest are
-        prefilled, `PREFILL_ROWS` to a run."""
+        prefilled, `prefill_rows` to a run."""
         super()._admit_newcomers([r for r in live if not self._admit_cached(r)])
 
     def _run(self, cache: BucketedCache, rows: int, token_ids: np.ndarray, index: np.ndarray

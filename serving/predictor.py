@@ -44,7 +44,8 @@ class Predictor(Generates):
             `max_decode_rows` shares its steps: one thread runs them all, so by default it
             gets onnxruntime's choice (every core), not `num_threads`.
         prefix_cache_bytes: prompt keys and values the shared decode loop keeps for prompts
-            that begin alike (`prefix_cache.PrefixCache`); 0 (the default) keeps none.
+            that begin alike (`prefix_cache.PrefixCache`); 0 (the default) keeps none. A
+            decoder's only: an encoder-decoder's prompt is a source, with nothing to reuse.
     Example:
         >>> # Skipped in the doctest run: it needs an exported folder (make demo writes one).
         >>> p = Predictor("artifacts/shakespeare_lm")  # doctest: +SKIP
@@ -132,8 +133,13 @@ class Predictor(Generates):
             self._gqa_step = gqa_step(self.gqa_session)
         # An encoder-decoder's graphs: its prompts are sources, its decoding starts anew.
         self.encoder_decoder = (
-            EncoderDecoder(self.folder, manifest.seq2seq.model_dump(), options,
-                           shared if max_decode_rows else None)
+            EncoderDecoder(
+                self.folder, manifest.seq2seq.model_dump(), options,
+                # all cores for the decode thread, where shared steps can run (a start id)
+                shared if max_decode_rows and manifest.seq2seq.decoder_start_id is not None
+                else None,
+                manifest.input_ranges.get("encoder_token_ids"), manifest.max_sequence_length,
+            )
             if manifest.seq2seq else None
         )  # fmt: skip
         # input name -> what `_checked` checks, worked out once

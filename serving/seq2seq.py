@@ -9,6 +9,10 @@ from typing import Any
 import numpy as np
 from keras_attn_serving.manifest import ArtifactError
 
+ONE_POSITION = (
+    "this decode.onnx takes one position for all rows (exported before manifest "
+    "format 5): export it again for one position per row"
+)
 # The manifest's ids that index the decoder's logits.
 TARGET_IDS = ("never_generated_id", "decoder_start_id", "forced_eos_token_id",
               "forced_bos_token_id")  # fmt: skip
@@ -25,10 +29,15 @@ class EncoderDecoder:
         batched_options: the `decode.onnx` session's options where its steps are shared by
             the requests in flight (`seq2seq_batching`: one thread runs them, with every
             core); a graph that cannot share steps (a scalar `index`) keeps `options`.
+        source_ids: `(low, high)`: the source ids the encoder embeds (the manifest's
+            `input_ranges["encoder_token_ids"]`); None: unchecked.
+        max_source_length: the longest source the encoder takes (its position table; the
+            manifest's `max_sequence_length`); None: any.
     """
 
     def __init__(self, folder: Path, spec: dict[str, Any], options: Any = None,
-                 batched_options: Any = None) -> None:  # fmt: skip
+                 batched_options: Any = None, source_ids: tuple[int, int] | None = None,
+                 max_source_length: int | None = None) -> None:  # fmt: skip
         import onnxruntime as ort
 
         def session(name: str, chosen: Any = options) -> Any:
@@ -39,6 +48,7 @@ class EncoderDecoder:
         self.encoder = session(spec["encoder_file"])
         self.decoder = session(spec["file"], batched_options or options)
         self.spec = spec
+        self.source_ids, self.max_source_length = source_ids, max_source_length
         self._start_id: int | None = spec["decoder_start_id"]
         # Never generated (None: every id may be).
         self.never_generated_id: int | None = spec["never_generated_id"]
@@ -78,9 +88,27 @@ class EncoderDecoder:
             )
         return self._start_id
 
+    def check_source(self, source: Sequence[int]) -> None:
+        """A `ValueError` for a source the encoder cannot take: empty, too long, or with
+        ids it has no embedding for (a negative id would index its table from the end)."""
+        if len(source) == 0:
+            raise ValueError("a source must have at least one id")
+        limit = self.max_source_length
+        if limit is not None and len(source) > limit:
+            raise ValueError(
+                f"a source of {len(source)} ids is longer than the encoder takes ({limit})"
+            )
+        low, high = self.source_ids or (0, None)
+        if min(source) < low or (high is not None and max(source) >= high):
+            bad = sorted({t for t in source if t < low or (high is not None and t >= high)})
+            raise ValueError(f"the source has ids outside [{low}, {high}): {bad[:5]}")
+
     def start(self, sources: Sequence[Sequence[int]]) -> dict[str, np.ndarray]:
-        """The decoding state of `sources` (id lists, padded here): the encoder's
-        cross-attention cache, computed once, and an empty self-attention cache."""
+        """The decoding state of `sources` (id lists, checked and padded here): the
+        encoder's cross-attention cache, computed once, and an empty self-attention
+        cache."""
+        for source in sources:
+            self.check_source(source)
         width = max(len(s) for s in sources)
         padded = np.full((len(sources), width), self.spec["pad_token_id"], np.int32)
         for row, ids in enumerate(sources):
@@ -106,7 +134,7 @@ class EncoderDecoder:
         if self.per_row_index:  # (not `ascontiguousarray` for a scalar: it makes it 1-D)
             index = np.ascontiguousarray(np.broadcast_to(index, (len(token_ids),)))
         elif index.ndim:
-            raise ValueError("this decode.onnx takes one position for every row")
+            raise ValueError(ONE_POSITION)
         logits, cache = self.run_decoder(
             token_ids, state["cache"], index, state["cross_cache"], state["sources"]
         )

@@ -58,6 +58,7 @@ class SharedSteps:
     # A request's prompt begins its target (a decoder's); False: it is a source, and the
     # target begins with the decoder start id alone (an encoder-decoder's).
     prompt_is_target = True
+    prefill_rows = PREFILL_ROWS  # newcomers admitted in one run at most
 
     def __init__(self, max_decode_rows: int) -> None:
         rows = max_decode_rows
@@ -136,11 +137,12 @@ class SharedSteps:
             max_new_tokens < 0
         ):  # fmt: skip
             raise ValueError(f"`max_new_tokens` must be >= 0. Received: {max_new_tokens!r}")
-        filled = len(prompt) if self.prompt_is_target else 1  # an encoder-decoder's start id
-        if filled + max_new_tokens > self.max_length:
+        # An encoder-decoder's target starts with its start id alone.
+        filled = f"prompt length {len(prompt)}" if self.prompt_is_target else "the start id"
+        if (len(prompt) if self.prompt_is_target else 1) + max_new_tokens > self.max_length:
             raise ValueError(
-                f"prompt length {filled} + max_new_tokens {max_new_tokens} exceeds the "
-                f"model's maximum sequence length {self.max_length}"
+                f"{filled} + max_new_tokens {max_new_tokens} exceeds the model's maximum "
+                f"sequence length {self.max_length}"
             )
         if max_new_tokens == 0:
             return None
@@ -199,9 +201,9 @@ class SharedSteps:
         _flush(self.pending)
 
     def _admit_newcomers(self, live: list[_Request]) -> None:
-        """Gives each of `live` (by prompt length) a row, `PREFILL_ROWS` to a run."""
-        for start in range(0, len(live), PREFILL_ROWS):
-            self._admit_each(live[start : start + PREFILL_ROWS])
+        """Gives each of `live` (by prompt length) a row, `prefill_rows` to a run."""
+        for start in range(0, len(live), self.prefill_rows):
+            self._admit_each(live[start : start + self.prefill_rows])
 
     def _check_ids(self, prompt: list[int]) -> None:
         """Ids the model has no embedding for are refused before they join a shared run."""
@@ -280,17 +282,17 @@ class SharedSteps:
     def _choose(self, row: int, request: _Request, logits: np.ndarray, greedy: int) -> None:
         """Picks `request`'s next id (`greedy`, or its sampler's draw from its float64
         logits); sends it, or ends the request."""
-        forced = self._forced(request, logits)
-        if request.sampler is None:
-            token = int(greedy if forced is None else forced.argmax(-1)[0])
-        else:
-            try:  # a request's own chooser (a grammar, say) fails that request alone
+        try:  # a request's own chooser (a grammar, say) fails that request alone
+            forced = self._forced(request, logits)
+            if request.sampler is None:
+                token = int(greedy if forced is None else forced.argmax(-1)[0])
+            else:
                 row_logits = self._banned(logits[None], np.float64) if forced is None else forced
                 token = int(request.sampler(row_logits)[0])
-            except Exception as error:
-                _fail(request, error)
-                self._finish(row)
-                return
+        except Exception as error:
+            _fail(request, error)
+            self._finish(row)
+            return
         request.produced += 1
         stopped = token in request.stop_ids
         if not stopped:

@@ -138,23 +138,66 @@ def test_shared_steps_give_each_request_its_ids_alone(predictor, monkeypatch):
                if len(ids) == r["max_new_tokens"] and not r["stop"])  # fmt: skip
 
 
-def test_a_request_the_encoder_fails_on_fails_alone(predictor):
-    """A source id past the embedding (and, for learned positions, a source past their
-    table) fails its own request in the encoder run it shares, while 8 others decode."""
+def test_a_request_the_encoder_fails_on_fails_alone(predictor, monkeypatch):
+    """Sources that got past the check (forced here) fail in the encoder run they share
+    with 7 and with 1 others: the run is retried source by source, only theirs fail, and
+    the others decode as alone. All are queued at once, so the runs are those groups."""
+    import queue
+
+    from keras_attn_serving.decode_requests import _END
+
     requests = _requests(8, seed=5)
     alone = [_alone(predictor, r) for r in requests]
-    batcher = _batcher(predictor)
-    bad = [[4, VOCAB + 7, 6], [9] * 60]
-    jobs = [(r["source"], r["max_new_tokens"], [], r["sampler"]()) for r in requests]
-    jobs += [(source, 6, [], None) for source in bad]
-    results = _together(batcher, jobs)
+    batcher = _batcher(predictor, rows=16)
+    monkeypatch.setattr(batcher, "_check_ids", lambda prompt: None)
+    bad = [[4, VOCAB + 7, 6], [4, VOCAB + 9]]  # by length: one in each run of 8
+    jobs = [(r["source"], r["max_new_tokens"], r["sampler"]()) for r in requests]
+    jobs += [([9] * (30 + k), 3, None) for k in range(2)]  # the second run's good ones
+    jobs.insert(2, (bad[0], 6, None))
+    jobs.append((bad[1] + [5] * 30, 6, None))
+    outs = [queue.SimpleQueue() for _ in jobs]
+    runs = []
+    encode = predictor.encoder_decoder.encoder.run
+    monkeypatch.setattr(predictor.encoder_decoder, "encoder",
+                        type("Recorded", (), {"run": lambda self, names, feeds: (
+                            runs.append(len(feeds["encoder_token_ids"])),
+                            encode(names, feeds))[1]})())  # fmt: skip
+    with batcher.lock:  # the loop takes them all in one admission
+        for (source, n, sampler), out in zip(jobs, outs, strict=True):
+            batcher._submit(source, n, [], sampler, out)
+    results = []
+    for out in outs:
+        items = []
+        while (item := out.get(timeout=60)) is not _END:
+            items.append(item)
+        failed = [i for i in items if isinstance(i, Exception)]
+        results.append(failed[0] if failed else items)
     batcher.close()
-    assert results[: len(requests)] == alone
-    assert isinstance(results[len(requests)], Exception), results[len(requests)]
-    if predictor.manifest.max_sequence_length is not None:
-        assert isinstance(results[-1], Exception), results[-1]
-    else:  # relative positions take any length: it decodes, as alone
-        assert results[-1] == predictor.generate_ids([bad[1]], 6)[0]
+    # Two runs (8 sources, then the other 4), each failed, then retried source by source.
+    assert runs == [8] + [1] * 8 + [4] + [1] * 4, runs
+    good = [k for k, (source, _, _) in enumerate(jobs) if source not in (bad[0], jobs[-1][0])]
+    assert [results[k] for k in good[:8]] == alone
+    assert [results[k] for k in good[8:]] == [predictor.generate_ids([[9] * (30 + k)], 3)[0]
+                                              for k in range(2)]  # fmt: skip
+    assert isinstance(results[2], Exception) and isinstance(results[-1], Exception)
+
+
+def test_sources_the_encoder_cannot_take_are_refused_by_name(predictor):
+    batcher = _batcher(predictor)
+    with pytest.raises(ValueError, match=rf"ids outside \[0, {VOCAB}\): \[{VOCAB + 7}\]"):
+        list(batcher.stream([4, VOCAB + 7], 3))
+    with pytest.raises(ValueError, match=r"ids outside \[0, 61\): \[-2\]"):
+        list(batcher.stream([4, -2], 3))
+    limit = predictor.manifest.max_sequence_length
+    if limit is not None:  # learned positions: a table of `limit` rows
+        with pytest.raises(ValueError, match=f"a source of {limit + 1} ids is longer than the "
+                                             f"encoder takes \\({limit}\\)"):  # fmt: skip
+            list(batcher.stream([4] * (limit + 1), 3))
+        with pytest.raises(ValueError, match="longer than the encoder takes"):
+            predictor.generate_ids([[4] * (limit + 1)], 3)  # alone: the same check
+    with pytest.raises(ValueError, match="outside"):
+        predictor.generate_ids([[4, VOCAB]], 3)
+    batcher.close()
 
 
 def test_closed_cancelled_and_late_streams_free_their_rows(predictor):
@@ -208,12 +251,10 @@ def test_bad_requests_are_value_errors(predictor):
     limit = predictor.encoder_decoder.max_length
     with pytest.raises(ValueError, match="max_new_tokens"):
         list(batcher.stream([4, 5], -1))
-    with pytest.raises(ValueError, match=f"prompt length 1 \\+ max_new_tokens {limit}"):
+    with pytest.raises(ValueError, match=f"the start id \\+ max_new_tokens {limit}"):
         list(batcher.stream([4, 5], limit))  # the start id and `limit` new ids
     with pytest.raises(ValueError, match="prompt"):
         list(batcher.stream([], 3))
-    with pytest.raises(ValueError, match=r"negative ids: \[-2\]"):
-        list(batcher.stream([4, -2], 3))
     assert list(batcher.stream([4, 5], 0)) == []
     batcher.close()
     with pytest.raises(RuntimeError, match="closed"):
@@ -251,7 +292,7 @@ def test_a_graph_of_one_position_for_all_rows_decodes_alone(predictor, tmp_path)
     shutil.copytree(predictor.folder, old)
     write_seq2seq_onnx(predictor.lm, old, per_row_index=False)
     spec = predictor.manifest.seq2seq.model_dump()
-    with pytest.raises(ValueError, match="one position for every row"):
+    with pytest.raises(ValueError, match="one position for all rows"):
         Seq2SeqBatcher(EncoderDecoder(old, spec), 4)
     older = Predictor(old, verify=False, num_threads=1, max_decode_rows=4)
     assert older._batcher() is None

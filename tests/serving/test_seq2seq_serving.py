@@ -113,13 +113,22 @@ def test_generate_and_stream_equal_keras(served):
     assert any(lengths), name  # ids that could differ
 
 
-def test_concurrent_streams_share_steps_and_equal_keras(served):
+def test_concurrent_streams_share_steps_and_equal_keras(served, monkeypatch):
     """Six `/generate_stream` requests at once, sources of different lengths: the server's
     decode loop steps them together (iteration-level batching), and each gets the ids and
     text Keras `generate` makes from its source alone, forcing included."""
+    import time
     from concurrent.futures import ThreadPoolExecutor
 
     name, lm, _, url, _ = served
+    ((_, _, predictor, _),) = REPOSITORIES[name].loaded()  # loaded by the tests above
+    graphs, run_decoder = predictor.encoder_decoder, predictor.encoder_decoder.run_decoder
+
+    def slowed(*args):  # 20 ms a step: streams sent together overlap, on any machine
+        time.sleep(0.02)
+        return run_decoder(*args)
+
+    monkeypatch.setattr(graphs, "run_decoder", slowed)
     texts = [TEXTS[k % len(TEXTS)][: 8 + 9 * k] for k in range(6)]
 
     def streamed(text):
@@ -133,7 +142,6 @@ def test_concurrent_streams_share_steps_and_equal_keras(served):
     for text, events in zip(texts, answers, strict=True):
         expected = lm.generate(text, 10)
         assert "".join(e["text_output"] for e in events) == expected, (name, text)
-    ((_, _, predictor, _),) = REPOSITORIES[name].loaded()
     loop = predictor.decode_batcher
     assert loop is not None and type(loop).__name__ == "Seq2SeqBatcher"
     assert loop.peak_rows > 1 and loop.rows_stepped > loop.steps, name
@@ -207,7 +215,7 @@ def test_a_decode_graph_of_one_position_for_all_rows_still_generates(served, tmp
                      forced_eos_token_id=graphs.forced_eos_token_id,
                      forced_bos_token_id=graphs.forced_bos_token_id)  # fmt: skip
     assert ids == lm.generate(sources, 6)
-    with pytest.raises(ValueError, match="one position for every row"):
+    with pytest.raises(ValueError, match="one position for all rows"):
         graphs.step([[5], [6]], graphs.start(sources), [1, 2])
 
 
