@@ -1,7 +1,12 @@
 """Metrics: Keras metrics for training, and evaluation functions for tags, answers and text."""
 
 from keras_attn.metrics.accuracy import MaskedAccuracy
-from keras_attn.metrics.generation import bert_score, meteor, word_error_rate
+from keras_attn.metrics.generation import (
+    BERT_SCORE_LAYERS,
+    bert_score,
+    meteor,
+    word_error_rate,
+)
 from keras_attn.metrics.perplexity import Perplexity
 from keras_attn.metrics.text import (
     bleu,
@@ -13,6 +18,7 @@ from keras_attn.metrics.text import (
 )
 
 __all__ = [
+    "BERT_SCORE_LAYERS",
     "MaskedAccuracy",
     "Perplexity",
     "bert_score",

@@ -13,7 +13,10 @@ METEOR and BERTScore, each as a corpus (micro) and a sentence (macro) average.
   to its most similar token of the other text; precision averages over the hypothesis tokens,
   recall over the reference tokens (weighted by idf when asked), F1 their harmonic mean.
   Special tokens (`[CLS]`, `[SEP]`) weigh 0, as in `bert-score`. The corpus score is the
-  mean of the sentence scores, as `bert-score` reports it.
+  mean of the sentence scores, as `bert-score` reports it. The embeddings are those of the
+  encoder's first `num_layers` blocks (`bert-score`'s `num_layers`: it drops the blocks past
+  it); `bert-score` picks that number per checkpoint, by its published table, of which
+  `BERT_SCORE_LAYERS` holds the families this library loads.
 """
 
 import math
@@ -25,6 +28,15 @@ import keras
 import numpy as np
 
 from keras_attn.metrics.text import _check_pairs, _require
+
+# `bert-score` 0.3's default `num_layers` for checkpoints of the families this library loads
+# (its `model2layers` table, chosen by correlation with human judgments on WMT16); a name
+# not here has no default there either (pass the number).
+BERT_SCORE_LAYERS = {
+    "bert-base-uncased": 9, "bert-large-uncased": 18, "bert-base-multilingual-cased": 9,
+    "roberta-base": 10, "roberta-large": 17, "distilbert-base-uncased": 5,
+    "distilroberta-base": 5, "xlm-roberta-base": 9, "xlm-roberta-large": 17,
+}  # fmt: skip
 
 
 def _check_texts(hypotheses: Sequence[str], references: Sequence[str]) -> None:
@@ -128,9 +140,9 @@ def bert_score(
     idf: bool = False,
     batch_size: int = 32,
     preprocessor: Any = None,
+    num_layers: int | None = None,
 ) -> dict[str, Any]:
-    """BERTScore (see the module) with `model`: an `EncoderBackbone`, or a task holding one
-    (its last layer's embeddings are used).
+    """BERTScore (see the module) with `model`: an `EncoderBackbone`, or a task holding one.
 
     Args:
         idf: bool. Weigh tokens by their idf over `references`.
@@ -138,6 +150,10 @@ def bert_score(
         preprocessor: packs `[CLS] text [SEP]` (a `TextPreprocessor`, e.g.
             `keras_attn.models.heads.folder_preprocessor(folder, 128)`); defaults to the
             model's own (a task from `from_pretrained`).
+        num_layers: int. The embeddings are the output of the encoder's first `num_layers`
+            blocks (0: the embedding layer's), as `bert-score`'s argument of that name;
+            `bert-score`'s default for a checkpoint is `BERT_SCORE_LAYERS[name]`. Defaults
+            to every block (the encoder's `sequence_output`).
 
     Returns:
         `{"precision", "recall", "f1"}`, each `{"corpus": mean, "sentence": [per pair]}`.
@@ -151,6 +167,15 @@ def bert_score(
             "`preprocessor` given or its own. Received: "
             f"{type(model).__name__}, preprocessor={type(preprocessor).__name__}"
         )
+    blocks = len(backbone.encoder_blocks)
+    if num_layers is not None and (
+        isinstance(num_layers, bool) or not isinstance(num_layers, int)
+        or not 0 <= num_layers <= blocks
+    ):  # fmt: skip
+        raise ValueError(
+            f"`num_layers` must be an integer in [0, {blocks}] (the encoder's blocks). "
+            f"Received: num_layers={num_layers!r}"
+        )
     special = [preprocessor.packer.start_value, preprocessor.packer.end_value]
 
     def embed(texts: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -160,7 +185,7 @@ def bert_score(
             features = preprocessor(list(texts[start : start + batch_size]))
             inputs = {name: np.asarray(features[name]) for name in backbone.input}
             hidden = keras.ops.convert_to_numpy(
-                backbone(inputs, training=False)["sequence_output"]
+                _hidden_states(backbone, inputs, num_layers)
             ).astype("float64")
             real = np.asarray(features["padding_mask"]).astype(bool)
             for ids, vectors, keep in zip(inputs["token_ids"], hidden, real, strict=True):
@@ -195,3 +220,18 @@ def bert_score(
         name: {"corpus": float(np.mean(values)), "sentence": values}
         for name, values in scores.items()
     }
+
+
+def _hidden_states(backbone: Any, inputs: dict[str, np.ndarray], num_layers: int | None) -> Any:
+    """The output of `backbone`'s first `num_layers` blocks (None: its `sequence_output`),
+    through a pre-norm encoder's final norm as well: the blocks past `num_layers` dropped,
+    as `bert-score` drops them."""
+    if num_layers is None:
+        return backbone(inputs, training=False)["sequence_output"]
+    tensors = {key: keras.ops.convert_to_tensor(value) for key, value in inputs.items()}
+    segments = (tensors["segment_ids"],) if "segment_ids" in tensors else ()
+    x = backbone.embeddings(tensors["token_ids"], *segments, start_index=backbone.position_offset)
+    mask = backbone.padding_mask(tensors)
+    for block in backbone.encoder_blocks[:num_layers]:
+        x = block(x, padding_mask=mask)
+    return x if backbone.final_norm is None else backbone.final_norm(x)

@@ -67,18 +67,36 @@ def minilm():
 
 
 @pytest.mark.tf_only  # the preprocessor's tokenizer runs in TensorFlow
-@pytest.mark.parametrize("idf", [False, True])
-def test_bert_score_equals_the_bert_score_package(minilm, idf):
+@pytest.mark.parametrize("idf, num_layers", [(False, None), (True, None), (False, 3),
+                                             (True, 4), (False, 0)])  # fmt: skip
+def test_bert_score_equals_the_bert_score_package(minilm, idf, num_layers):
+    """`bert-score` itself on the packaged MiniLM (6 blocks): every block's output, and
+    the first 0, 3 or 4 blocks' (`num_layers`, which `bert-score` chooses per checkpoint)."""
     reference_package = pytest.importorskip("bert_score")
     folder, encoder, preprocessor = minilm
     hypotheses = ["the cat sat on the mat", "hello there", "a completely different sentence"]
     references = ["a cat sat on a mat", "hi there friend", "the weather is nice today"]
     precision, recall, f1 = reference_package.score(
-        hypotheses, references, model_type=str(folder), num_layers=6, idf=idf, batch_size=2
-    )
-    ours = bert_score(hypotheses, references, encoder, idf, 2, preprocessor)
+        hypotheses, references, model_type=str(folder), idf=idf, batch_size=2,
+        num_layers=6 if num_layers is None else num_layers,
+    )  # fmt: skip
+    ours = bert_score(hypotheses, references, encoder, idf, 2, preprocessor, num_layers)
     np.testing.assert_allclose(ours["precision"]["sentence"], precision.numpy(), atol=1e-5)
     np.testing.assert_allclose(ours["recall"]["sentence"], recall.numpy(), atol=1e-5)
     np.testing.assert_allclose(ours["f1"]["sentence"], f1.numpy(), atol=1e-5)
     assert ours["f1"]["corpus"] == pytest.approx(float(f1.mean()), abs=1e-5)
     assert ours["f1"]["sentence"][0] > ours["f1"]["sentence"][2]  # similar beats unrelated
+    if num_layers == 3:  # another layer, another score: the argument reaches the encoder
+        every = bert_score(hypotheses, references, encoder, idf, 2, preprocessor)
+        assert abs(every["f1"]["sentence"][1] - ours["f1"]["sentence"][1]) > 1e-3
+
+
+@pytest.mark.tf_only
+@pytest.mark.parametrize("num_layers", [-1, 7, 2.0, True])
+def test_bert_score_refuses_a_layer_the_encoder_lacks(minilm, num_layers):
+    _, encoder, preprocessor = minilm
+    with pytest.raises(ValueError, match=r"`num_layers` must be an integer in \[0, 6\]"):
+        bert_score(["a"], ["b"], encoder, preprocessor=preprocessor, num_layers=num_layers)
+    from keras_attn.metrics import BERT_SCORE_LAYERS
+
+    assert BERT_SCORE_LAYERS["roberta-large"] == 17  # bert-score's English default
