@@ -47,7 +47,7 @@ from keras_attn_export.saved_model import (
     output_specs,
     write_saved_model,
 )
-from keras_attn_export.seq2seq import export_seq2seq, is_seq2seq
+from keras_attn_export.seq2seq import export_seq2seq, export_seq2seq_text_onnx, is_seq2seq
 
 from keras_attn.models.lora import lora_layers, merged_copy
 from keras_attn.preprocessing import SegmentPacker, StartEndPacker, TextPreprocessor
@@ -168,7 +168,9 @@ def export_model(
         input_ranges: optional `{input name: (low, high)}` for integer inputs of the sweep
             (defaults: token ids below the smallest vocabulary, segment ids 0 or 1).
         strings_in: also write `model.text.onnx`, raw text `(1,)` in, the model's outputs out
-            (the tokenizer as onnxruntime-extensions operators; see `keras_attn_export.text_onnx`).
+            (the tokenizer as onnxruntime-extensions operators; see `keras_attn_export.text_onnx`);
+            for an encoder-decoder, `encode.text.onnx`: text in, the source ids and the
+            cross-attention cache out (`keras_attn_export.seq2seq`).
             Needs `tokenizer`, one ids input, no `packer`, and onnxruntime-extensions.
         labels: optional class names of a model whose task is `classify` or `tag`, one per
             output class; the server's text endpoints answer with them.
@@ -290,7 +292,7 @@ def _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantiz
         rows = parity_rows(cases, saved, sessions, onnx_info.get("unpadded"))
         worst = check(rows, tolerance)
         text_onnx = None
-        if strings_in:
+        if strings_in and not is_seq2seq(model):
             text_onnx = export_text_onnx(model, tmp, tokenizer, packer, sessions, opset)
         decoding = seq2seq = None
         if "onnx" in formats and is_causal_lm(model, task):
@@ -298,6 +300,13 @@ def _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantiz
         if "onnx" in formats and is_seq2seq(model):
             limit = tolerance.get("logits", 1e-4) if isinstance(tolerance, dict) else tolerance
             seq2seq = export_seq2seq(model, tmp, opset, limit)
+        if strings_in and is_seq2seq(model):
+            if seq2seq is None or tokenizer is None or packer is None:
+                raise ValueError(
+                    "`strings_in` for an encoder-decoder needs 'onnx' in `formats` and the "
+                    "model's preprocessor (its tokenizer and packer)"
+                )
+            text_onnx = export_seq2seq_text_onnx(model, tmp, tokenizer, packer, opset)
         if quantize:
             quantization, int8 = write_int8(tmp, onnx_info, optimize, cases, int8_weights)
         strings_vs_ids = None

@@ -197,3 +197,58 @@ def export_seq2seq(model: keras.Model, folder: Path, opset: int, tolerance: floa
     worst = check_seq2seq(model, folder, spec, tolerance)
     return {**_entry(model, spec), "opset": opset, "step_logits_max_abs_diff": worst,
             "greedy_equals_keras": True}  # fmt: skip
+
+
+def export_seq2seq_text_onnx(
+    model: keras.Model, folder: Path, tokenizer: Any, packer: Any, opset: int
+) -> dict:
+    """`encode.text.onnx`, checked: `text (1,)` → `token_ids (1, n)` (the packed source ids,
+    `decode.onnx`'s `encoder_token_ids`) and `cross_cache`, the tokenizer written as an
+    onnxruntime-extensions operator (`SentencepieceTokenizer` for T5 and Marian,
+    `GPT2Tokenizer` for BART's byte-level BPE) in front of `encode.onnx`. On ASCII samples
+    its ids equal the model's preprocessor's and its cache `encode.onnx`'s."""
+    import onnx
+    import onnxruntime as ort
+    from keras_attn_export.compare import TEXT_SAMPLES
+    from keras_attn_export.sentencepiece_onnx import sentencepiece_graph, sentencepiece_model
+    from keras_attn_export.text_onnx import packed, text_outputs, tokenizer_onnx
+    from onnx import compose
+
+    from keras_attn.tokenizers import MarianTokenizer, UnigramTokenizer
+
+    encoder = onnx.load(folder / "encode.onnx")
+    try:
+        if isinstance(tokenizer, MarianTokenizer | UnigramTokenizer):
+            data, id_map = sentencepiece_model(tokenizer)
+            tokens = sentencepiece_graph(data, id_map, opset, encoder.ir_version)
+        else:
+            tokens = tokenizer_onnx(tokenizer, None, opset, encoder.ir_version)
+    except ValueError as error:
+        raise ValueError(
+            "`strings_in` writes the tokenizer as an onnxruntime-extensions operator; it "
+            f"cannot for this {type(tokenizer).__name__}: {error}"
+        ) from None
+    tokens = packed(tokens, packer.start_value, packer.end_value, packer.sequence_length)
+    merged = compose.merge_models(tokens, encoder, io_map=[("token_ids", "encoder_token_ids")],
+                                  outputs=["token_ids", "cross_cache"])  # fmt: skip
+    onnx.save(merged, folder / "encode.text.onnx")
+    ids_session = ort.InferenceSession(str(folder / "encode.onnx"),
+                                       providers=["CPUExecutionProvider"])  # fmt: skip
+    lines = [line for line in [*TEXT_SAMPLES, "translate English to German: The house is "
+                               "wonderful.", "hello"] if line.isascii()]  # fmt: skip
+    worst = 0.0
+    for line, (got_ids, got_cache) in zip(lines, text_outputs(folder / "encode.text.onnx", lines),
+                                          strict=True):  # fmt: skip
+        row = np.asarray(packer(tokenizer([line])))[0]
+        expected = row[row != packer.pad_value].astype("int32")[None]
+        if got_ids.tolist() != expected.tolist():
+            raise ParityError(
+                f"encode.text.onnx tokenizes {line!r} to {got_ids[0, :12].tolist()}…, the "
+                f"model's preprocessor to {expected[0, :12].tolist()}…"
+            )
+        (cache,) = ids_session.run(None, {"encoder_token_ids": expected})
+        worst = max(worst, max_abs_diff(got_cache, cache))
+    if worst > 1e-5:
+        raise ParityError(f"encode.text.onnx differs from encode.onnx on the same ids by {worst}")
+    return {"file": "encode.text.onnx", "input": "text", "max_abs_diff": worst,
+            "custom_ops": "onnxruntime_extensions"}  # fmt: skip

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from keras_attn.tokenizers import BytePairTokenizer, WordPieceTokenizer
 
 if TYPE_CHECKING:
+    import numpy as np
     import onnx
     import onnxruntime as ort
 
@@ -159,6 +160,40 @@ def tokenizer_onnx(
     )
 
 
+def packed(
+    tokens: "onnx.ModelProto", start_id: int | None, end_id: int | None, max_length: int | None
+) -> "onnx.ModelProto":
+    """`tokens` (a tokenizer graph: `text` → `token_ids (1, n)`) with its ids packed as
+    `StartEndPacker` packs them: cut to leave room for the start and end ids within
+    `max_length`, then between `start_id` and `end_id` (each left out when None)."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    def n(name: str) -> str:
+        return f"packer/{name}"
+
+    graph = tokens.graph
+    for node in graph.node:  # the tokenizer's ids become the packer's input
+        node.output[:] = [n("raw") if o == "token_ids" else o for o in node.output]
+    room = (max_length or 2**62) - (start_id is not None) - (end_id is not None)
+    constants = {"zero": np.array([0], np.int64), "room": np.array([room], np.int64)}
+    parts = []
+    for name, value in (("start", start_id), ("ids", None), ("end", end_id)):
+        if name == "ids":
+            parts.append(n("cut"))
+        elif value is not None:
+            constants[name] = np.array([value], np.int32)
+            parts.append(n(name))
+    graph.initializer.extend(numpy_helper.from_array(v, n(k)) for k, v in constants.items())
+    graph.node.extend([
+        helper.make_node("Squeeze", [n("raw"), n("zero")], [n("row")]),
+        helper.make_node("Slice", [n("row"), n("zero"), n("room"), n("zero")], [n("cut")]),
+        helper.make_node("Concat", parts, [n("packed")], axis=0),
+        helper.make_node("Unsqueeze", [n("packed"), n("zero")], ["token_ids"]),
+    ])  # fmt: skip
+    return tokens
+
+
 def write_text_onnx(
     model_path: Path,
     out_path: Path,
@@ -175,6 +210,48 @@ def write_text_onnx(
     tokens = tokenizer_onnx(tokenizer, max_length, opset, model.ir_version)
     merged = compose.merge_models(tokens, model, io_map=[("token_ids", model_input)])
     onnx.save(merged, out_path)
+
+
+# Run by `text_outputs` in a fresh interpreter: onnxruntime and the extensions' library only.
+_RUN_TEXT_ONNX = """
+import json, sys
+import numpy as np
+import onnxruntime as ort
+from onnxruntime_extensions import get_library_path
+options = ort.SessionOptions()
+options.register_custom_ops_library(get_library_path())
+session = ort.InferenceSession(sys.argv[1], options, providers=["CPUExecutionProvider"])
+outputs = {}
+for k, line in enumerate(json.load(sys.stdin)):
+    for j, value in enumerate(session.run(None, {"text": np.array([line])})):
+        outputs[f"{k}_{j}"] = value
+np.savez(sys.argv[2], **outputs)
+"""
+
+
+def text_outputs(path: Path, lines: list[str]) -> list[list["np.ndarray"]]:
+    """Each line's outputs of the strings-in file at `path`, computed in a fresh Python
+    process without TensorFlow: the extensions' `SentencepieceTokenizer` segfaults where
+    TensorFlow was loaded first (their protobuf builds clash; measured with
+    onnxruntime-extensions 0.15 and TensorFlow 2.20), and export runs in such a process."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    import numpy as np
+
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "outputs.npz"
+        done = subprocess.run(
+            [sys.executable, "-c", _RUN_TEXT_ONNX, str(path), str(out)], input=json.dumps(lines),
+            capture_output=True, text=True, timeout=900, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"running {path.name} failed: {done.stderr.strip()[-1500:]}")
+        with np.load(out) as arrays:
+            count = len(arrays.files) // max(len(lines), 1)
+            return [[arrays[f"{k}_{j}"] for j in range(count)] for k in range(len(lines))]
 
 
 def text_session(path: Path) -> "ort.InferenceSession":

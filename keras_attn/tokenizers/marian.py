@@ -165,6 +165,13 @@ class MarianTokenizer(Tokenizer):
         text = tf.strings.regex_replace(text, "\u2581", " ")
         return tf.strings.regex_replace(text, STRIP, "")
 
+    def model_file(self, side: str = "source") -> bytes:
+        """The SentencePiece model file (`source.spm` or `target.spm`) of `side`."""
+        self._check_files()
+        if side not in ("source", "target"):
+            raise ValueError(f"`side` must be 'source' or 'target'. Received: side={side!r}")
+        return self._files[side == "target"]
+
     def save_assets(self, dir_path: str) -> None:
         self._check_files()
         for name, data in zip(FILES[:2], self._files, strict=True):
