@@ -108,8 +108,10 @@ def sentencepiece_graph(
     def n(name: str) -> str:  # apart from tf2onnx's names in the merged graph
         return f"sentencepiece/{name}"
 
-    constants: dict[str, np.ndarray] = {"nbest": np.array(0, np.int64), "alpha": np.array(0.0, np.float32),
-                 "no": np.array(False), "axis": np.array([0], np.int64)}  # fmt: skip
+    constants: dict[str, np.ndarray] = {
+        "nbest": np.array(0, np.int64), "alpha": np.array(0.0, np.float32),
+        "no": np.array(False), "axis": np.array([0], np.int64),
+    }  # fmt: skip
     if id_map is not None:
         constants["map"] = np.asarray(id_map, np.int32)
     nodes = [

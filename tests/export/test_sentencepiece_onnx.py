@@ -5,7 +5,6 @@ of one repeated character, which the operator's own SentencePiece breaks its way
 encoder-decoder's `encode.text.onnx` takes text and generates what Keras `generate` does."""
 
 import io
-import json
 import re
 import warnings
 
@@ -44,22 +43,10 @@ def _t5_folder(folder):
 
 
 def _marian_folder(folder, language_code=False):
+    from tests.tokenizers.test_marian_tokenizer import write_marian_folder
+
     folder.mkdir()
-    source = _train(mixed_lines(2000, seed=1), 1500)
-    target = _train(mixed_lines(2000, seed=2), 1200)
-    (folder / "source.spm").write_bytes(source)
-    (folder / "target.spm").write_bytes(target)
-    vocab = {"</s>": 0, "<unk>": 1}
-    for proto in (source, target):
-        model = spm.SentencePieceProcessor(model_proto=proto)
-        for piece in map(model.id_to_piece, range(model.get_piece_size())):
-            if piece not in vocab and piece not in ("<s>", "</s>", "<unk>"):
-                vocab[piece] = len(vocab)
-    if language_code:
-        vocab[">>fr<<"] = len(vocab)
-    vocab["<pad>"] = len(vocab)
-    (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-    return folder
+    return write_marian_folder(folder, language_code)
 
 
 def _graph_ids(tokenizer, end_id, lines):

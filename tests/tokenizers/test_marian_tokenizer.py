@@ -35,9 +35,9 @@ def _model(lines, size):
     return model.getvalue()
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("marian")
+def write_marian_folder(folder, language_code=True):
+    """Marian's files in `folder`: source and target models trained on generated lines,
+    numbered by one `vocab.json` (with `>>fr<<` when `language_code`)."""
     source, target = _model(mixed_lines(2000, seed=1), 1500), _model(mixed_lines(2000, 2), 1200)
     (folder / "source.spm").write_bytes(source)
     (folder / "target.spm").write_bytes(target)
@@ -47,10 +47,16 @@ def folder(tmp_path_factory):
         for piece in map(model.id_to_piece, range(model.get_piece_size())):
             if piece not in vocab and piece not in ("<s>", "</s>", "<unk>"):
                 vocab[piece] = len(vocab)
-    vocab[">>fr<<"] = len(vocab)
+    if language_code:
+        vocab[">>fr<<"] = len(vocab)
     vocab["<pad>"] = len(vocab)
     (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     return folder
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return write_marian_folder(tmp_path_factory.mktemp("marian"))
 
 
 @pytest.fixture(scope="module")
