@@ -170,8 +170,9 @@ def export_model(
         strings_in: also write `model.text.onnx`, raw text `(1,)` in, the model's outputs out
             (the tokenizer as onnxruntime-extensions operators; see `keras_attn_export.text_onnx`);
             for an encoder-decoder, `encode.text.onnx`: text in, the source ids and the
-            cross-attention cache out (`keras_attn_export.seq2seq`).
-            Needs `tokenizer`, one ids input, no `packer`, and onnxruntime-extensions.
+            cross-attention cache out (`keras_attn_export.seq2seq`). Needs
+            onnxruntime-extensions, and a `tokenizer` with no `packer` for a model with one
+            ids input, the model's preprocessor for an encoder-decoder.
         labels: optional class names of a model whose task is `classify` or `tag`, one per
             output class; the server's text endpoints answer with them.
         task: optional `"classify"`, `"tag"`, `"embed"` or `"generate"`: what the outputs

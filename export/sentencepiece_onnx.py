@@ -7,7 +7,7 @@ The operator bundles its own SentencePiece build; the ids equal `transformers`' 
 text (every corpus line of `tests/export/test_sentencepiece_onnx.py`) and differ on generated
 mixed-script lines where it breaks ties between equally scored segmentations (runs of one
 repeated character) its own way, where special tokens are written in the text (it tokenizes
-them as text), for T5 where a word holds a non-ASCII space (`transformers` splits there), and
+them as text), for T5 where a line holds U+0085 or NUL (`transformers` splits at NEL), and
 for Marian where the source model does not know a piece (`<unk>` here, where `transformers`
 looks the piece's text up in `vocab.json`). Marian vocabularies with language codes
 (`>>fr<<`, named first in a text) are refused.
@@ -20,7 +20,7 @@ import base64
 from typing import TYPE_CHECKING, Any
 
 from keras_attn.tokenizers import MarianTokenizer, UnigramTokenizer
-from keras_attn.tokenizers.spm_convert import CONTROL, NORMAL, UNIGRAM, UNKNOWN
+from keras_attn.tokenizers.spm_convert import CONTROL, NORMAL, UNIGRAM, UNKNOWN, USER_DEFINED
 
 if TYPE_CHECKING:
     import onnx
@@ -56,44 +56,69 @@ def _marian(tokenizer: MarianTokenizer) -> tuple[bytes, list[int]]:
     return source, [vocabulary.get(piece.piece, unk) for piece in proto.pieces]
 
 
+# `tokenizer.json` steps that SentencePiece's own normalization does: the charsmap, and
+# (with `remove_extra_whitespaces`) stripping and collapsing spaces.
+SPACE_STEPS = ({"type": "Strip"}, {"type": "Replace", "pattern": {"Regex": " {2,}"}})
+
+
+def _space_step(step: dict[str, Any]) -> bool:
+    return any(all(step.get(k) == v for k, v in kind.items()) for kind in SPACE_STEPS)
+
+
 def _unigram_proto(spec: dict[str, Any]) -> bytes:
     """T5's `tokenizer.json` (a Unigram model, a `Precompiled` normalizer, `Metaspace`
-    words) as the SentencePiece model it was converted from."""
+    words) as the SentencePiece model it was converted from; a `ValueError` naming the first
+    setting SentencePiece cannot reproduce."""
     from sentencepiece import sentencepiece_model_pb2
 
     model = spec["model"]
     normalizer = spec.get("normalizer") or {}
-    if normalizer.get("type") == "Sequence":  # transformers' T5: Precompiled, then spaces
-        kinds = [n for n in normalizer["normalizers"] if n.get("type") == "Precompiled"]
-        normalizer = kinds[0] if kinds else {}
+    steps = normalizer.get("normalizers", []) if normalizer.get("type") == "Sequence" else (
+        [normalizer] if normalizer else [])  # fmt: skip
+    charsmaps = [n for n in steps if n.get("type") == "Precompiled"]
+    collapses = any(_space_step(n) for n in steps)
+    others = [n.get("type") for n in steps if n.get("type") != "Precompiled" and not _space_step(n)]
     pre = spec.get("pre_tokenizer") or {}
-    steps = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
-    metaspace = [s for s in steps if s.get("type") == "Metaspace"]
+    words = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    kinds = [w.get("type") for w in words]
+    metaspace = words[-1] if kinds and kinds[-1] == "Metaspace" else {}
+    scheme = metaspace.get("prepend_scheme") or (
+        "always" if metaspace.get("add_prefix_space", True) else "never")  # fmt: skip
+    unk, vocabulary = model.get("unk_id"), model.get("vocab", [])
+    added = spec.get("added_tokens", [])
     why = None
     if model.get("type") != "Unigram" or model.get("byte_fallback"):
         why = "its model is not a Unigram without byte fallback"
-    elif not metaspace or metaspace[0].get("replacement", "\u2581") != "\u2581":
-        why = "its pre-tokenizer has no Metaspace '\u2581' words"
-    elif normalizer and normalizer.get("type") != "Precompiled":
-        why = f"its normalizer is {normalizer.get('type')!r}, not SentencePiece's charsmap"
+    elif unk is None:
+        why = "its Unigram model names no unknown piece"
+    elif others:
+        why = f"its normalizer has {others[0]!r}, beyond SentencePiece's charsmap and spaces"
+    elif not metaspace or metaspace.get("replacement", "\u2581") != "\u2581" or set(
+        kinds[:-1]) - {"WhitespaceSplit"}:  # fmt: skip
+        why = f"its pre-tokenizer is {kinds}, not [WhitespaceSplit,] Metaspace('\u2581')"
+    elif scheme == "first" and "WhitespaceSplit" in kinds:
+        why = "its Metaspace prepends '\u2581' to the first word only"
+    elif any(not 0 <= t["id"] < len(vocabulary) for t in added):
+        why = "it has added tokens outside its Unigram vocabulary"
     if why is not None:
         raise ValueError(why)
     proto = sentencepiece_model_pb2.ModelProto()  # type: ignore[attr-defined]  # generated
     proto.trainer_spec.model_type = UNIGRAM
-    unk = model.get("unk_id")
-    proto.trainer_spec.unk_id = -1 if unk is None else unk
+    proto.trainer_spec.unk_id = unk
     for name in ("bos_id", "eos_id", "pad_id"):
         setattr(proto.trainer_spec, name, -1)
-    special = {t["id"] for t in spec.get("added_tokens", []) if t.get("special")}
-    for i, (piece, score) in enumerate(model["vocab"]):
-        kind = UNKNOWN if i == unk else CONTROL if i in special else NORMAL
-        proto.pieces.add(piece=piece, score=float(score), type=kind)
+    kind = {t["id"]: CONTROL if t.get("special") else USER_DEFINED for t in added}
+    for i, (piece, score) in enumerate(vocabulary):
+        proto.pieces.add(piece=piece, score=float(score),
+                         type=UNKNOWN if i == unk else kind.get(i, NORMAL))  # fmt: skip
     normal = proto.normalizer_spec
-    normal.name = "nmt_nfkc" if normalizer else "identity"
-    if normalizer:
-        normal.precompiled_charsmap = base64.b64decode(normalizer["precompiled_charsmap"])
-    normal.add_dummy_prefix = metaspace[0].get("prepend_scheme", "always") == "always"
-    normal.remove_extra_whitespaces = normal.escape_whitespaces = True
+    charsmap = charsmaps[0].get("precompiled_charsmap") if charsmaps else None
+    normal.name = "nmt_nfkc" if charsmap else "identity"
+    if charsmap:
+        normal.precompiled_charsmap = base64.b64decode(charsmap)
+    normal.add_dummy_prefix = scheme != "never"
+    normal.remove_extra_whitespaces = collapses or "WhitespaceSplit" in kinds
+    normal.escape_whitespaces = True
     return proto.SerializeToString()
 
 

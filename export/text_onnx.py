@@ -176,6 +176,8 @@ def packed(
     for node in graph.node:  # the tokenizer's ids become the packer's input
         node.output[:] = [n("raw") if o == "token_ids" else o for o in node.output]
     room = (max_length or 2**62) - (start_id is not None) - (end_id is not None)
+    if room < 0:
+        raise ValueError(f"`max_length` {max_length} leaves no room for the start and end ids")
     constants = {"zero": np.array([0], np.int64), "room": np.array([room], np.int64)}
     parts = []
     for name, value in (("start", start_id), ("ids", None), ("end", end_id)):
@@ -230,9 +232,9 @@ np.savez(sys.argv[2], **outputs)
 
 
 def text_outputs(path: Path, lines: list[str]) -> list[list["np.ndarray"]]:
-    """Each line's outputs of the strings-in file at `path`, computed in a fresh Python
-    process without TensorFlow: the extensions' `SentencepieceTokenizer` segfaults where
-    TensorFlow was loaded first (their protobuf builds clash; measured with
+    """Each line's outputs (numeric arrays) of the strings-in file at `path`, computed in a
+    fresh Python process without TensorFlow: the extensions' `SentencepieceTokenizer`
+    segfaults where TensorFlow was loaded first (their protobuf builds clash; measured with
     onnxruntime-extensions 0.15 and TensorFlow 2.20), and export runs in such a process."""
     import json
     import subprocess
@@ -243,12 +245,17 @@ def text_outputs(path: Path, lines: list[str]) -> list[list["np.ndarray"]]:
 
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "outputs.npz"
-        done = subprocess.run(
-            [sys.executable, "-c", _RUN_TEXT_ONNX, str(path), str(out)], input=json.dumps(lines),
-            capture_output=True, text=True, timeout=900, check=False,
-        )  # fmt: skip
+        try:  # -I: the child imports nothing from the working directory or PYTHON* settings
+            done = subprocess.run(
+                [sys.executable, "-I", "-c", _RUN_TEXT_ONNX, str(path), str(out)],
+                input=json.dumps(lines), capture_output=True, text=True, timeout=900,
+                check=False,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"running {path.name} took over 900 s") from None
         if done.returncode != 0:
-            raise RuntimeError(f"running {path.name} failed: {done.stderr.strip()[-1500:]}")
+            why = done.stderr.strip()[-1500:] or "no message"
+            raise RuntimeError(f"running {path.name} ended with code {done.returncode}: {why}")
         with np.load(out) as arrays:
             count = len(arrays.files) // max(len(lines), 1)
             return [[arrays[f"{k}_{j}"] for j in range(count)] for k in range(len(lines))]
