@@ -86,6 +86,9 @@ def _unigram_proto(spec: dict[str, Any]) -> bytes:
         "always" if metaspace.get("add_prefix_space", True) else "never")  # fmt: skip
     unk, vocabulary = model.get("unk_id"), model.get("vocab", [])
     added = spec.get("added_tokens", [])
+    # Tokens numbered past the model's pieces (`transformers` 5 adds T5's `<extra_id_N>` so)
+    # become pieces of their own, in their order.
+    beyond = sorted((t for t in added if t["id"] >= len(vocabulary)), key=lambda t: t["id"])
     why = None
     if model.get("type") != "Unigram" or model.get("byte_fallback"):
         why = "its model is not a Unigram without byte fallback"
@@ -98,8 +101,8 @@ def _unigram_proto(spec: dict[str, Any]) -> bytes:
         why = f"its pre-tokenizer is {kinds}, not [WhitespaceSplit,] Metaspace('\u2581')"
     elif scheme == "first" and "WhitespaceSplit" in kinds:
         why = "its Metaspace prepends '\u2581' to the first word only"
-    elif any(not 0 <= t["id"] < len(vocabulary) for t in added):
-        why = "it has added tokens outside its Unigram vocabulary"
+    elif [t["id"] for t in beyond] != list(range(len(vocabulary), len(vocabulary) + len(beyond))):
+        why = "its added tokens past the Unigram vocabulary do not follow it in order"
     if why is not None:
         raise ValueError(why)
     proto = sentencepiece_model_pb2.ModelProto()  # type: ignore[attr-defined]  # generated
@@ -108,7 +111,8 @@ def _unigram_proto(spec: dict[str, Any]) -> bytes:
     for name in ("bos_id", "eos_id", "pad_id"):
         setattr(proto.trainer_spec, name, -1)
     kind = {t["id"]: CONTROL if t.get("special") else USER_DEFINED for t in added}
-    for i, (piece, score) in enumerate(vocabulary):
+    pieces = [*vocabulary, *([t["content"], 0.0] for t in beyond)]
+    for i, (piece, score) in enumerate(pieces):
         proto.pieces.add(piece=piece, score=float(score),
                          type=UNKNOWN if i == unk else kind.get(i, NORMAL))  # fmt: skip
     normal = proto.normalizer_spec

@@ -49,7 +49,7 @@ def served(request, tmp_path_factory):
     tolerance = 5e-3 if request.param == "t5" else 1e-4
     manifest = export_model(
         lm, folder / "repository" / "s2s" / "1", formats=("onnx",), batch_sizes=(1, 2),
-        sequence_lengths=(4, 9), tolerance=tolerance,
+        sequence_lengths=(4, 9), tolerance=tolerance, strings_in=True,
     )  # fmt: skip
     repository = ModelRepository(folder / "repository")
     REPOSITORIES[request.param] = repository
@@ -264,3 +264,38 @@ def test_an_artifact_of_format_4_generates_as_one_of_format_5(served, tmp_path):
     expected = lm.generate([source, source[:3]], 6)
     assert Predictor(old).generate_ids([source, source[:3]], 6) == expected, name
     assert Predictor(artifact).generate_ids([source, source[:3]], 6) == expected, name
+
+
+def test_the_strings_in_encoder_generates_as_keras(served):
+    """`strings_in=True`: `encode.text.onnx` (the tokenizer's onnxruntime-extensions operator:
+    SentencePiece for T5 and Marian, GPT-2's BPE for BART; the packing; then `encode.onnx`)
+    gives the preprocessor's source ids and `encode.onnx`'s cache, and greedy `decode.onnx`
+    steps from them write Keras `generate`'s ids for the same text. It runs in a process
+    without TensorFlow (`text_outputs`): the operator crashes where TensorFlow came first."""
+    import numpy as np
+    from keras_attn_export.text_onnx import text_outputs
+    from keras_attn_serving.generation import decode_ids
+    from keras_attn_serving.seq2seq import EncoderDecoder
+
+    name, lm, manifest, _, artifact = served
+    assert manifest.text_onnx.file == "encode.text.onnx" and manifest.text_onnx.input == "text"
+    assert "encode.text.onnx" in manifest.files
+    graphs = EncoderDecoder(artifact, manifest.seq2seq.model_dump())
+    spec = manifest.seq2seq
+    texts = [t for t in TEXTS if t.isascii()][:4]
+    generated = []
+    for text, (ids, cross) in zip(texts, text_outputs(artifact / "encode.text.onnx", texts),
+                                  strict=True):  # fmt: skip
+        packed_ids = np.asarray(lm.preprocessor([text])["encoder_token_ids"])[0].tolist()
+        assert ids[0].tolist() == packed_ids[: len(ids[0])], (name, text)
+        assert set(packed_ids[len(ids[0]) :]) <= {lm.pad_token_id}
+        cache = np.zeros((1, spec.layers, 2, spec.max_length, spec.kv_heads, spec.key_dim),
+                         np.float32)  # fmt: skip
+        state = {"cache": cache, "cross_cache": cross, "sources": ids}
+        new = decode_ids(graphs.step, state, [[graphs.start_id]], 8,
+                         pad_token_id=graphs.never_generated_id, max_length=graphs.max_length,
+                         forced_eos_token_id=graphs.forced_eos_token_id,
+                         forced_bos_token_id=graphs.forced_bos_token_id)[0]  # fmt: skip
+        assert new == lm.generate([ids[0].tolist()], 8)[0], (name, text)
+        generated.append(new)
+    assert any(generated), name
