@@ -20,6 +20,7 @@ from keras_attn_serving.generation import decode_ids
 from keras_attn_serving.seq2seq import EncoderDecoder
 
 from keras_attn.layers.tracing import onnx_tracing
+from keras_attn.tokenizers import MarianTokenizer, UnigramTokenizer
 
 # Cache length for decoders without a position table (T5's relative positions, Marian's
 # sinusoids): transformers' default `max_length` for Marian.
@@ -213,8 +214,6 @@ def export_seq2seq_text_onnx(
     from keras_attn_export.sentencepiece_onnx import sentencepiece_graph, sentencepiece_model
     from keras_attn_export.text_onnx import packed, text_outputs, tokenizer_onnx
     from onnx import compose
-
-    from keras_attn.tokenizers import MarianTokenizer, UnigramTokenizer
 
     encoder = onnx.load(folder / "encode.onnx")
     try:
