@@ -178,6 +178,11 @@ def row_buckets(rows: int) -> list[int]:
     return sorted({min(size, rows) for size in (1, 2, 4, *range(8, rows + 4, 4))})
 
 
+def bucket_of(buckets: Iterable[int], rows: int) -> int:
+    """The smallest of `buckets` that holds `rows` rows."""
+    return min(size for size in buckets if size >= rows)
+
+
 class BucketedCache:
     """The shared cache of iteration-level batching (`batched_generation`): one set of
     per-block key/value buffers `(rows, kv_heads, max_length, key_dim)` in
@@ -197,7 +202,7 @@ class BucketedCache:
             self.values += values
 
     def bucket(self, rows: int) -> int:
-        return min(size for size in self.bindings if size >= rows)
+        return bucket_of(self.bindings, rows)
 
     def copy_row(self, source: "BucketedCache", source_row: int, row: int, length: int) -> None:
         for mine, theirs in zip(self.buffers, source.buffers, strict=True):

@@ -27,7 +27,7 @@ cores, three quarters of it slicing, stacking and transposing the cache (bench/R
 
 import numpy as np
 from keras_attn_serving.decode_requests import _Request
-from keras_attn_serving.generation import row_buckets
+from keras_attn_serving.generation import bucket_of, row_buckets
 from keras_attn_serving.prefix_cache import PrefixCache
 from keras_attn_serving.sampling import force_ends
 from keras_attn_serving.seq2seq import ONE_POSITION, EncoderDecoder
@@ -86,9 +86,6 @@ class Seq2SeqBatcher(SharedSteps):
         sources[:kept, :held] = self.sources[:kept, :held]
         self.cache, self.cross, self.sources = cache, cross, sources
 
-    def _bucket(self, rows: int) -> int:
-        return min(b for b in self.buckets if b >= rows)
-
     def _admit(self, requests: list[_Request]) -> None:
         """Encodes the sources of `requests` in one run and gives each a row; its first
         step is the next shared one (its decoder start id at position 0)."""
@@ -98,7 +95,7 @@ class Seq2SeqBatcher(SharedSteps):
             padded[k, : len(request.prompt)] = request.prompt
         (cross,) = self.graphs.encoder.run(None, {"encoder_token_ids": padded})
         held = max([len(r.prompt) for r in self.active], default=0)
-        self._reserve(self._bucket(len(self.active) + len(requests)), max(width, held))
+        self._reserve(bucket_of(self.buckets, len(self.active) + len(requests)), max(width, held))
         for k, request in enumerate(requests):
             row, length = len(self.active), len(request.prompt)
             self.cross[row] = 0.0
@@ -109,7 +106,7 @@ class Seq2SeqBatcher(SharedSteps):
             self.active.append(request)
 
     def _run_step(self, count: int) -> np.ndarray:
-        rows = self._bucket(count)
+        rows = bucket_of(self.buckets, count)
         self._reserve(rows, max(len(r.prompt) for r in self.active))
         token_ids = np.zeros((rows, 1), np.int32)
         index = np.zeros(rows, np.int32)
