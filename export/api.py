@@ -4,10 +4,9 @@ import datetime
 import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import keras
-import numpy as np
 from keras_attn_export.atomic import replace, temporary_folder
 from keras_attn_export.compare import parity_rows, sweep, text_parity
 from keras_attn_export.describe import (
@@ -22,7 +21,7 @@ from keras_attn_export.describe import (
     write_chat,
     write_tokenizer,
 )
-from keras_attn_export.functional import check_task, split_text_model
+from keras_attn_export.functional import as_float32, check_task, split_text_model
 from keras_attn_export.graphs import (
     export_decoding,
     export_text_onnx,
@@ -59,39 +58,26 @@ if TYPE_CHECKING:
     from keras_attn_serving.manifest import Manifest
 
 
-def as_float32(model: keras.Model) -> keras.Model:
-    """`model` itself when it computes in float32, else a float32 copy with its weights:
-    exported graphs are float32 whatever policy the model trained under."""
-    layers = list(model._flatten_layers(include_self=True))
-    if all(layer.compute_dtype not in ("float16", "bfloat16") for layer in layers):
-        return model
-
-    def float32_policies(value: Any) -> Any:
-        if isinstance(value, dict):
-            if value.get("class_name") in ("DTypePolicy", "DTypePolicyMap"):
-                return "float32"
-            return {k: float32_policies(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [float32_policies(v) for v in value]
-        if isinstance(value, str) and value.startswith("mixed_"):
-            return "float32"
-        return value
-
-    config = float32_policies(keras.saving.serialize_keras_object(model))
-    copy = keras.saving.deserialize_keras_object(config)
-    copy.set_weights([np.asarray(w, dtype="float32") for w in model.get_weights()])
-    return copy
-
-
-FORMATS = ("saved_model", "onnx")
+FORMATS = ("saved_model", "onnx", "generation")
+DEFAULT_FORMATS = ("saved_model", "onnx")
 KERAS_QUANTIZED_TOLERANCE = 5e-2
 QUANTIZATIONS = (None, "int8")
 
 
-def _check_formats(formats, optimize, quantize):
+def _check_formats(formats, optimize, quantize, strings_in):
     formats = tuple(formats)
     if not formats or any(f not in FORMATS for f in formats):
-        raise ValueError(f"`formats` must be a non-empty subset of {FORMATS}. Received: {formats}")
+        raise ValueError(
+            f"`formats` must be a non-empty subset of {DEFAULT_FORMATS}, or ['generation']. "
+            f"Received: {formats}"
+        )
+    if "generation" in formats and (len(formats) > 1 or optimize or quantize or strings_in):
+        raise ValueError(
+            "formats=['generation'] writes a causal LM's decode_gqa.onnx alone (the 'onnx' "
+            "format writes it too, beside model.onnx); it takes no `optimize`, `quantize` or "
+            f"`strings_in`. Received: formats={formats}, optimize={optimize}, "
+            f"quantize={quantize!r}, strings_in={strings_in}"
+        )
     if quantize not in QUANTIZATIONS:
         raise ValueError(f"`quantize` must be one of {QUANTIZATIONS}. Received: {quantize!r}")
     if (optimize or quantize) and "onnx" not in formats:
@@ -110,7 +96,7 @@ def export_model(
     out_dir: str | Path,
     tokenizer: WordPieceTokenizer | JsonTokenizer | MarianTokenizer | None = None,
     packer: StartEndPacker | SegmentPacker | None = None,
-    formats: Iterable[str] = FORMATS,
+    formats: Iterable[str] = DEFAULT_FORMATS,
     opset: int = 17,
     optimize: bool = False,
     quantize: str | None = None,
@@ -148,7 +134,11 @@ def export_model(
             signature taking raw strings. A model with more than one input needs `packer`.
         packer: optional packer (e.g. `StartEndPacker`) between tokenizer and model in
             `serve_text`; without one, rows are padded with 0 to the longest.
-        formats: subset of `("saved_model", "onnx")`.
+        formats: subset of `("saved_model", "onnx")`, or `["generation"]` alone: a causal
+            LM's `decode_gqa.onnx` (prompt and decode steps in one graph, weights beside it
+            past 64 MiB) written from its weights with no SavedModel or tf2onnx, which is how
+            models of hundreds of millions of parameters export; checked against Keras like
+            the decode graphs of `"onnx"`, served for generation only.
         opset: ONNX opset, 13 to 18 (17 or more for `optimize`: LayerNormalization).
         optimize: also write `model.opt.onnx` with fused LayerNormalization and Gelu.
         quantize: `None` or `"int8"`: also write `model.int8.onnx` (dynamic quantization);
@@ -208,7 +198,7 @@ def _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantiz
             overwrite, verbose) -> "Manifest":  # fmt: skip
     import onnxruntime as ort
 
-    formats = _check_formats(formats, optimize, quantize)
+    formats = _check_formats(formats, optimize, quantize, strings_in)
     check_int8_weights(int8_weights)
     if int8_weights is not None and not quantize:
         raise ValueError(f"`int8_weights` needs `quantize='int8'`. Received: {int8_weights!r}")
@@ -262,6 +252,12 @@ def _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantiz
             f"{type(tokenizer).__name__}"
         )
     check_labels(model, labels, task)
+    generation = "generation" in formats
+    if generation and not is_causal_lm(model, task):
+        raise ValueError(
+            "formats=['generation'] exports a causal LM's decode graph; this model's task "
+            f"is {task!r}. Export it with formats=['saved_model', 'onnx']."
+        )
     model = as_float32(model)
     # LoRA adapters are folded into their kernels for export; the parity sweep's reference
     # stays the adapted model itself.
@@ -289,15 +285,20 @@ def _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantiz
                 file: ort.InferenceSession(str(tmp / file), providers=["CPUExecutionProvider"])
                 for file in onnx_info["files"]
             }
-        cases = sweep(reference, batch_sizes, sequence_lengths, input_ranges)
-        rows = parity_rows(cases, saved, sessions, onnx_info.get("unpadded"))
-        worst = check(rows, tolerance)
+        cases, rows, worst = [], [], 0.0
+        if not generation:  # the decode graph's own checks are its parity
+            cases = sweep(reference, batch_sizes, sequence_lengths, input_ranges)
+            rows = parity_rows(cases, saved, sessions, onnx_info.get("unpadded"))
+            worst = check(rows, tolerance)
         text_onnx = None
         if strings_in and not is_seq2seq(model):
             text_onnx = export_text_onnx(model, tmp, tokenizer, packer, sessions, opset)
         decoding = seq2seq = None
         if "onnx" in formats and is_causal_lm(model, task):
             decoding = export_decoding(model, tmp, opset, tolerance)
+        if generation:
+            decoding = export_decoding(model, tmp, opset, tolerance, tf2onnx_graph=False)
+            worst = decoding["gqa"]["step_logits_max_abs_diff"]
         if "onnx" in formats and is_seq2seq(model):
             limit = tolerance.get("logits", 1e-4) if isinstance(tolerance, dict) else tolerance
             seq2seq = export_seq2seq(model, tmp, opset, limit)
@@ -361,14 +362,17 @@ def _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantiz
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if verbose:
+    if verbose and rows:
         print(format_table(rows, tolerance))
-        chosen = quantization or {}
-        for name, drift in (int8 or {}).items():
-            print(
-                f"int8 {name}: max |difference| {drift['max_abs_diff']:.3e} "
-                f"({drift['relative_drift']:.1%} of the largest output), "
-                f"argmax agreement {drift['argmax_agreement']:.1%} ({chosen.get('weights')} "
-                f"weights, by {chosen.get('chosen_by')})"
-            )
+    elif verbose:  # formats=["generation"]: the decode graph's checks are the parity
+        print(f"decode_gqa.onnx: logits within {worst:.3e} of Keras at every step, greedy ids "
+              "equal to Keras generate()")  # fmt: skip
+    chosen = quantization or {}
+    for name, drift in (int8 or {}).items() if verbose else ():
+        print(
+            f"int8 {name}: max |difference| {drift['max_abs_diff']:.3e} "
+            f"({drift['relative_drift']:.1%} of the largest output), "
+            f"argmax agreement {drift['argmax_agreement']:.1%} ({chosen.get('weights')} "
+            f"weights, by {chosen.get('chosen_by')})"
+        )
     return manifest

@@ -49,7 +49,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument("out_dir", help="artifact folder to write (replaced if it exists)")
     parser.add_argument(
-        "--formats", default="saved_model,onnx", help="comma-separated: saved_model,onnx"
+        "--formats",
+        default="saved_model,onnx",
+        help="comma-separated: saved_model,onnx; or generation alone (a causal LM's decode graph)",
     )
     parser.add_argument("--opset", type=int, default=17, help="ONNX opset, 13 to 18")
     parser.add_argument(

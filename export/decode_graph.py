@@ -28,19 +28,17 @@ own.
 manifest; models it cannot express (see `supported`) keep `decode.onnx` only.
 """
 
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from keras_attn_export.graph_builder import Graph, kernel_bias, layer_weights
 
 from keras_attn.layers.rotary_embedding import inverse_frequencies
 
 if TYPE_CHECKING:
-    import keras
-    import onnx
-    from numpy.typing import ArrayLike
-
     from keras_attn.models.cached import CachedCausalLM
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swish", "silu")
@@ -98,85 +96,11 @@ def supported(lm: "CachedCausalLM") -> str | None:
     return None
 
 
-def _weights(layer):
-    return [np.asarray(w, np.float32) for w in layer.get_weights()]
-
-
-def _kernel_bias(dense, width):
-    """A projection's kernel `(in, width)` and its bias, zeros where it has none."""
-    kernel = np.asarray(dense.kernel, np.float32).reshape(-1, width)
-    bias = dense.bias
-    return kernel, np.zeros(width, np.float32) if bias is None else np.asarray(bias).reshape(-1)
-
-
-class _Graph:
-    nodes: list["onnx.NodeProto"]
-    initializers: list["onnx.TensorProto"]
-    count: int
-
-    def __init__(self, opset: int = 17) -> None:
-        self.nodes, self.initializers, self.count = [], [], 0
-        self.opset = opset
-
-    def const(self, name: str, array: "ArrayLike") -> str:
-        from onnx import numpy_helper
-
-        self.initializers.append(numpy_helper.from_array(np.asarray(array), name))
-        return name
-
-    def op(
-        self,
-        op_type: str,
-        inputs: list[str],
-        outputs: int | list[str] = 1,
-        domain: str = "",
-        **attrs: Any,
-    ) -> Any:
-        from onnx import helper
-
-        self.count += 1
-        if isinstance(outputs, list):
-            names = outputs
-        else:
-            names = [f"{op_type.lower()}_{self.count}_{i}" for i in range(outputs)]
-        self.nodes.append(helper.make_node(op_type, inputs, names, domain=domain, **attrs))
-        return names[0] if len(names) == 1 else names
-
-    def dense(self, x: str, kernel: "ArrayLike", bias: "ArrayLike", prefix: str) -> Any:
-        y = self.op("MatMul", [x, self.const(f"{prefix}.kernel", kernel)])
-        return self.op("Add", [y, self.const(f"{prefix}.bias", bias)])
-
-    def layer_norm(self, x: str, layer: "keras.layers.Layer", prefix: str) -> Any:
-        import keras
-
-        if isinstance(layer, keras.layers.RMSNormalization):  # x / sqrt(mean(x²) + ε) · scale
-            # Plain operators (onnxruntime's SimplifiedLayerNormalization is outside the onnx
-            # checker's schemas; its session optimizer fuses these into it).
-            if self.opset >= 18:
-                if not any(i.name == "last_axis" for i in self.initializers):
-                    self.const("last_axis", np.array([-1], np.int64))
-                mean = self.op("ReduceMean", [self.op("Mul", [x, x]), "last_axis"], keepdims=1)
-            else:
-                mean = self.op("ReduceMean", [self.op("Mul", [x, x])], axes=[-1], keepdims=1)
-            epsilon = self.const(f"{prefix}.epsilon", np.array(layer.epsilon, np.float32))
-            rms = self.op("Sqrt", [self.op("Add", [mean, epsilon])])
-            scale = self.const(f"{prefix}.scale", _weights(layer)[0])
-            return self.op("Mul", [self.op("Div", [x, rms]), scale])
-        gamma, beta = _weights(layer)
-        return self.op(
-            "LayerNormalization",
-            [x, self.const(f"{prefix}.gamma", gamma), self.const(f"{prefix}.beta", beta)],
-            axis=-1, epsilon=float(layer.epsilon),
-        )  # fmt: skip
-
-    def activation(self, x: str, name: str) -> Any:
-        if name == "relu":
-            return self.op("Relu", [x])
-        if name == "gelu":
-            return self.op("Gelu", [x], domain="com.microsoft")  # exact, erf
-        if name == "gelu_tanh":
-            return self.op("FastGelu", [x], domain="com.microsoft")
-        return self.op("Mul", [x, self.op("Sigmoid", [x])])  # swish / silu
+# Past this many bytes of weights a graph keeps them in a file beside it (ONNX external data):
+# a protobuf holds at most 2 GiB, and writing each tensor as it is made keeps no copy of the
+# weights, where a graph holding them peaked at 4x their bytes more (SmolLM2-135M's shape:
+# +2.2 GB against +0.24 GB, `write_decode_graph` alone).
+EXTERNAL_DATA_BYTES = 64 << 20
 
 
 def _attend(g, attention, h, n, prefix, hidden, seqlens, total, rotary):
@@ -188,7 +112,7 @@ def _attend(g, attention, h, n, prefix, hidden, seqlens, total, rotary):
     key_dim = attention.key_dim
     sizes = np.array([heads * key_dim, kv_heads * key_dim, kv_heads * key_dim])
     parts = [
-        _kernel_bias(dense, int(width))
+        kernel_bias(dense, int(width))
         for dense, width in zip(
             (attention.query_dense, attention.key_dense, attention.value_dense), sizes,
             strict=True,
@@ -210,20 +134,20 @@ def _attend(g, attention, h, n, prefix, hidden, seqlens, total, rotary):
         domain="com.microsoft", num_heads=heads, kv_num_heads=kv_heads,
         scale=float(attention.score.scale_for(key_dim)), **extra,
     )[0]  # fmt: skip
-    wo, bo = _kernel_bias(attention.output_dense, hidden)
+    wo, bo = kernel_bias(attention.output_dense, hidden)
     return g.dense(out, wo, bo, f"{prefix}.output")
 
 
 def _feed_forward(g, block, h, prefix):
     ffn = block.feed_forward
     inner, outer = ffn.intermediate_dense.kernel.shape[-1], ffn.output_dense.kernel.shape[-1]
-    w1, b1 = _kernel_bias(ffn.intermediate_dense, inner)
-    w2, b2 = _kernel_bias(ffn.output_dense, outer)
+    w1, b1 = kernel_bias(ffn.intermediate_dense, inner)
+    w2, b2 = kernel_bias(ffn.output_dense, outer)
     up = g.dense(h, w1, b1, f"{prefix}.ffn1")
     if ffn.gate_dense is None:
         h = g.activation(up, block.activation)
     else:  # gated (SwiGLU): act(x·W_g) ⊙ x·W_1
-        wg, bg = _kernel_bias(ffn.gate_dense, inner)
+        wg, bg = kernel_bias(ffn.gate_dense, inner)
         h = g.op("Mul", [g.activation(g.dense(h, wg, bg, f"{prefix}.gate"), block.activation), up])
     return g.dense(h, w2, b2, f"{prefix}.ffn2")
 
@@ -240,14 +164,28 @@ def _rotary_tables(g, lm, max_length):
     return (g.const("rotary_cos", np.cos(angles)), g.const("rotary_sin", np.sin(angles)))
 
 
+def weight_bytes(lm: "CachedCausalLM") -> int:
+    """Bytes of the model's weights in float32, what the graph stores."""
+    parts = [lm.token_embedding, lm.position_embedding, *lm.decoder_blocks, lm.final_norm, lm.head]
+    return 4 * sum(int(np.prod(w.shape)) for p in parts if p is not None for w in p.weights)
+
+
 def write_decode_graph(
-    lm: "CachedCausalLM", path: str | Path, max_length: int, opset: int = 17
+    lm: "CachedCausalLM",
+    path: str | Path,
+    max_length: int,
+    opset: int = 17,
+    external_data: bool | None = None,
 ) -> dict[str, Any]:
     """Writes the decode-step graph of a causal LM's cached call (`CausalLM`, or
     `keras_attn.models.cached.FunctionalCausalLM`) to `path`; returns the
-    spec the manifest records (`layers`, `kv_heads`, `key_dim`, `max_length`, names)."""
+    spec the manifest records (`layers`, `kv_heads`, `key_dim`, `max_length`, names, and
+    `external_data`: the file holding the weights, when they are outside the graph).
+
+    `external_data`: write the weights to `<path>.data` beside the graph, each tensor as it is
+    made (no copy of them is kept); `None` does so past `EXTERNAL_DATA_BYTES` (64 MiB) of
+    weights."""
     import onnx
-    from onnx import TensorProto, helper
 
     reason = supported(lm)
     if reason is not None:
@@ -255,8 +193,27 @@ def write_decode_graph(
     # LayerNormalization needs opset 17; the graph needs onnxruntime (its contrib operators)
     # anyway, so an older export opset for model.onnx does not lower this one.
     opset = max(int(opset), 17)
-    g = _Graph(opset)
-    embeddings = _weights(lm.token_embedding)[0]  # (vocab, d)
+    path = Path(path)
+    if external_data is None:
+        external_data = weight_bytes(lm) > EXTERNAL_DATA_BYTES
+    data_path = path.with_name(path.name + ".data")
+    with open(data_path, "wb") if external_data else contextlib.nullcontext() as data:
+        model, spec = _decode_model(Graph(opset, data), lm, max_length)
+    spec["opset"] = opset
+    onnx.save(model, str(path))
+    # By path: the checker then also checks that the external data is where the graph says.
+    onnx.checker.check_model(str(path))
+    if external_data:
+        spec["external_data"] = data_path.name
+    return spec
+
+
+def _decode_model(g: Graph, lm: "CachedCausalLM", max_length: int) -> tuple[Any, dict[str, Any]]:
+    """The decode-step graph as an ONNX model whose weights `g` holds (or wrote out), and the
+    manifest's spec without `opset`."""
+    from onnx import TensorProto, helper
+
+    embeddings = layer_weights(lm.token_embedding)[0]  # (vocab, d)
     vocab, hidden = embeddings.shape
     tokens = g.op("Gather", [g.const("token_embedding", embeddings), "token_ids"])
     shape = g.op("Shape", ["token_ids"])  # (batch, new)
@@ -325,10 +282,14 @@ def write_decode_graph(
         x = g.layer_norm(x, lm.final_norm, "final_layer_norm")
     if lm.head is None:  # the token embedding, transposed, or its untied output matrix
         untied = lm.token_embedding.reverse_embeddings
-        output = embeddings if untied is None else np.asarray(untied, np.float32)
-        g.op("MatMul", [x, g.const("output_projection", output.T.copy())], outputs=["logits"])
+        # (vocab, d) tables, by Gemm's transB: no transposed copy. Tied: the embedding table
+        # itself, stored once.
+        output_table = "token_embedding"
+        if untied is not None:
+            output_table = g.const("output_projection", np.asarray(untied, np.float32))
+        g.op("Gemm", [x, output_table], outputs=["logits"], transB=1)
     else:
-        kernel, *bias = _weights(lm.head)
+        kernel, *bias = layer_weights(lm.head)
         projected = g.op("MatMul", [x, g.const("output_projection", kernel)])
         if bias:
             g.op("Add", [projected, g.const("output_bias", bias[0])], outputs=["logits"])
@@ -338,11 +299,8 @@ def write_decode_graph(
     graph = helper.make_graph(g.nodes, "decode_step", inputs, outputs, g.initializers)
     model = helper.make_model(
         graph,
-        opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1)],
+        opset_imports=[helper.make_opsetid("", g.opset), helper.make_opsetid("com.microsoft", 1)],
         producer_name="keras_attn_export.decode_graph",
         ir_version=8,  # what opset 17 needs; newer onnx writes versions onnxruntime refuses
     )
-    onnx.checker.check_model(model)
-    spec["opset"] = opset
-    onnx.save(model, str(path))
-    return spec
+    return model, spec

@@ -15,7 +15,10 @@ The contract (README, "Your own functional model"):
   exactly as the model did.
 """
 
+from typing import Any
+
 import keras
+import numpy as np
 
 from keras_attn.models.cached import cached_causal_lm
 from keras_attn.preprocessing import SegmentPacker, StartEndPacker
@@ -90,3 +93,27 @@ def split_text_model(
     body = keras.Model(ids, _outputs(model), name=f"{model.name}_ids")
     token_ids = keras.Input(ids.shape[1:], dtype="int32", name="token_ids")
     return keras.Model(token_ids, body(token_ids), name=model.name), tokenizer, packer
+
+
+def as_float32(model: keras.Model) -> keras.Model:
+    """`model` itself when it computes in float32, else a float32 copy with its weights:
+    exported graphs are float32 whatever policy the model trained under."""
+    layers = list(model._flatten_layers(include_self=True))
+    if all(layer.compute_dtype not in ("float16", "bfloat16") for layer in layers):
+        return model
+
+    def float32_policies(value: Any) -> Any:
+        if isinstance(value, dict):
+            if value.get("class_name") in ("DTypePolicy", "DTypePolicyMap"):
+                return "float32"
+            return {k: float32_policies(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [float32_policies(v) for v in value]
+        if isinstance(value, str) and value.startswith("mixed_"):
+            return "float32"
+        return value
+
+    config = float32_policies(keras.saving.serialize_keras_object(model))
+    copy = keras.saving.deserialize_keras_object(config)
+    copy.set_weights([np.asarray(w, dtype="float32") for w in model.get_weights()])
+    return copy

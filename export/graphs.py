@@ -122,15 +122,20 @@ def is_causal_lm(model: keras.Model, task: str | None) -> bool:
 
 
 def export_decoding(
-    model: keras.Model, folder: Path, opset: int, tolerance: float | dict[str, float]
+    model: keras.Model,
+    folder: Path,
+    opset: int,
+    tolerance: float | dict[str, float],
+    tf2onnx_graph: bool = True,
 ) -> dict:
     """`decode.onnx` for cached generation (tf2onnx of the Keras decode step), and where
     `keras_attn_export.decode_graph` can express the model, `decode_gqa.onnx` (onnxruntime's own
     operators, cache updated in place), the one `serving` decodes with. Each is checked
     two ways: its logits at every step equal the Keras model's on the full prefix, and its
-    greedy ids equal Keras `generate()`."""
+    greedy ids equal Keras `generate()`. Without `tf2onnx_graph`, `decode_gqa.onnx` alone
+    (written from the weights, never traced: what exports at real sizes)."""
     import onnxruntime as ort
-    from keras_attn_export.decode_graph import supported, write_decode_graph
+    from keras_attn_export.decode_graph import supported
     from keras_attn_export.decoding import write_decode_onnx
 
     # The cache holds as many positions as the learned position table; a sinusoidal model has
@@ -142,36 +147,68 @@ def export_decoding(
             "Exporting generation needs a learned position table (its length bounds the "
             "cache); this model's positions are sinusoidal."
         )
+    pad_token_id = 0 if lm.zero_is_padding else None
+    reason = supported(lm)
+    if not tf2onnx_graph and reason is not None:
+        raise ValueError(
+            "formats=['generation'] writes decode_gqa.onnx alone, which cannot express "
+            f"this model: {reason}. Export it with formats=['onnx']."
+        )
+    # Keras's answers first, once for both graphs: its `generate()` then never runs beside an
+    # onnxruntime session holding a second copy of the weights.
+    reference = _keras_reference(model, max_length, pad_token_id)
+    if not tf2onnx_graph:
+        gqa = _gqa_graph(lm, folder, max_length, opset, tolerance, reference)
+        return {"file": None, "pad_token_id": pad_token_id, "gqa": gqa}
     spec = write_decode_onnx(model, folder / "decode.onnx", max_length, opset)
     session = ort.InferenceSession(str(folder / "decode.onnx"), providers=["CPUExecutionProvider"])
-    pad_token_id = 0 if lm.zero_is_padding else None
     worst = _check_decoding(
-        model, "decode.onnx", session_step(session), lambda b: empty_cache(spec, b),
-        max_length, tolerance, pad_token_id,
-    )  # fmt: skip
+        "decode.onnx", session_step(session), lambda b: empty_cache(spec, b), tolerance, reference
+    )
+    del session
     decoding = {"file": "decode.onnx", **spec, "step_logits_max_abs_diff": worst,
                 "greedy_equals_keras": True, "pad_token_id": pad_token_id}  # fmt: skip
-    reason = supported(lm)
     if reason is not None:
         decoding["gqa"] = {"file": None, "unsupported": reason}
         return decoding
-    gqa_spec = write_decode_graph(lm, folder / "decode_gqa.onnx", max_length, opset)
-    session = ort.InferenceSession(
-        str(folder / "decode_gqa.onnx"), providers=["CPUExecutionProvider"]
-    )
-    worst = _check_decoding(
-        model, "decode_gqa.onnx", gqa_step(session),
-        lambda b: BoundCache(session, gqa_spec, b), max_length, tolerance, pad_token_id,
-    )  # fmt: skip
-    decoding["gqa"] = {"file": "decode_gqa.onnx", **gqa_spec, "step_logits_max_abs_diff": worst,
-                       "greedy_equals_keras": True}  # fmt: skip
+    decoding["gqa"] = _gqa_graph(lm, folder, max_length, opset, tolerance, reference)
     return decoding
 
 
-def _check_decoding(model, name, step, new_state, max_length, tolerance, pad_token_id):
-    """Raises `ParityError` unless a decode graph's `step` (from the state `new_state(batch)`)
-    gives the Keras model's logits at every position and Keras `generate()`'s greedy ids;
-    returns the largest logits difference."""
+def _gqa_graph(
+    lm: CachedCausalLM,
+    folder: Path,
+    max_length: int,
+    opset: int,
+    tolerance: float | dict[str, float],
+    reference: dict[str, Any],
+) -> dict[str, Any]:
+    """Writes `decode_gqa.onnx` and checks it against Keras; the manifest's `gqa` entry."""
+    import onnxruntime as ort
+    from keras_attn_export.decode_graph import write_decode_graph
+
+    gqa_spec = write_decode_graph(lm, folder / "decode_gqa.onnx", max_length, opset)
+    # Unpacked weights: onnxruntime then maps the external data file instead of copying it
+    # into packed buffers (+2.5 GB for Qwen2.5-0.5B's shape; a check of a few steps needs no
+    # packing's speed).
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.disable_prepacking", "1")
+    session = ort.InferenceSession(
+        str(folder / "decode_gqa.onnx"), options, providers=["CPUExecutionProvider"]
+    )
+    worst = _check_decoding(
+        "decode_gqa.onnx", gqa_step(session), lambda b: BoundCache(session, gqa_spec, b),
+        tolerance, reference,
+    )  # fmt: skip
+    return {"file": "decode_gqa.onnx", **gqa_spec, "step_logits_max_abs_diff": worst,
+            "greedy_equals_keras": True}  # fmt: skip
+
+
+def _keras_reference(
+    model: keras.Model, max_length: int, pad_token_id: int | None
+) -> dict[str, Any]:
+    """What every decode graph must reproduce: 5 prompt ids then up to 8 more, with Keras's
+    logits at each position, and Keras `generate()`'s greedy ids for three prompts."""
     rng = np.random.default_rng(0)
     vocabulary = max_token_id(model)
     prompts = [rng.integers(1, vocabulary, size=n).tolist() for n in (3, 5, 1)]
@@ -179,6 +216,24 @@ def _check_decoding(model, name, step, new_state, max_length, tolerance, pad_tok
     ids = np.asarray([prompts[1] + [0] * new_tokens], "int32")[:, : 5 + new_tokens]
     ids[0, 5:] = rng.integers(1, vocabulary, size=ids.shape[1] - 5)
     full = keras.ops.convert_to_numpy(model(model_inputs(model, ids), training=False))
+    keras_ids = generate(model, prompts, new_tokens)
+    return {
+        "ids": ids, "full": full, "prompts": prompts, "new_tokens": new_tokens,
+        "keras_ids": keras_ids, "max_length": max_length, "pad_token_id": pad_token_id,
+    }  # fmt: skip
+
+
+def _check_decoding(
+    name: str,
+    step: Any,
+    new_state: Any,
+    tolerance: float | dict[str, float],
+    reference: dict[str, Any],
+) -> float:
+    """Raises `ParityError` unless a decode graph's `step` (from the state `new_state(batch)`)
+    gives the Keras model's logits at every position and Keras `generate()`'s greedy ids
+    (`reference`, from `_keras_reference`); returns the largest logits difference."""
+    ids, full = reference["ids"], reference["full"]
     logits, state = step(ids[:, :5], new_state(1), 0)
     worst = max_abs_diff(logits, full[:, 4])
     for t in range(5, ids.shape[1]):
@@ -187,11 +242,14 @@ def _check_decoding(model, name, step, new_state, max_length, tolerance, pad_tok
     limit = tolerance["logits"] if isinstance(tolerance, dict) else tolerance
     if worst > limit:
         raise ParityError(f"{name} logits differ from Keras by {worst:.3e} > tolerance {limit}")
-    onnx_ids = decode_ids(step, new_state(len(prompts)), prompts, new_tokens,
-                             pad_token_id=pad_token_id, max_length=max_length)  # fmt: skip
-    keras_ids = generate(model, prompts, new_tokens)
-    if onnx_ids != keras_ids:
-        raise ParityError(f"{name} greedy ids {onnx_ids} differ from Keras generate() {keras_ids}")
+    prompts = reference["prompts"]
+    onnx_ids = decode_ids(step, new_state(len(prompts)), prompts, reference["new_tokens"],
+                          pad_token_id=reference["pad_token_id"],
+                          max_length=reference["max_length"])  # fmt: skip
+    if onnx_ids != reference["keras_ids"]:
+        raise ParityError(
+            f"{name} greedy ids {onnx_ids} differ from Keras generate() {reference['keras_ids']}"
+        )
     return worst
 
 

@@ -23,9 +23,11 @@ MANIFEST = "manifest.json"
 # library's models call it): `decoding.pad_id`, `seq2seq.source_pad_id` and
 # `onnx.unpadded.*.pad_value` before; `seq2seq.pad_id` is `seq2seq.never_generated_id`; and
 # an encoder-decoder's `decode.onnx` takes one `index` per row (older scalar ones still run).
-# Formats 2 to 4 are still read (`_renamed`).
-FORMAT_VERSION = 5
-READABLE_VERSIONS = (2, 3, 4, 5)
+# Formats 2 to 4 are still read (`_renamed`). 6: `decoding.gqa.external_data`, the file
+# beside a decode graph that holds its weights; and `decoding` with no `onnx` is an artifact
+# for generation only (`export_model(..., formats=["generation"])`).
+FORMAT_VERSION = 6
+READABLE_VERSIONS = (2, 3, 4, 5, 6)
 Task = Literal["classify", "tag", "embed", "generate", "span_qa", "multiple_choice",
                "pretraining", "seq2seq"]  # fmt: skip
 TASKS = get_args(Task)
@@ -144,8 +146,15 @@ class CacheGraph(_Strict):
     unsupported: str | None = None
 
 
+class GqaGraph(CacheGraph):
+    """`decode_gqa.onnx`, and the file beside it that holds its weights past 64 MiB (ONNX
+    external data)."""
+
+    external_data: str | None = None
+
+
 class Decoding(CacheGraph):
-    gqa: CacheGraph | None = None
+    gqa: GqaGraph | None = None
     # The id that pads the decoding buffer and is never generated: 0, or None where id 0 is a
     # real token (GPT-2, Llama): no id is padding and every id can be generated, as in Keras
     # `generate()`. (Format 2 wrote the last id here instead, and Keras never generated it.)
@@ -233,7 +242,9 @@ class Manifest(_Strict):
         if self.onnx is not None:
             names += [self.onnx.file, *self.onnx.files]
         if self.decoding is not None:
-            names += [self.decoding.file, self.decoding.gqa.file if self.decoding.gqa else None]
+            names.append(self.decoding.file)
+            if self.decoding.gqa is not None:
+                names += [self.decoding.gqa.file, self.decoding.gqa.external_data]
         if self.text_onnx is not None:
             names.append(self.text_onnx.file)
         if self.chat is not None:

@@ -31,7 +31,8 @@ class InputError(ValueError):
 
 
 class Predictor(Generates):
-    """Runs an exported model (`model.onnx` + `manifest.json` [+ `tokenizer/`]).
+    """Runs an exported model (`model.onnx`, or only `decode_gqa.onnx` for an artifact exported
+    with `formats=["generation"]`; `manifest.json` [+ `tokenizer/`]).
 
     Args:
         folder: the artifact folder `keras_attn_export.export_model` wrote.
@@ -88,19 +89,22 @@ class Predictor(Generates):
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         if num_threads:
             options.intra_op_num_threads = num_threads
-        self.session = ort.InferenceSession(
-            str(self.folder / self._onnx_file()),
-            options,
-            providers=["CPUExecutionProvider"],
-        )
         manifest = self.manifest
+        # An artifact exported with formats=["generation"] has its decode graph alone.
+        self.session: ort.InferenceSession | None = None
+        if not self.generation_only:
+            self.session = ort.InferenceSession(
+                str(self.folder / self._onnx_file()),
+                options,
+                providers=["CPUExecutionProvider"],
+            )
         self.inputs = {spec.name: spec.model_dump() for spec in manifest.inputs}
         self.output_specs = [spec.model_dump() for spec in manifest.outputs]
         self.output_names = [spec["name"] for spec in self.output_specs]
         self.max_sequence_length = manifest.max_sequence_length
         self.decoding = manifest.decoding.model_dump() if manifest.decoding else None
         self.decode_session: ort.InferenceSession | None = None
-        if self.decoding:
+        if self.decoding and self.decoding["file"]:
             self.decode_session = ort.InferenceSession(
                 str(self.folder / self.decoding["file"]), options,
                 providers=["CPUExecutionProvider"],
@@ -169,6 +173,22 @@ class Predictor(Generates):
         except (ValueError, OSError) as error:
             raise ArtifactError(f"{chat.template}: {str(error)[:300]}") from None
 
+    @property
+    def generation_only(self) -> bool:
+        """Whether the artifact holds a decode graph and no graph of every position's outputs
+        (`export_model(..., formats=["generation"])`)."""
+        decoding = self.manifest.decoding
+        return self.manifest.onnx is None and bool(decoding and decoding.gqa and decoding.gqa.file)
+
+    def _check_session(self) -> ort.InferenceSession:
+        if self.session is None:
+            raise InputError(
+                "this model was exported for generation only (formats=['generation']: its "
+                "decode graph, no graph of every position's outputs); it answers generate and "
+                "completion requests, not inference on ids"
+            )
+        return self.session
+
     def _onnx_file(self):
         if self.manifest.onnx is None:
             raise ArtifactError(f"{self.folder.name} has no ONNX graph to serve (SavedModel only)")
@@ -186,13 +206,15 @@ class Predictor(Generates):
 
     def check(self, feeds: Mapping[str, "ArrayLike"]) -> dict[str, np.ndarray]:
         """`feeds` validated and cast to the model's dtypes, or `InputError` naming the problem."""
+        self._check_session()
         if set(feeds) != set(self.inputs):
             raise InputError(f"inputs must be {sorted(self.inputs)}; received {sorted(feeds)}")
         return {name: self._checked(name, value) for name, value in feeds.items()}
 
     def run_checked(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The model's outputs for inputs `check` accepted."""
-        outputs = self.session.run(self.output_names, arrays)
+        session = self._check_session()
+        outputs = session.run(self.output_names, arrays)
         return dict(zip(self.output_names, outputs, strict=True))
 
     def _checked(self, name, value):

@@ -224,6 +224,8 @@ class Generates:
             raise ValueError(
                 f"`use_cache` must be True, False or 'decode.onnx'. Received: {use_cache!r}"
             )
+        if use_cache == "decode.onnx" and self.decode_session is None:
+            raise ValueError("this artifact has no decode.onnx to decode with")
         if use_cache is True and self.gqa_session is not None:
             state = BoundCache(self.gqa_session, self.gqa, batch)
             return self.gqa_step, state, self.gqa["max_length"]

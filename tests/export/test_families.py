@@ -224,13 +224,15 @@ def test_per_output_tolerance_and_bad_arguments(tmp_path):
         export_model(model, tmp_path / "t", formats=["saved_model"], optimize=True)
 
 
-def test_cli_exports_a_keras_file(tmp_path):
+def test_cli_exports_a_keras_file(tmp_path, capsys):
     model = build("token_classifier")[0]
     model.save(tmp_path / "tagger.keras")
     out = tmp_path / "artifact"
     code = cli_main([str(tmp_path / "tagger.keras"), str(out), "--formats", "onnx",
                      "--optimize", "--quantize", "int8"])  # fmt: skip
     assert code == 0
+    printed = capsys.readouterr().out  # the parity table, then the int8 drift
+    assert "onnx_vs_keras" in printed and "argmax agreement" in printed
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["onnx"]["files"] == ["model.onnx", "model.opt.onnx", "model.int8.onnx"]
     # int8 quantizes the fused graph, padding skipped too; its drift is at real positions.
@@ -370,14 +372,21 @@ def test_a_new_family_decodes_maps_and_exports_with_no_change_outside_it(tmp_pat
                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8}}),
     ("qwen2", {}),  # biased q, k, v; tied output
 ])  # fmt: skip
-def test_llama_family_exports_both_decode_graphs_equal_to_keras(model_type, overrides, tmp_path):
-    from keras_attn_serving import Predictor
+def test_llama_family_exports_both_decode_graphs_equal_to_keras(
+    model_type, overrides, tmp_path, monkeypatch
+):
+    from keras_attn_export import decode_graph
+    from keras_attn_serving import ArtifactError, Predictor
 
     from tests.models import llama_reference as ref
 
     config, weights = ref.random_checkpoint(model_type, head_dim=16, **overrides)
     ref.write_folder(tmp_path / "hf", config, weights)
     lm = CausalLM.from_pretrained(tmp_path / "hf")
+    # Qwen2's decode_gqa.onnx keeps its weights beside it, as models past 64 MiB do.
+    external = model_type == "qwen2"
+    if external:
+        monkeypatch.setattr(decode_graph, "EXTERNAL_DATA_BYTES", 0)
     manifest = export_model(lm, tmp_path / "lm", formats=["onnx"], verbose=False)
     assert all(row["onnx_vs_keras"] <= 1e-4 for row in manifest["parity"]["rows"])
     decoding = manifest["decoding"]
@@ -390,6 +399,27 @@ def test_llama_family_exports_both_decode_graphs_equal_to_keras(model_type, over
     expected = lm.generate(prompts, 12)
     assert predictor.generate_ids(prompts, 12) == expected
     assert predictor.generate_ids(prompts, 12, use_cache="decode.onnx") == expected
+    if not external:
+        assert gqa["external_data"] is None
+        return
+    assert gqa["external_data"] == "decode_gqa.onnx.data"
+    graph = onnx.load(tmp_path / "lm" / "decode_gqa.onnx", load_external_data=False)
+    stored = {t.name: {e.key: e.value for e in t.external_data} for t in graph.graph.initializer
+              if t.data_location == onnx.TensorProto.EXTERNAL}  # fmt: skip
+    kernel = "block_0.qkv.kernel"  # every large tensor is out, 64 KiB-aligned
+    assert kernel in stored and all(int(e["offset"]) % 65536 == 0 for e in stored.values())
+    # Qwen2 ties its output projection: a Gemm over the embedding table, stored once.
+    assert "output_projection" not in {t.name for t in graph.graph.initializer}
+    (gemm,) = [n for n in graph.graph.node if n.op_type == "Gemm"]
+    assert list(gemm.input)[1] == "token_embedding"
+    assert (tmp_path / "lm" / "decode_gqa.onnx").stat().st_size < 65536
+    data = tmp_path / "lm" / "decode_gqa.onnx.data"
+    assert manifest["files"]["decode_gqa.onnx.data"]
+    with open(data, "r+b") as f:  # the weights are hashed like every file
+        f.seek(int(stored[kernel]["offset"]))
+        f.write(b"\x00\x00\x80\x7f")
+    with pytest.raises(ArtifactError, match=r"decode_gqa\.onnx\.data"):
+        Predictor(tmp_path / "lm")
 
 
 def test_rotary_heads_gqa_cannot_rotate_keep_decode_onnx(tmp_path):
@@ -400,3 +430,40 @@ def test_rotary_heads_gqa_cannot_rotate_keep_decode_onnx(tmp_path):
         normalization="rms_norm", gated_feed_forward=True, activation="swish",
     )  # fmt: skip
     assert "rotary key_dim 8 is not a multiple of 16" in supported(lm)
+
+
+def test_generation_format_writes_the_decode_graph_alone_and_serves_it(tmp_path, capsys):
+    """formats=["generation"]: no SavedModel, no tf2onnx graph; decode_gqa.onnx written from
+    the weights, checked against Keras, and served for generation only."""
+    from keras_attn_serving import Predictor
+    from keras_attn_serving.predictor import InputError
+
+    keras.utils.set_random_seed(4)
+    lm = CausalLM(
+        64, 32, hidden_dim=32, num_layers=2, num_heads=2, num_key_value_heads=1,
+        position_encoding="rotary", normalization="rms_norm", gated_feed_forward=True,
+        activation="swish",
+    )  # fmt: skip
+    manifest = export_model(lm, tmp_path / "lm", formats=["generation"])
+    assert "decode_gqa.onnx: logits within" in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "lm").iterdir()) == [
+        "decode_gqa.onnx", "manifest.json"]  # fmt: skip
+    assert manifest["onnx"] is None and manifest["saved_model"] is None
+    decoding = manifest["decoding"]
+    assert decoding["file"] is None and decoding["gqa"]["greedy_equals_keras"]
+    assert manifest["parity"]["max_abs_diff"] == decoding["gqa"]["step_logits_max_abs_diff"]
+    assert manifest["parity"]["max_abs_diff"] <= 1e-4
+    predictor = Predictor(tmp_path / "lm")
+    prompts = [[5, 6, 7], [9, 3, 12, 4, 8], [2]]
+    assert predictor.generate_ids(prompts, 10) == lm.generate(prompts, 10)
+    with pytest.raises(InputError, match="exported for generation only"):
+        predictor.run({"token_ids": np.array([[1, 2, 3]], "int32")})
+    with pytest.raises(ValueError, match="formats=\\['generation'\\] writes"):
+        export_model(lm, tmp_path / "x", formats=["generation", "onnx"], verbose=False)
+    classifier = build("classifier_cls")[0]
+    with pytest.raises(ValueError, match="this model's task is 'classify'"):
+        export_model(classifier, tmp_path / "x", formats=["generation"], verbose=False)
+    narrow = CausalLM(40, 16, hidden_dim=16, num_heads=2, position_encoding="rotary")
+    with pytest.raises(ValueError, match=r"rotary key_dim 8 .* with formats=\[.onnx.\]"):
+        export_model(narrow, tmp_path / "x", formats=["generation"], verbose=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lm"]  # no folder left half-written

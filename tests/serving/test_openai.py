@@ -47,6 +47,8 @@ def served(tmp_path_factory, toy_tokenizer, toy_artifact):
     set_end_tokens(folder, [free[k]])  # greedy ends its turn after k ids
     lm = CausalLM.from_pretrained(folder)
     export_model(lm, root / "repo" / "chat" / "1", formats=["onnx"], verbose=False)
+    # The same model exported as large models are: its decode graph alone.
+    export_model(lm, root / "repo" / "chat-decoder" / "1", formats=["generation"], verbose=False)
     keras.utils.set_random_seed(0)
     encoder = Encoder(toy_tokenizer.vocabulary_size(), 24, hidden_dim=16, num_layers=1,
                       num_heads=2)  # fmt: skip
@@ -79,7 +81,7 @@ def _reranker(tokenizer):
 
 def test_models_lists_the_repository(served):
     assert sorted(m.id for m in served.client.models.list()) == [
-        "chat", "encoder", "lm", "reranker"]  # fmt: skip
+        "chat", "chat-decoder", "encoder", "lm", "reranker"]  # fmt: skip
 
 
 def test_rerank_orders_documents_by_the_keras_scores(served):
@@ -123,6 +125,20 @@ def test_chat_equals_keras_and_ends_at_the_checkpoints_end_of_turn(served):
         model="chat", messages=CHAT, max_completion_tokens=2, temperature=0
     )
     assert short.choices[0].finish_reason == "length" and short.usage.completion_tokens == 2
+
+
+def test_a_generation_only_export_chats_as_the_full_one_and_refuses_ids_inference(served):
+    answers = [
+        served.client.chat.completions.create(model=name, messages=CHAT, max_tokens=30,
+                                              temperature=0).choices[0].message.content
+        for name in ("chat", "chat-decoder")
+    ]  # fmt: skip
+    assert answers[0] == answers[1] == served.lm.generate(CHAT, max_new_tokens=30)
+    body = {"inputs": [{"name": "token_ids", "shape": [1, 3], "datatype": "INT32",
+                        "data": [1, 2, 3]}]}  # fmt: skip
+    refused = httpx.post(f"{served.url}/v2/models/chat-decoder/infer", json=body)
+    assert refused.status_code == 400 and "generation only" in refused.json()["error"]
+    assert httpx.post(f"{served.url}/v2/models/chat/infer", json=body).status_code == 200
 
 
 def test_streamed_chat_joins_into_the_answer_and_reports_usage(served):

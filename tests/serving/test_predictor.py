@@ -102,7 +102,10 @@ def test_with_no_padding_id_every_id_is_generated():
         (lambda m, f: m.update(files={}), "lists no files"),
         # The typed manifest: a version this reader does not know, a key it does not know, a
         # missing or mistyped field, a bare NaN.
-        (lambda m, f: m.update(format_version=1), "format_version 1; this reader knows 2, 3, 4, 5"),
+        (
+            lambda m, f: m.update(format_version=1),
+            "format_version 1; this reader knows 2, 3, 4, 5, 6",
+        ),
         (lambda m, f: m.update(format_version="2"), "format_version '2'"),
         (lambda m, f: m.update(surprise=1), "field 'surprise': Extra inputs"),
         (lambda m, f: m.pop("outputs"), "field 'outputs': Field required"),
