@@ -47,6 +47,7 @@ from keras_attn_export.saved_model import (
     write_saved_model,
 )
 from keras_attn_export.seq2seq import export_seq2seq, export_seq2seq_text_onnx, is_seq2seq
+from keras_attn_export.weight_only import DEFAULT_BLOCK_SIZE, summary, weight_only_request
 
 from keras_attn.models.lora import lora_layers, merged_copy
 from keras_attn.preprocessing import SegmentPacker, StartEndPacker, TextPreprocessor
@@ -101,6 +102,9 @@ def export_model(
     optimize: bool = False,
     quantize: str | None = None,
     int8_weights: str | None = None,
+    weights: str | None = None,
+    weights_block_size: int = DEFAULT_BLOCK_SIZE,
+    weights_accuracy_level: int | None = None,
     tolerance: float | dict[str, float] | None = None,
     batch_sizes: Iterable[int] = DEFAULT_BATCH_SIZES,
     sequence_lengths: Iterable[int] = DEFAULT_SEQUENCE_LENGTHS,
@@ -148,6 +152,14 @@ def export_model(
             drift is within `keras_attn_export.hardware.DRIFT_BOUND` is kept (signed weights
             saturate on some CPUs, and which type is faster differs between CPUs). The
             manifest's `quantization` records both measurements, the choice and the CPU flags.
+        weights: `None`/`"float32"`, `"int8"` or `"int4"`: a causal LM's decode graph with its
+            projections and embedding weight-only quantized (`decode_gqa.int4.onnx`,
+            onnxruntime's `MatMulNBits`; `keras_attn_export.weight_only`), served in place of
+            the float32 one; the manifest's `decoding.gqa.weights` records the top-1 agreement
+            and worst logit difference against the float model on held-out text.
+        weights_block_size: weights per scale (a power of two, at least 16; default 32).
+        weights_accuracy_level: 1 (float32 activations) or 4 (int8); `None` times both on the
+            model's feed-forward shape and keeps the faster decode step.
         tolerance: float, or `{output name: float}`: the largest max-abs difference allowed
             between Keras and each float32 artifact. Defaults to `1e-4`; for a model
             quantized in Keras (`model.quantize("int8")`), whose artifacts run its int8 math,
@@ -186,16 +198,17 @@ def export_model(
     policy = keras.config.dtype_policy()
     keras.config.set_dtype_policy("float32")
     try:
+        weight_only = weight_only_request(weights, weights_block_size, weights_accuracy_level)
         return _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantize,
-                       int8_weights, tolerance, batch_sizes, sequence_lengths, input_ranges,
-                       strings_in, labels, task, overwrite, verbose)  # fmt: skip
+                       int8_weights, weight_only, tolerance, batch_sizes, sequence_lengths,
+                       input_ranges, strings_in, labels, task, overwrite, verbose)  # fmt: skip
     finally:
         keras.config.set_dtype_policy(policy)
 
 
 def _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantize, int8_weights,
-            tolerance, batch_sizes, sequence_lengths, input_ranges, strings_in, labels, task,
-            overwrite, verbose) -> "Manifest":  # fmt: skip
+            weight_only, tolerance, batch_sizes, sequence_lengths, input_ranges, strings_in,
+            labels, task, overwrite, verbose) -> "Manifest":  # fmt: skip
     import onnxruntime as ort
 
     formats = _check_formats(formats, optimize, quantize, strings_in)
@@ -258,6 +271,12 @@ def _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantiz
             "formats=['generation'] exports a causal LM's decode graph; this model's task "
             f"is {task!r}. Export it with formats=['saved_model', 'onnx']."
         )
+    if weight_only and not (is_causal_lm(model, task) and ("onnx" in formats or generation)):
+        raise ValueError(
+            f"`weights={weight_only['weights']!r}` quantizes a causal LM's decode graph: it "
+            f"needs a causal LM (this model's task is {task!r}) and 'onnx' or 'generation' in "
+            f"`formats`. Received: formats={sorted(formats)}"
+        )
     model = as_float32(model)
     # LoRA adapters are folded into their kernels for export; the parity sweep's reference
     # stays the adapted model itself.
@@ -295,9 +314,9 @@ def _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantiz
             text_onnx = export_text_onnx(model, tmp, tokenizer, packer, sessions, opset)
         decoding = seq2seq = None
         if "onnx" in formats and is_causal_lm(model, task):
-            decoding = export_decoding(model, tmp, opset, tolerance)
+            decoding = export_decoding(model, tmp, opset, tolerance, True, weight_only, tokenizer)
         if generation:
-            decoding = export_decoding(model, tmp, opset, tolerance, tf2onnx_graph=False)
+            decoding = export_decoding(model, tmp, opset, tolerance, False, weight_only, tokenizer)
             worst = decoding["gqa"]["step_logits_max_abs_diff"]
         if "onnx" in formats and is_seq2seq(model):
             limit = tolerance.get("logits", 1e-4) if isinstance(tolerance, dict) else tolerance
@@ -367,6 +386,9 @@ def _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantiz
     elif verbose:  # formats=["generation"]: the decode graph's checks are the parity
         print(f"decode_gqa.onnx: logits within {worst:.3e} of Keras at every step, greedy ids "
               "equal to Keras generate()")  # fmt: skip
+    gqa = decoding["gqa"] if decoding else None
+    if verbose and gqa and gqa.get("weights"):
+        print(summary(gqa["file"], gqa["weights"]))
     chosen = quantization or {}
     for name, drift in (int8 or {}).items() if verbose else ():
         print(

@@ -67,6 +67,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="int8 weight type (default: measure both, keep the faster one within the drift bound)",
     )
     parser.add_argument(
+        "--weights", choices=["float32", "int8", "int4"], default=None,
+        help="a causal LM's decode graph with 8- or 4-bit weights (MatMulNBits), served in "
+        "place of the float32 one",
+    )  # fmt: skip
+    parser.add_argument(
+        "--weights-block-size", type=int, default=32, help="weights per scale (default 32)"
+    )
+    parser.add_argument(
+        "--weights-accuracy-level", type=int, choices=[1, 4], default=None,
+        help="1: float32 activations, 4: int8 (default: time both, keep the faster)",
+    )  # fmt: skip
+    parser.add_argument(
         "--tolerance", type=float, default=None,
         help="largest Keras-vs-artifact max-abs difference (default 1e-4; 5e-2 for a model "
         "quantized in Keras)",
@@ -224,6 +236,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             optimize=args.optimize,
             quantize=args.quantize,
             int8_weights=args.int8_weights,
+            weights=args.weights,
+            weights_block_size=args.weights_block_size,
+            weights_accuracy_level=args.weights_accuracy_level,
             tolerance=args.tolerance,
             labels=labels,
             task=args.task,

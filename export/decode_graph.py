@@ -39,6 +39,8 @@ from keras_attn_export.graph_builder import Graph, kernel_bias, layer_weights
 from keras_attn.layers.rotary_embedding import inverse_frequencies
 
 if TYPE_CHECKING:
+    from keras_attn_export.weight_only import WeightOnly
+
     from keras_attn.models.cached import CachedCausalLM
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swish", "silu")
@@ -176,6 +178,7 @@ def write_decode_graph(
     max_length: int,
     opset: int = 17,
     external_data: bool | None = None,
+    weights: "WeightOnly | None" = None,
 ) -> dict[str, Any]:
     """Writes the decode-step graph of a causal LM's cached call (`CausalLM`, or
     `keras_attn.models.cached.FunctionalCausalLM`) to `path`; returns the
@@ -184,7 +187,8 @@ def write_decode_graph(
 
     `external_data`: write the weights to `<path>.data` beside the graph, each tensor as it is
     made (no copy of them is kept); `None` does so past `EXTERNAL_DATA_BYTES` (64 MiB) of
-    weights."""
+    float32 weights. `weights`: the projections and the token embedding weight-only quantized
+    (`keras_attn_export.weight_only`), or None for float32."""
     import onnx
 
     reason = supported(lm)
@@ -198,7 +202,7 @@ def write_decode_graph(
         external_data = weight_bytes(lm) > EXTERNAL_DATA_BYTES
     data_path = path.with_name(path.name + ".data")
     with open(data_path, "wb") if external_data else contextlib.nullcontext() as data:
-        model, spec = _decode_model(Graph(opset, data), lm, max_length)
+        model, spec = _decode_model(Graph(opset, data, weights), lm, max_length)
     spec["opset"] = opset
     onnx.save(model, str(path))
     # By path: the checker then also checks that the external data is where the graph says.
@@ -208,6 +212,27 @@ def write_decode_graph(
     return spec
 
 
+def _embed(g: Graph, embeddings: np.ndarray) -> tuple[str, tuple[str, str] | None]:
+    """`token_ids`' rows of the `(vocab, d)` table, and, when the table is quantized, the
+    names of its integers and scales, which a tied output projection (`MatMulNBits`, K = d,
+    N = vocab: the same layout) reads too. Quantized where whole blocks span d
+    (`GatherBlockQuantized`), else a float32 Gather."""
+    vocab, hidden = embeddings.shape
+    if g.weights is None or hidden % g.weights.block_size:
+        return g.op("Gather", [g.const("token_embedding", embeddings), "token_ids"]), None
+    packed, scales = g.quantized("token_embedding", embeddings.T)
+    blocks = hidden // g.weights.block_size
+    rows = g.op(
+        "GatherBlockQuantized",
+        [packed, "token_ids", g.alias("token_embedding.scales_3d", scales, (vocab, blocks, 1))],
+        domain="com.microsoft", gather_axis=0, quantize_axis=2,
+        block_size=g.weights.block_size, bits=g.weights.bits,
+    )  # fmt: skip
+    # (batch, new, blocks, block) -> (batch, new, d)
+    shape = g.const("embedded_shape", np.array([0, 0, hidden]))
+    return g.op("Reshape", [rows, shape]), (packed, scales)
+
+
 def _decode_model(g: Graph, lm: "CachedCausalLM", max_length: int) -> tuple[Any, dict[str, Any]]:
     """The decode-step graph as an ONNX model whose weights `g` holds (or wrote out), and the
     manifest's spec without `opset`."""
@@ -215,7 +240,7 @@ def _decode_model(g: Graph, lm: "CachedCausalLM", max_length: int) -> tuple[Any,
 
     embeddings = layer_weights(lm.token_embedding)[0]  # (vocab, d)
     vocab, hidden = embeddings.shape
-    tokens = g.op("Gather", [g.const("token_embedding", embeddings), "token_ids"])
+    tokens, quantized_table = _embed(g, embeddings)
     shape = g.op("Shape", ["token_ids"])  # (batch, new)
     new = g.op("Gather", [shape, g.const("one", np.array(1))])
     one = g.const("one_i32", np.array(1, np.int32))
@@ -282,15 +307,25 @@ def _decode_model(g: Graph, lm: "CachedCausalLM", max_length: int) -> tuple[Any,
         x = g.layer_norm(x, lm.final_norm, "final_layer_norm")
     if lm.head is None:  # the token embedding, transposed, or its untied output matrix
         untied = lm.token_embedding.reverse_embeddings
-        # (vocab, d) tables, by Gemm's transB: no transposed copy. Tied: the embedding table
-        # itself, stored once.
-        output_table = "token_embedding"
         if untied is not None:
-            output_table = g.const("output_projection", np.asarray(untied, np.float32))
-        g.op("Gemm", [x, output_table], outputs=["logits"], transB=1)
+            untied = np.asarray(untied, np.float32)
+        if g.weights is not None:
+            if untied is not None or quantized_table is None:
+                source = embeddings if untied is None else untied
+                quantized_table = g.quantized("output_projection", source.T)
+            attributes = g.weights.matmul_attributes(hidden, vocab)
+            g.op("MatMulNBits", [x, *quantized_table], outputs=["logits"], domain="com.microsoft",
+                 **attributes)  # fmt: skip
+        else:
+            # (vocab, d) tables, by Gemm's transB: no transposed copy. Tied: the embedding
+            # table itself, stored once.
+            output_table = "token_embedding"
+            if untied is not None:
+                output_table = g.const("output_projection", untied)
+            g.op("Gemm", [x, output_table], outputs=["logits"], transB=1)
     else:
         kernel, *bias = layer_weights(lm.head)
-        projected = g.op("MatMul", [x, g.const("output_projection", kernel)])
+        projected = g.matmul(x, kernel, "output_projection")
         if bias:
             g.op("Add", [projected, g.const("output_bias", bias[0])], outputs=["logits"])
         else:

@@ -1,6 +1,7 @@
 """A small ONNX graph builder for graphs written from Keras weights (`decode_gqa.onnx`):
 nodes, initializers kept inside or streamed to an external-data file as they are made, and
-the transformer pieces (dense, normalization, activation) in onnxruntime's operators."""
+the transformer pieces (dense, normalization, activation) in onnxruntime's operators, their
+projections weight-only quantized (`MatMulNBits`) when the graph is given a `WeightOnly`."""
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -10,6 +11,7 @@ import numpy as np
 if TYPE_CHECKING:
     import keras
     import onnx
+    from keras_attn_export.weight_only import WeightOnly
     from numpy.typing import ArrayLike
 
 
@@ -35,12 +37,16 @@ class Graph:
     initializers: list["onnx.TensorProto"]
     count: int
 
-    def __init__(self, opset: int = 17, data: "Any | None" = None) -> None:
+    def __init__(
+        self, opset: int = 17, data: "Any | None" = None, weights: "WeightOnly | None" = None
+    ) -> None:
         """`data`: an open binary file beside the graph that large tensors are written to as
-        they are made (`_Graph.const`), or None to keep every tensor in the graph."""
+        they are made (`Graph.const`), or None to keep every tensor in the graph. `weights`:
+        how projections are quantized (`MatMulNBits`), or None for float32 MatMuls."""
         self.nodes, self.initializers, self.count = [], [], 0
         self.opset = opset
         self.data = data
+        self.weights = weights
 
     def const(self, name: str, array: "ArrayLike") -> str:
         import onnx
@@ -62,6 +68,39 @@ class Graph:
         self.initializers.append(tensor)
         return name
 
+    def alias(self, name: str, existing: str, shape: tuple[int, ...]) -> str:
+        """Initializer `name`: `existing`'s values in `shape` (as many elements), the same
+        bytes of the external-data file when it is there, else a copy."""
+        import onnx
+        from onnx import numpy_helper
+
+        (tensor,) = [t for t in self.initializers if t.name == existing]
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            alias = onnx.TensorProto()
+            alias.CopyFrom(tensor)
+            alias.name = name
+            del alias.dims[:]
+            alias.dims.extend(shape)
+            self.initializers.append(alias)
+            return name
+        return self.const(name, numpy_helper.to_array(tensor).reshape(shape))
+
+    def quantized(self, prefix: str, kernel: "ArrayLike") -> tuple[str, str]:
+        """A `(K, N)` kernel quantized (`WeightOnly.quantize`): the names of its integers and
+        of its scales."""
+        assert self.weights is not None
+        packed, scales = self.weights.quantize(np.asarray(kernel))
+        bits = self.weights.bits
+        return self.const(f"{prefix}.q{bits}", packed), self.const(f"{prefix}.scales", scales)
+
+    def matmul(self, x: str, kernel: "ArrayLike", prefix: str) -> Any:
+        """`x · kernel`: a MatMul, or a `MatMulNBits` over the kernel quantized."""
+        if self.weights is None:
+            return self.op("MatMul", [x, self.const(f"{prefix}.kernel", kernel)])
+        k, n = np.shape(kernel)
+        return self.op("MatMulNBits", [x, *self.quantized(prefix, kernel)],
+                       domain="com.microsoft", **self.weights.matmul_attributes(k, n))  # fmt: skip
+
     def op(
         self,
         op_type: str,
@@ -81,8 +120,7 @@ class Graph:
         return names[0] if len(names) == 1 else names
 
     def dense(self, x: str, kernel: "ArrayLike", bias: "ArrayLike", prefix: str) -> Any:
-        y = self.op("MatMul", [x, self.const(f"{prefix}.kernel", kernel)])
-        return self.op("Add", [y, self.const(f"{prefix}.bias", bias)])
+        return self.op("Add", [self.matmul(x, kernel, prefix), self.const(f"{prefix}.bias", bias)])
 
     def layer_norm(self, x: str, layer: "keras.layers.Layer", prefix: str) -> Any:
         import keras

@@ -14,6 +14,7 @@ from keras_attn_export.describe import max_sequence_length, max_token_id
 from keras_attn_export.onnx import run_onnx, write_onnx
 from keras_attn_export.parity import ParityError, max_abs_diff
 from keras_attn_export.saved_model import input_specs
+from keras_attn_export.weight_only import choose, manifest_entry, quality, quality_ids
 from keras_attn_serving.generation import (
     BoundCache,
     decode_ids,
@@ -127,13 +128,18 @@ def export_decoding(
     opset: int,
     tolerance: float | dict[str, float],
     tf2onnx_graph: bool = True,
+    weights: dict[str, Any] | None = None,
+    tokenizer: Any = None,
 ) -> dict:
     """`decode.onnx` for cached generation (tf2onnx of the Keras decode step), and where
     `keras_attn_export.decode_graph` can express the model, `decode_gqa.onnx` (onnxruntime's own
     operators, cache updated in place), the one `serving` decodes with. Each is checked
     two ways: its logits at every step equal the Keras model's on the full prefix, and its
     greedy ids equal Keras `generate()`. Without `tf2onnx_graph`, `decode_gqa.onnx` alone
-    (written from the weights, never traced: what exports at real sizes)."""
+    (written from the weights, never traced: what exports at real sizes). With `weights`
+    (`{"weights": "int4" | "int8", "block_size", "accuracy_level"}`), the decode graph
+    served is `decode_gqa.int4.onnx` (`.int8`), its cost scored on held-out text with
+    `tokenizer` (`keras_attn_export.weight_only`)."""
     import onnxruntime as ort
     from keras_attn_export.decode_graph import supported
     from keras_attn_export.decoding import write_decode_onnx
@@ -154,11 +160,20 @@ def export_decoding(
             "formats=['generation'] writes decode_gqa.onnx alone, which cannot express "
             f"this model: {reason}. Export it with formats=['onnx']."
         )
+    if weights is not None and reason is not None:
+        raise ValueError(
+            f"`weights={weights['weights']!r}` quantizes decode_gqa.onnx, which cannot express "
+            f"this model: {reason}"
+        )
     # Keras's answers first, once for both graphs: its `generate()` then never runs beside an
     # onnxruntime session holding a second copy of the weights.
     reference = _keras_reference(model, max_length, pad_token_id)
+    if weights is not None:
+        ids, source = quality_ids(tokenizer, max_token_id(model), max_length)
+        full = keras.ops.convert_to_numpy(model(model_inputs(model, ids), training=False))
+        reference["quality"] = {"ids": ids, "full": full, "source": source}
     if not tf2onnx_graph:
-        gqa = _gqa_graph(lm, folder, max_length, opset, tolerance, reference)
+        gqa = _gqa_graph(lm, folder, max_length, opset, tolerance, reference, weights)
         return {"file": None, "pad_token_id": pad_token_id, "gqa": gqa}
     spec = write_decode_onnx(model, folder / "decode.onnx", max_length, opset)
     session = ort.InferenceSession(str(folder / "decode.onnx"), providers=["CPUExecutionProvider"])
@@ -171,7 +186,7 @@ def export_decoding(
     if reason is not None:
         decoding["gqa"] = {"file": None, "unsupported": reason}
         return decoding
-    decoding["gqa"] = _gqa_graph(lm, folder, max_length, opset, tolerance, reference)
+    decoding["gqa"] = _gqa_graph(lm, folder, max_length, opset, tolerance, reference, weights)
     return decoding
 
 
@@ -182,26 +197,73 @@ def _gqa_graph(
     opset: int,
     tolerance: float | dict[str, float],
     reference: dict[str, Any],
+    weights: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Writes `decode_gqa.onnx` and checks it against Keras; the manifest's `gqa` entry."""
-    import onnxruntime as ort
+    """Writes `decode_gqa.onnx` and checks it against Keras; the manifest's `gqa` entry.
+    With `weights`, the float32 graph is checked in a scratch folder and deleted, and the one
+    written beside the others is its weight-only quantized twin (same builder), scored."""
     from keras_attn_export.decode_graph import write_decode_graph
 
-    gqa_spec = write_decode_graph(lm, folder / "decode_gqa.onnx", max_length, opset)
+    with tempfile.TemporaryDirectory(dir=folder) as scratch:
+        path = (Path(scratch) if weights else folder) / "decode_gqa.onnx"
+        gqa_spec = write_decode_graph(lm, path, max_length, opset)
+        worst = _check_gqa(path, gqa_spec, tolerance, reference)
+    entry = {"file": "decode_gqa.onnx", **gqa_spec, "step_logits_max_abs_diff": worst,
+             "greedy_equals_keras": True}  # fmt: skip
+    if weights is None:
+        return entry
+    return entry | _weight_only_graph(lm, folder, max_length, opset, reference, weights)
+
+
+def _check_gqa(
+    path: Path, spec: dict[str, Any], tolerance: float | dict[str, float], reference: dict
+) -> float:
+    """`_check_decoding` of the float32 `decode_gqa.onnx` at `path`; its session is gone when
+    this returns."""
+    import onnxruntime as ort
+
     # Unpacked weights: onnxruntime then maps the external data file instead of copying it
     # into packed buffers (+2.5 GB for Qwen2.5-0.5B's shape; a check of a few steps needs no
     # packing's speed).
     options = ort.SessionOptions()
     options.add_session_config_entry("session.disable_prepacking", "1")
-    session = ort.InferenceSession(
-        str(folder / "decode_gqa.onnx"), options, providers=["CPUExecutionProvider"]
-    )
-    worst = _check_decoding(
-        "decode_gqa.onnx", gqa_step(session), lambda b: BoundCache(session, gqa_spec, b),
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return _check_decoding(
+        "decode_gqa.onnx", gqa_step(session), lambda b: BoundCache(session, spec, b),
         tolerance, reference,
     )  # fmt: skip
-    return {"file": "decode_gqa.onnx", **gqa_spec, "step_logits_max_abs_diff": worst,
-            "greedy_equals_keras": True}  # fmt: skip
+
+
+def _weight_only_graph(
+    lm: CachedCausalLM,
+    folder: Path,
+    max_length: int,
+    opset: int,
+    reference: dict[str, Any],
+    weights: dict[str, Any],
+) -> dict[str, Any]:
+    """`decode_gqa.int4.onnx` (`.int8`): written, scored on `reference["quality"]`; the
+    `gqa` entry's `file`, `external_data` and `weights`."""
+    import onnxruntime as ort
+    from keras_attn_export.decode_graph import write_decode_graph
+
+    first = lm.decoder_blocks[0].feed_forward.intermediate_dense.kernel.shape
+    weight_only, how = choose(
+        weights["weights"], weights["block_size"], weights["accuracy_level"],
+        (int(first[0]), int(first[-1])),
+    )  # fmt: skip
+    name = f"decode_gqa.{weights['weights']}.onnx"
+    spec = write_decode_graph(lm, folder / name, max_length, opset, weights=weight_only)
+    session = ort.InferenceSession(str(folder / name), providers=["CPUExecutionProvider"])
+    held_out = reference["quality"]
+    measured = quality(gqa_step(session), BoundCache(session, spec, 1), held_out["ids"],
+                       held_out["full"])  # fmt: skip
+    measured["source"] = held_out["source"]
+    return {
+        "file": name,
+        "external_data": spec.get("external_data"),
+        "weights": manifest_entry(weights["weights"], weight_only, how, measured),
+    }
 
 
 def _keras_reference(

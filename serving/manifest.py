@@ -14,7 +14,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from keras_attn_serving.manifest_quantization import Drift, Quantization, Strict, WeightOnly
+from pydantic import Field, ValidationError
 
 MANIFEST = "manifest.json"
 # 2: int8 weights chosen by measurement. 3: `decoding.pad_id` is None where no id is padding,
@@ -25,9 +26,10 @@ MANIFEST = "manifest.json"
 # an encoder-decoder's `decode.onnx` takes one `index` per row (older scalar ones still run).
 # Formats 2 to 4 are still read (`_renamed`). 6: `decoding.gqa.external_data`, the file
 # beside a decode graph that holds its weights; and `decoding` with no `onnx` is an artifact
-# for generation only (`export_model(..., formats=["generation"])`).
-FORMAT_VERSION = 6
-READABLE_VERSIONS = (2, 3, 4, 5, 6)
+# for generation only (`export_model(..., formats=["generation"])`). 7:
+# `decoding.gqa.weights`, a decode graph whose weights are 4- or 8-bit integers.
+FORMAT_VERSION = 7
+READABLE_VERSIONS = (2, 3, 4, 5, 6, 7)
 Task = Literal["classify", "tag", "embed", "generate", "span_qa", "multiple_choice",
                "pretraining", "seq2seq"]  # fmt: skip
 TASKS = get_args(Task)
@@ -39,24 +41,13 @@ class ArtifactError(ValueError):
     """An artifact folder is missing files, or a file does not match its manifest hash."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    def __getitem__(self, key):
-        """Read by key too (`manifest["parity"]["max_abs_diff"]`), as the plain dict that
-        `export_model` returned before the manifest was typed."""
-        if key not in type(self).model_fields:
-            raise KeyError(key)
-        return getattr(self, key)
-
-
-class TensorSpec(_Strict):
+class TensorSpec(Strict):
     name: str
     dtype: str
     shape: list[int | str | None]
 
 
-class PackerSpec(_Strict):
+class PackerSpec(Strict):
     type: Literal["segment", "start_end"]
     sequence_length: int
     start_value: int | None
@@ -66,14 +57,14 @@ class PackerSpec(_Strict):
     truncate: Literal["round_robin", "longest_first", "waterfall"] | None = None
 
 
-class EmbeddingSpec(_Strict):
+class EmbeddingSpec(Strict):
     """How `/embed` pools by default: the checkpoint's own sentence-transformers pooling."""
 
     pooling: Literal["mean", "cls"]
     normalize: bool
 
 
-class PaddingRule(_Strict):
+class PaddingRule(Strict):
     """Where a graph that skips padding finds it: positions where `input` is `pad_token_id`,
     but for each row's first; `outputs` (one value per position) are zero there."""
 
@@ -82,57 +73,29 @@ class PaddingRule(_Strict):
     outputs: list[str]
 
 
-class OnnxInfo(_Strict):
+class OnnxInfo(Strict):
     file: str  # the graph the server runs: the fused one when the export wrote it
     opset: int
     files: list[str]
     fused_ops: dict[str, dict[str, int]]
     # Files whose per-position work runs on real tokens only; outputs there are zero at
     # padding (format 4; absent before).
-    unpadded: dict[str, PaddingRule] = {}
+    unpadded: dict[str, PaddingRule] = Field(default_factory=dict)
 
 
-class SavedModelInfo(_Strict):
+class SavedModelInfo(Strict):
     folder: str
     signatures: list[str]
 
 
-class Parity(_Strict):
+class Parity(Strict):
     tolerance: float
     max_abs_diff: float
     rows: list[dict[str, float | int | str]]
     serve_text_vs_serving_default: float | None = None
 
 
-class Drift(_Strict):
-    max_abs_diff: float
-    relative_drift: float
-    argmax_agreement: float
-
-
-class Int8Candidate(_Strict):
-    """One weight type as measured at export: worst relative drift against Keras over the
-    outputs, and median milliseconds on the largest parity input."""
-
-    relative_drift: float
-    ms: float
-
-
-class Quantization(_Strict):
-    """How `model.int8.onnx` was quantized: the weight type, chosen by argument or by
-    measurement on the exporting machine (the faster type within `drift_bound`), each
-    measured candidate, and that machine's CPU flags."""
-
-    weights: Literal["s8", "u8"]
-    chosen_by: Literal["argument", "measurement"]
-    cpu_flags: list[str]
-    drift_bound: float
-    candidates: dict[Literal["s8", "u8"], Int8Candidate] = {}
-    # MatMuls kept in float32 (the first feed-forward output projections).
-    float_matmuls: list[str] = []
-
-
-class CacheGraph(_Strict):
+class CacheGraph(Strict):
     """A decode graph and the shape of its key/value cache."""
 
     file: str | None
@@ -148,9 +111,12 @@ class CacheGraph(_Strict):
 
 class GqaGraph(CacheGraph):
     """`decode_gqa.onnx`, and the file beside it that holds its weights past 64 MiB (ONNX
-    external data)."""
+    external data). With `weights` (format 7), `file` is the weight-only quantized graph
+    (`decode_gqa.int4.onnx`); `step_logits_max_abs_diff` and `greedy_equals_keras` are then
+    its float32 twin's (the same builder, checked before quantizing and not kept)."""
 
     external_data: str | None = None
+    weights: WeightOnly | None = None
 
 
 class Decoding(CacheGraph):
@@ -182,24 +148,24 @@ class Seq2SeqGraphs(CacheGraph):
     forced_bos_token_id: int | None = None
 
 
-class ChatSpec(_Strict):
+class ChatSpec(Strict):
     """How a chat model is prompted and when its turn ends: the chat template (a file of
     the artifact, hashed like the others), the named special tokens it sees, and the ids
     that end a generation unless a request says otherwise."""
 
     template: str | None = None
-    special_tokens: dict[str, str] = {}
-    end_token_ids: list[int] = []
+    special_tokens: dict[str, str] = Field(default_factory=dict)
+    end_token_ids: list[int] = Field(default_factory=list)
 
 
-class TextOnnx(_Strict):
+class TextOnnx(Strict):
     file: str
     input: str
     max_abs_diff: float
     custom_ops: str
 
 
-class Manifest(_Strict):
+class Manifest(Strict):
     format_version: int
     created: str
     model_name: str

@@ -112,8 +112,8 @@ def test_library_and_export_stay_on_their_side():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    # What crosses from export to serving: the manifest schema, the decoding loop, the
-    # encoder-decoder runner and (through the library) the samplers, all leaves.
+    # What crosses from export to serving: the manifest schema (two modules), the decoding
+    # loop, the encoder-decoder runner and (through the library) the samplers, all leaves.
     crossing = json.loads(done.stdout.strip().splitlines()[-1])
     assert crossing == [
         "keras_attn_serving",
@@ -121,6 +121,7 @@ def test_library_and_export_stay_on_their_side():
         "keras_attn_serving.chat_template",
         "keras_attn_serving.generation",
         "keras_attn_serving.manifest",
+        "keras_attn_serving.manifest_quantization",
         "keras_attn_serving.sampling",
         "keras_attn_serving.seq2seq",
     ]

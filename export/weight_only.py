@@ -1,0 +1,224 @@
+"""Weight-only quantized decode graphs (`export_model(..., weights="int4" | "int8")`).
+
+Each projection of `decode_gqa.onnx` becomes onnxruntime's `MatMulNBits` (com.microsoft): its
+weights stored as 4- or 8-bit integers in blocks of `block_size` along the input axis, one
+float32 scale per block (symmetric: no zero points), dequantized inside the matmul kernel.
+The token embedding becomes `GatherBlockQuantized` over the same integers, so a tied output
+projection and the embedding share one quantized table.
+
+The integers are onnxruntime's own: `DefaultWeightOnlyQuantizer.qbits_block_quant`, the
+routine `MatMulNBitsQuantizer` runs on every MatMul of a model, applied here to each weight as
+the graph is written (the whole-model tool would hold a float32 copy of every weight; at
+Qwen2.5-0.5B's shape that is 2 GB more than this). `tests/export/test_weight_only.py` checks
+that both give the same bytes.
+
+`accuracy_level` is how the kernel multiplies: 1 in float32, 4 with the activations quantized
+to int8 per block (VNNI/AMX dot products where the CPU has them). Which is faster depends on
+the CPU; without one given, the export times both on the model's feed-forward shape.
+"""
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from keras_attn.hardware import cpu_flags
+
+WEIGHTS = ("float32", "int8", "int4")
+BITS = {"int8": 8, "int4": 4}
+ACCURACY_LEVELS = (1, 4)  # float32 activations; int8 activations
+# onnxruntime-genai's and llama.cpp's (Q4_0, Q8_0) block: 32 weights share a scale.
+DEFAULT_BLOCK_SIZE = 32
+# Positions of held-out text the quantized graph is scored on against the float model.
+QUALITY_POSITIONS = 64
+# Held-out text for the quality check (no model in this project trains on it).
+HELD_OUT_TEXT = (
+    "The lighthouse keeper climbed the spiral stairs each evening, counting the steps aloud "
+    "as his father had taught him. Two hundred and twelve, always two hundred and twelve. "
+    "At the top he trimmed the wick, polished the lens with a square of soft cloth, and "
+    "watched the first ships turn toward the harbour as the lamp caught and the beam swept "
+    "out across the grey water."
+)
+
+
+@dataclass(frozen=True)
+class WeightOnly:
+    """How a graph's weights are quantized: `bits` (4 or 8) per weight, `block_size` weights
+    per float32 scale along the input axis, and the kernel's `accuracy_level`."""
+
+    bits: int
+    block_size: int
+    accuracy_level: int
+
+    def quantize(self, kernel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A `(K, N)` kernel as MatMulNBits' `B` `(N, K / block, block · bits / 8)` uint8 and
+        `scales` `(N, K / block)` float32 (K padded to whole blocks with zeros)."""
+        from onnxruntime.quantization.matmul_nbits_quantizer import (
+            DefaultWeightOnlyQuantConfig,
+            DefaultWeightOnlyQuantizer,
+        )
+
+        config = DefaultWeightOnlyQuantConfig(
+            block_size=self.block_size, is_symmetric=True, bits=self.bits,
+            accuracy_level=self.accuracy_level,
+        )  # fmt: skip
+        kernel = np.ascontiguousarray(kernel, np.float32)
+        packed, scales, _ = DefaultWeightOnlyQuantizer(config).qbits_block_quant(kernel)
+        return packed, scales
+
+    def matmul_attributes(self, k: int, n: int) -> dict[str, int]:
+        return {"K": k, "N": n, "bits": self.bits, "block_size": self.block_size,
+                "accuracy_level": self.accuracy_level}  # fmt: skip
+
+
+def check_weights(weights: str | None, block_size: int, accuracy_level: int | None) -> None:
+    """`ValueError` naming the argument unless the three describe a graph onnxruntime runs."""
+    if weights is not None and weights not in WEIGHTS:
+        raise ValueError(f"`weights` must be one of {WEIGHTS} or None. Received: {weights!r}")
+    # MatMulNBits' constraint: a power of two, at least 16.
+    if (
+        isinstance(block_size, bool)
+        or not isinstance(block_size, int | np.integer)
+        or (block_size < 16 or block_size & (block_size - 1))
+    ):
+        raise ValueError(
+            f"`weights_block_size` must be a power of two, at least 16. Received: {block_size!r}"
+        )
+    if accuracy_level is not None and accuracy_level not in ACCURACY_LEVELS:
+        raise ValueError(
+            f"`weights_accuracy_level` must be one of {ACCURACY_LEVELS} (float32 or int8 "
+            f"activations) or None (measured). Received: {accuracy_level!r}"
+        )
+
+
+def weight_only_request(
+    weights: str | None, block_size: int, accuracy_level: int | None
+) -> dict[str, Any] | None:
+    """`export_model`'s three weight arguments, checked: what `export_decoding` takes, or
+    None for float32 weights."""
+    check_weights(weights, block_size, accuracy_level)
+    if weights in (None, "float32"):
+        return None
+    return {"weights": weights, "block_size": block_size, "accuracy_level": accuracy_level}
+
+
+def _matmul_session(weight_only: WeightOnly, k: int, n: int) -> Any:
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    kernel = np.random.default_rng(0).standard_normal((k, n)).astype(np.float32)
+    packed, scales = weight_only.quantize(kernel)
+    attributes: dict[str, Any] = weight_only.matmul_attributes(k, n)
+    node = helper.make_node("MatMulNBits", ["x", "b", "scales"], ["y"], domain="com.microsoft",
+                            **attributes)  # fmt: skip
+    graph = helper.make_graph(
+        [node], "matmul",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m", k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", n])],
+        [numpy_helper.from_array(packed, "b"), numpy_helper.from_array(scales, "scales")],
+    )  # fmt: skip
+    model = helper.make_model(
+        graph, ir_version=8,
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+    )  # fmt: skip
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def _median_ms(session: Any, x: np.ndarray, repeats: int) -> float:
+    session.run(None, {"x": x})
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        session.run(None, {"x": x})
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def measure_accuracy_levels(
+    bits: int, block_size: int, k: int, n: int, repeats: int = 15
+) -> dict[int, dict[str, float]]:
+    """Median milliseconds of a `(K, N)` MatMulNBits (the feed-forward's first projection) at
+    each accuracy level, for one row (a decode step) and 64 rows (a prompt's chunk)."""
+    rng = np.random.default_rng(1)
+    one, chunk = (rng.standard_normal((m, k)).astype(np.float32) for m in (1, 64))
+    measured = {}
+    for level in ACCURACY_LEVELS:
+        session = _matmul_session(WeightOnly(bits, block_size, level), k, n)
+        measured[level] = {
+            "decode_ms": _median_ms(session, one, repeats),
+            "chunk_64_ms": _median_ms(session, chunk, max(3, repeats // 3)),
+        }
+    return measured
+
+
+def choose(
+    weights: str, block_size: int, accuracy_level: int | None, shape: tuple[int, int]
+) -> tuple[WeightOnly, dict[str, Any]]:
+    """The `WeightOnly` to write and the manifest's record of how it was chosen: the given
+    accuracy level, or the one whose decode step (one row) is fastest on this CPU."""
+    bits = BITS[weights]
+    if accuracy_level is not None:
+        chosen = WeightOnly(bits, block_size, accuracy_level)
+        return chosen, {"chosen_by": "argument", "candidates": {}}
+    measured = measure_accuracy_levels(bits, block_size, *shape)
+    level = min(measured, key=lambda lv: (measured[lv]["decode_ms"], -lv))
+    return WeightOnly(bits, block_size, level), {
+        "chosen_by": "measurement",
+        "candidates": {str(lv): m for lv, m in measured.items()},
+        "measured_shape": list(shape),
+    }
+
+
+def quality_ids(tokenizer: Any, vocabulary: int, max_length: int) -> tuple[np.ndarray, str]:
+    """`(1, n)` int32 ids the quantized graph is scored on: `HELD_OUT_TEXT` through the
+    model's tokenizer, or, without one, seeded random ids (what the manifest then says)."""
+    n = max(2, min(QUALITY_POSITIONS, max_length))
+    if tokenizer is not None:
+        ids = np.asarray(tokenizer.tokenize(HELD_OUT_TEXT)).reshape(-1)[:n]
+        if len(ids) >= 2 and int(ids.max()) < vocabulary:
+            return ids[None].astype(np.int32), "held-out text"
+    ids = np.random.default_rng(2).integers(1, vocabulary, size=(1, n))
+    return ids.astype(np.int32), "random ids"
+
+
+def quality(step: Any, state: Any, ids: np.ndarray, reference: np.ndarray) -> dict[str, Any]:
+    """The quantized graph's cost against the float model's logits `reference` `(1, n,
+    vocab)` on `ids`, teacher-forced one position a step: how often its most likely next
+    token is the float model's, and the largest logit difference."""
+    agree, worst = 0, 0.0
+    for t in range(ids.shape[1]):
+        logits, state = step(ids[:, t : t + 1], state, t)
+        expected = reference[:, t]
+        agree += int(np.argmax(logits, -1)[0] == np.argmax(expected, -1)[0])
+        worst = max(worst, float(np.max(np.abs(logits - expected))))
+    return {"positions": int(ids.shape[1]), "top1_agreement": agree / ids.shape[1],
+            "max_abs_logit_diff": worst}  # fmt: skip
+
+
+def manifest_entry(
+    weights: str, weight_only: WeightOnly, how: dict[str, Any], measured: dict[str, Any]
+) -> dict[str, Any]:
+    """The manifest's `decoding.gqa.weights`."""
+    return {
+        "type": weights,
+        "bits": weight_only.bits,
+        "block_size": weight_only.block_size,
+        "accuracy_level": weight_only.accuracy_level,
+        "symmetric": True,
+        "cpu_flags": cpu_flags(),
+        **how,
+        "quality": measured,
+    }
+
+
+def summary(file: str, entry: Any) -> str:
+    """One line on a quantized decode graph's cost, for `export_model`'s report."""
+    quality = entry["quality"]
+    return (
+        f"{file}: top-1 agreement {quality['top1_agreement']:.1%} with the float model over "
+        f"{quality['positions']} positions of {quality['source']}, worst logit difference "
+        f"{quality['max_abs_logit_diff']:.3g} ({entry['type']}, block {entry['block_size']}, "
+        f"accuracy level {entry['accuracy_level']} by {entry['chosen_by']})"
+    )

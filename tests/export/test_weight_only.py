@@ -1,0 +1,206 @@
+"""Weight-only quantized decode graphs (`weights="int4" | "int8"`): onnxruntime's quantizer's
+bytes, read back as MatMulNBits reads them, equal to Keras with the same rounded weights;
+the manifest's record of the choice and its cost; served with iteration-level batching."""
+
+import copy
+import json
+
+import keras
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from keras_attn_export import export_model
+from keras_attn_export.cli import main as cli_main
+from keras_attn_export.decode_graph import write_decode_graph
+from keras_attn_export.weight_only import WeightOnly, quality_ids
+from keras_attn_serving.generation import BoundCache, decode_ids, gqa_step
+from onnx import TensorProto, helper, numpy_helper
+
+from keras_attn.hardware import cpu_flags
+from keras_attn.models import CausalLM
+
+pytestmark = pytest.mark.tf_only  # export_model runs under the TensorFlow backend only
+
+LLAMA_LIKE = {"hidden_dim": 64, "num_layers": 2, "num_heads": 4, "num_key_value_heads": 2,
+              "position_encoding": "rotary", "normalization": "rms_norm",
+              "gated_feed_forward": True, "activation": "swish", "attention_bias": False,
+              "feed_forward_bias": False}  # fmt: skip
+GPT2_LIKE = {"hidden_dim": 64, "num_layers": 2, "num_heads": 4, "intermediate_dim": 96}
+UNTIED = {**GPT2_LIKE, "tie_word_embeddings": False}
+
+
+def causal_lm(kwargs, seed=3):
+    keras.utils.set_random_seed(seed)
+    return CausalLM(80, 48, **kwargs)
+
+
+def dequantized(kernel, bits, block_size=32):
+    """A `(K, N)` kernel as MatMulNBits computes with it after `WeightOnly.quantize`: the
+    contrib operator's documented layout (per output column, blocks along K, two 4-bit
+    values a byte low nibble first, zero point 2^(bits-1) when none is stored)."""
+    kernel = np.asarray(kernel, np.float32)
+    packed, scales = WeightOnly(bits, block_size, 1).quantize(kernel)
+    n, blocks, _ = packed.shape
+    q = packed if bits == 8 else np.stack([packed & 15, packed >> 4], -1)
+    values = (q.reshape(n, blocks, block_size).astype(np.float32) - 2 ** (bits - 1)) * scales[
+        ..., None
+    ]
+    return values.reshape(n, -1)[:, : kernel.shape[0]].T
+
+
+def round_weights(lm, bits):
+    """Every weight the quantized graph stores in `bits`, replaced in Keras by its rounded
+    value (kernels along their input axis, embedding tables along their width)."""
+
+    def update(variable, to_matrix):
+        value = np.asarray(variable)
+        variable.assign(dequantized(to_matrix(value), bits).reshape(value.shape))
+
+    for block in lm.decoder_blocks:
+        attention, ffn = block.self_attention, block.feed_forward
+        for dense in (attention.query_dense, attention.key_dense, attention.value_dense):
+            update(dense.kernel, lambda k: k.reshape(k.shape[0], -1))
+        update(attention.output_dense.kernel, lambda k: k.reshape(-1, k.shape[-1]))
+        for dense in (ffn.intermediate_dense, ffn.output_dense, ffn.gate_dense):
+            if dense is not None:
+                update(dense.kernel, lambda k: k)
+    embedding = lm.token_embedding
+    for table in (embedding.embeddings, embedding.reverse_embeddings):
+        if table is not None:  # (vocab, d), quantized along d as the MatMul's K
+            value = np.asarray(table)
+            table.assign(dequantized(value.T, bits).T)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_per_weight_quantization_is_onnxruntimes_matmul_nbits_quantizer(bits):
+    """The integers and scales written weight by weight are the bytes the whole-model tool
+    writes for the same MatMul (K not a multiple of the block included)."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    kernel = np.random.default_rng(0).standard_normal((80, 24)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m", 80])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", 24])],
+        [numpy_helper.from_array(kernel, "w")],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    tool = MatMulNBitsQuantizer(copy.deepcopy(model), bits=bits, block_size=32,
+                                is_symmetric=True, accuracy_level=4)  # fmt: skip
+    tool.process()
+    (node,) = tool.model.model.graph.node
+    stored = {t.name: numpy_helper.to_array(t) for t in tool.model.model.graph.initializer}
+    assert node.op_type == "MatMulNBits" and len(node.input) == 3  # symmetric: no zero points
+    ours = WeightOnly(bits, 32, 4).quantize(kernel)
+    for mine, name in zip(ours, node.input[1:], strict=True):
+        np.testing.assert_array_equal(mine, stored[name])
+    # and the layout `dequantized` reads is the one onnxruntime computes with (float32
+    # activations: accuracy level 1)
+    (level,) = [a for a in node.attribute if a.name == "accuracy_level"]
+    level.i = 1
+    session = ort.InferenceSession(tool.model.model.SerializeToString())
+    x = np.random.default_rng(1).standard_normal((3, 80)).astype(np.float32)
+    y = session.run(None, {"x": x})[0]
+    np.testing.assert_allclose(y, x @ dequantized(kernel, bits), atol=1e-4)
+    assert np.abs(y - x @ kernel).max() > 0.01  # the rounding shows
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize(
+    "kwargs", [LLAMA_LIKE, GPT2_LIKE, UNTIED], ids=["llama_tied", "gpt2_tied", "gpt2_untied"]
+)
+def test_quantized_graph_equals_keras_with_its_rounded_weights(tmp_path, kwargs, bits):
+    """With float32 activations (accuracy level 1) the quantized graph's logits at every
+    position are Keras's once Keras holds the same rounded weights: every quantized tensor
+    (projections, embedding and the output projection, tied or not) is laid out right."""
+    lm = causal_lm(kwargs)
+    spec = write_decode_graph(lm, tmp_path / "q.onnx", 48, weights=WeightOnly(bits, 32, 1))
+    ops = {node.op_type for node in onnx.load(tmp_path / "q.onnx").graph.node}
+    assert {"MatMulNBits", "GatherBlockQuantized"} <= ops and not ops & {"MatMul", "Gemm"}
+    ids = np.random.default_rng(5).integers(1, 80, size=(1, 12)).astype("int32")
+    before = np.asarray(lm(ids))
+    round_weights(lm, bits)
+    expected = np.asarray(lm(ids))
+    session = ort.InferenceSession(str(tmp_path / "q.onnx"))
+    step, state = gqa_step(session), BoundCache(session, spec, 1)
+    worst = rounding = 0.0
+    for t in range(ids.shape[1]):
+        logits, state = step(ids[:, t : t + 1], state, t)
+        worst = max(worst, float(np.abs(logits - expected[:, t]).max()))
+        rounding = max(rounding, float(np.abs(expected[:, t] - before[:, t]).max()))
+    assert worst < 1e-4
+    assert rounding > 100 * worst  # the rounding moved the logits: the check can fail
+
+
+def test_weights_argument_writes_scores_and_serves_the_quantized_graph(tmp_path, capsys):
+    lm = causal_lm(LLAMA_LIKE)
+    manifest = export_model(lm, tmp_path / "lm", formats=["generation"], weights="int4")
+    printed = capsys.readouterr().out
+    assert "decode_gqa.int4.onnx: top-1 agreement" in printed
+    assert sorted(p.name for p in (tmp_path / "lm").iterdir()) == [
+        "decode_gqa.int4.onnx", "manifest.json"]  # fmt: skip
+    gqa = manifest["decoding"]["gqa"]
+    assert gqa["file"] == "decode_gqa.int4.onnx" and gqa["greedy_equals_keras"]
+    weights = gqa["weights"]
+    assert (weights["bits"], weights["block_size"], weights["chosen_by"]) == (4, 32, "measurement")
+    assert set(weights["candidates"]) == {"1", "4"} and weights["measured_shape"] == [64, 256]
+    fastest = min(weights["candidates"].items(), key=lambda kv: kv[1]["decode_ms"])[0]
+    assert weights["accuracy_level"] == int(fastest)
+    assert weights["cpu_flags"] == cpu_flags()
+    quality = weights["quality"]
+    assert quality["positions"] == 48 and quality["source"] == "random ids"
+    assert 0.0 < quality["max_abs_logit_diff"] < 5.0 and 0.5 <= quality["top1_agreement"] <= 1
+
+    from keras_attn_serving import Predictor
+
+    session = ort.InferenceSession(str(tmp_path / "lm" / "decode_gqa.int4.onnx"))
+    prompts = [[5, 6, 7], [9, 3, 12, 4, 8], [2], [7, 7]]
+    alone = [
+        decode_ids(gqa_step(session), BoundCache(session, gqa, 1), [prompt], 9)[0]
+        for prompt in prompts
+    ]
+    predictor = Predictor(tmp_path / "lm", max_decode_rows=4)  # rows decoded together
+    assert predictor.generate_ids(prompts, 9) == alone
+    assert alone != lm.generate(prompts, 9)  # int4 rounding changes some of a random model's ids
+
+
+def test_weight_arguments_are_checked_by_name(tmp_path):
+    lm = causal_lm(LLAMA_LIKE)
+    for kwargs, message in (
+        ({"weights": "int3"}, "`weights` must be one of"),
+        ({"weights": "int4", "weights_block_size": 24}, "`weights_block_size` must be a power"),
+        ({"weights": "int4", "weights_accuracy_level": 2}, "`weights_accuracy_level` must be"),
+        ({"weights": "int4", "formats": ["saved_model"]}, "needs a causal LM"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            export_model(lm, tmp_path / "x", verbose=False, **kwargs)
+    classifier = keras.Sequential([keras.Input((4,), dtype="int32"), keras.layers.Dense(2)])
+    with pytest.raises(ValueError, match="this model's task is None"):
+        export_model(classifier, tmp_path / "x", weights="int8", formats=["onnx"])
+    assert not (tmp_path / "x").exists()
+
+
+def test_held_out_ids_come_from_the_tokenizer_when_there_is_one():
+    class Letters:
+        def tokenize(self, text):
+            return np.array([ord(c) % 50 for c in text], "int32")
+
+    ids, source = quality_ids(Letters(), 80, 48)
+    assert source == "held-out text" and ids.shape == (1, 48) and ids[0, 0] == ord("T") % 50
+    ids, source = quality_ids(Letters(), 40, 48)  # ids past the vocabulary: random ones
+    assert source == "random ids" and ids.max() < 40
+    assert quality_ids(None, 80, 16)[0].shape == (1, 16)
+
+
+def test_cli_writes_int8_weights_at_the_given_accuracy_level(tmp_path):
+    lm = causal_lm(UNTIED)
+    lm.save(tmp_path / "lm.keras")
+    out = tmp_path / "out"
+    args = [str(tmp_path / "lm.keras"), str(out), "--formats", "generation", "--weights",
+            "int8", "--weights-accuracy-level", "1", "--weights-block-size", "64"]  # fmt: skip
+    assert cli_main(args) == 0
+    weights = json.loads((out / "manifest.json").read_text())["decoding"]["gqa"]["weights"]
+    assert (weights["type"], weights["accuracy_level"], weights["block_size"]) == ("int8", 1, 64)
+    assert weights["chosen_by"] == "argument" and weights["candidates"] == {}
+    assert weights["quality"]["top1_agreement"] >= 0.9
