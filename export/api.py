@@ -47,7 +47,12 @@ from keras_attn_export.saved_model import (
     write_saved_model,
 )
 from keras_attn_export.seq2seq import export_seq2seq, export_seq2seq_text_onnx, is_seq2seq
-from keras_attn_export.weight_only import DEFAULT_BLOCK_SIZE, summary, weight_only_request
+from keras_attn_export.weight_only import (
+    DEFAULT_BLOCK_SIZE,
+    check_target,
+    summary,
+    weight_only_request,
+)
 
 from keras_attn.models.lora import lora_layers, merged_copy
 from keras_attn.preprocessing import SegmentPacker, StartEndPacker, TextPreprocessor
@@ -271,12 +276,7 @@ def _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantiz
             "formats=['generation'] exports a causal LM's decode graph; this model's task "
             f"is {task!r}. Export it with formats=['saved_model', 'onnx']."
         )
-    if weight_only and not (is_causal_lm(model, task) and ("onnx" in formats or generation)):
-        raise ValueError(
-            f"`weights={weight_only['weights']!r}` quantizes a causal LM's decode graph: it "
-            f"needs a causal LM (this model's task is {task!r}) and 'onnx' or 'generation' in "
-            f"`formats`. Received: formats={sorted(formats)}"
-        )
+    check_target(model, is_causal_lm(model, task), task, formats, weight_only)
     model = as_float32(model)
     # LoRA adapters are folded into their kernels for export; the parity sweep's reference
     # stays the adapted model itself.
@@ -314,9 +314,11 @@ def _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantiz
             text_onnx = export_text_onnx(model, tmp, tokenizer, packer, sessions, opset)
         decoding = seq2seq = None
         if "onnx" in formats and is_causal_lm(model, task):
-            decoding = export_decoding(model, tmp, opset, tolerance, True, weight_only, tokenizer)
+            decoding = export_decoding(model, tmp, opset, tolerance, weights=weight_only,
+                                       tokenizer=tokenizer)  # fmt: skip
         if generation:
-            decoding = export_decoding(model, tmp, opset, tolerance, False, weight_only, tokenizer)
+            decoding = export_decoding(model, tmp, opset, tolerance, tf2onnx_graph=False,
+                                       weights=weight_only, tokenizer=tokenizer)  # fmt: skip
             worst = decoding["gqa"]["step_logits_max_abs_diff"]
         if "onnx" in formats and is_seq2seq(model):
             limit = tolerance.get("logits", 1e-4) if isinstance(tolerance, dict) else tolerance
@@ -385,10 +387,10 @@ def _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantiz
         print(format_table(rows, tolerance))
     elif verbose:  # formats=["generation"]: the decode graph's checks are the parity
         print(f"decode_gqa.onnx: logits within {worst:.3e} of Keras at every step, greedy ids "
-              "equal to Keras generate()")  # fmt: skip
-    gqa = decoding["gqa"] if decoding else None
-    if verbose and gqa and gqa.get("weights"):
-        print(summary(gqa["file"], gqa["weights"]))
+              "equal to Keras generate()" + (" (float32, before quantizing)" if weight_only
+                                             else ""))  # fmt: skip
+    if verbose and weight_only and decoding:
+        print(summary(decoding["gqa"]["file"], decoding["gqa"]["weights"]))
     chosen = quantization or {}
     for name, drift in (int8 or {}).items() if verbose else ():
         print(

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from keras_attn_export.parity import ParityError
+from keras_attn_export.weight_only import DEFAULT_BLOCK_SIZE
 
 import keras_attn  # noqa: F401  registers the layers and models for loading
 from keras_attn.models import CausalLM, EncoderBackbone
@@ -72,7 +73,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "place of the float32 one",
     )  # fmt: skip
     parser.add_argument(
-        "--weights-block-size", type=int, default=32, help="weights per scale (default 32)"
+        "--weights-block-size",
+        type=int,
+        default=DEFAULT_BLOCK_SIZE,
+        help=f"weights per scale (default {DEFAULT_BLOCK_SIZE})",
     )
     parser.add_argument(
         "--weights-accuracy-level", type=int, choices=[1, 4], default=None,

@@ -88,7 +88,8 @@ class Graph:
     def quantized(self, prefix: str, kernel: "ArrayLike") -> tuple[str, str]:
         """A `(K, N)` kernel quantized (`WeightOnly.quantize`): the names of its integers and
         of its scales."""
-        assert self.weights is not None
+        if self.weights is None:
+            raise ValueError("Graph.quantized needs a graph built with `weights`")
         packed, scales = self.weights.quantize(np.asarray(kernel))
         bits = self.weights.bits
         return self.const(f"{prefix}.q{bits}", packed), self.const(f"{prefix}.scales", scales)

@@ -2,6 +2,7 @@
 `model.onnx` (+ fused `model.opt.onnx`, + `model.int8.onnx`), the key/value-cache decode
 graphs of a causal LM, and the text graph (tokenizer as onnxruntime-extensions operators)."""
 
+import contextlib
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -204,8 +205,9 @@ def _gqa_graph(
     written beside the others is its weight-only quantized twin (same builder), scored."""
     from keras_attn_export.decode_graph import write_decode_graph
 
-    with tempfile.TemporaryDirectory(dir=folder) as scratch:
-        path = (Path(scratch) if weights else folder) / "decode_gqa.onnx"
+    scratch = tempfile.TemporaryDirectory(dir=folder) if weights else contextlib.nullcontext()
+    with scratch as where:
+        path = Path(where or folder) / "decode_gqa.onnx"
         gqa_spec = write_decode_graph(lm, path, max_length, opset)
         worst = _check_gqa(path, gqa_spec, tolerance, reference)
     entry = {"file": "decode_gqa.onnx", **gqa_spec, "step_logits_max_abs_diff": worst,

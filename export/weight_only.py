@@ -23,8 +23,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from keras_attn_export.decode_graph import supported
 
 from keras_attn.hardware import cpu_flags
+from keras_attn.models.cached import cached_causal_lm
 
 WEIGHTS = ("float32", "int8", "int4")
 BITS = {"int8": 8, "int4": 4}
@@ -69,27 +71,68 @@ class WeightOnly:
         return packed, scales
 
     def matmul_attributes(self, k: int, n: int) -> dict[str, int]:
+        """MatMulNBits' attributes for a `(K, N)` kernel."""
         return {"K": k, "N": n, "bits": self.bits, "block_size": self.block_size,
                 "accuracy_level": self.accuracy_level}  # fmt: skip
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool)
 
 
 def check_weights(weights: str | None, block_size: int, accuracy_level: int | None) -> None:
     """`ValueError` naming the argument unless the three describe a graph onnxruntime runs."""
     if weights is not None and weights not in WEIGHTS:
-        raise ValueError(f"`weights` must be one of {WEIGHTS} or None. Received: {weights!r}")
+        raise ValueError(
+            f"`weights` must be one of {WEIGHTS} or None. Received: weights={weights!r}"
+        )
     # MatMulNBits' constraint: a power of two, at least 16.
-    if (
-        isinstance(block_size, bool)
-        or not isinstance(block_size, int | np.integer)
-        or (block_size < 16 or block_size & (block_size - 1))
+    if not _is_int(block_size) or block_size < 16 or block_size & (block_size - 1):
+        raise ValueError(
+            "`weights_block_size` must be a power of two, at least 16. Received: "
+            f"weights_block_size={block_size!r}"
+        )
+    if accuracy_level is not None and not (
+        _is_int(accuracy_level) and accuracy_level in ACCURACY_LEVELS
     ):
         raise ValueError(
-            f"`weights_block_size` must be a power of two, at least 16. Received: {block_size!r}"
-        )
-    if accuracy_level is not None and accuracy_level not in ACCURACY_LEVELS:
-        raise ValueError(
             f"`weights_accuracy_level` must be one of {ACCURACY_LEVELS} (float32 or int8 "
-            f"activations) or None (measured). Received: {accuracy_level!r}"
+            f"activations) or None (measured). Received: weights_accuracy_level={accuracy_level!r}"
+        )
+    if accuracy_level is not None and weights in (None, "float32"):
+        raise ValueError(
+            "`weights_accuracy_level` applies to int8 or int4 `weights`. Received: "
+            f"weights={weights!r}, weights_accuracy_level={accuracy_level!r}"
+        )
+
+
+def check_target(
+    model: Any, causal_lm: bool, task: str | None, formats: Any, request: dict | None
+) -> None:
+    """`ValueError` unless `model` is a causal LM (`causal_lm`) whose decode graph the
+    export writes (`"onnx"` or `"generation"` in `formats`) and `decode_graph` can express:
+    checked before anything is traced."""
+    if request is None:
+        return
+    weights = request["weights"]
+    if not (causal_lm and ({"onnx", "generation"} & set(formats))):
+        raise ValueError(
+            f"`weights={weights!r}` quantizes a causal LM's decode graph: it needs a causal LM "
+            f"(this model's task is {task!r}) and 'onnx' or 'generation' in `formats`. "
+            f"Received: formats={sorted(formats)}"
+        )
+    lm = cached_causal_lm(model)
+    reason = supported(lm)
+    width = int(lm.token_embedding.embeddings.shape[-1])
+    if request["block_size"] > width:
+        raise ValueError(
+            f"`weights_block_size` is wider than the model ({width}): every block would be "
+            f"mostly padding. Received: weights_block_size={request['block_size']}"
+        )
+    if reason is not None:
+        raise ValueError(
+            f"`weights={weights!r}` quantizes decode_gqa.onnx, which cannot express this "
+            f"model: {reason}"
         )
 
 
@@ -105,6 +148,7 @@ def weight_only_request(
 
 
 def _matmul_session(weight_only: WeightOnly, k: int, n: int) -> Any:
+    """A session of one `(K, N)` MatMulNBits over random weights."""
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
@@ -127,6 +171,7 @@ def _matmul_session(weight_only: WeightOnly, k: int, n: int) -> Any:
 
 
 def _median_ms(session: Any, x: np.ndarray, repeats: int) -> float:
+    """Median milliseconds of `repeats` runs on `x`, after one warm-up."""
     session.run(None, {"x": x})
     times = []
     for _ in range(repeats):
@@ -215,10 +260,10 @@ def manifest_entry(
 
 def summary(file: str, entry: Any) -> str:
     """One line on a quantized decode graph's cost, for `export_model`'s report."""
-    quality = entry["quality"]
+    cost = entry["quality"]
     return (
-        f"{file}: top-1 agreement {quality['top1_agreement']:.1%} with the float model over "
-        f"{quality['positions']} positions of {quality['source']}, worst logit difference "
-        f"{quality['max_abs_logit_diff']:.3g} ({entry['type']}, block {entry['block_size']}, "
+        f"{file}: top-1 agreement {cost['top1_agreement']:.1%} with the float model over "
+        f"{cost['positions']} positions of {cost['source']}, worst logit difference "
+        f"{cost['max_abs_logit_diff']:.3g} ({entry['type']}, block {entry['block_size']}, "
         f"accuracy level {entry['accuracy_level']} by {entry['chosen_by']})"
     )

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from keras_attn_serving.manifest_quantization import Drift, Quantization, Strict, WeightOnly
+from keras_attn_serving.manifest_quantization import Drift, Quantization, Strict, WeightOnlyInfo
 from pydantic import Field, ValidationError
 
 MANIFEST = "manifest.json"
@@ -116,7 +116,7 @@ class GqaGraph(CacheGraph):
     its float32 twin's (the same builder, checked before quantizing and not kept)."""
 
     external_data: str | None = None
-    weights: WeightOnly | None = None
+    weights: WeightOnlyInfo | None = None
 
 
 class Decoding(CacheGraph):

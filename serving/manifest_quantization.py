@@ -3,10 +3,12 @@ weight-only decode graphs); a leaf beside `keras_attn_serving.manifest`, pydanti
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class Strict(BaseModel):
+    """Every manifest entry's base: an unknown key, NaN or infinity is refused."""
+
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     def __getitem__(self, key):
@@ -40,9 +42,9 @@ class Quantization(Strict):
     chosen_by: Literal["argument", "measurement"]
     cpu_flags: list[str]
     drift_bound: float
-    candidates: dict[Literal["s8", "u8"], Int8Candidate] = {}
+    candidates: dict[Literal["s8", "u8"], Int8Candidate] = Field(default_factory=dict)
     # MatMuls kept in float32 (the first feed-forward output projections).
-    float_matmuls: list[str] = []
+    float_matmuls: list[str] = Field(default_factory=list)
 
 
 class AccuracyLevelTiming(Strict):
@@ -62,7 +64,7 @@ class WeightQuality(Strict):
     source: Literal["held-out text", "random ids"]
 
 
-class WeightOnly(Strict):
+class WeightOnlyInfo(Strict):
     """How a decode graph's weights are stored: `bits` per weight in blocks of `block_size`
     with a float32 scale each (symmetric), the kernels' `accuracy_level` (1: float32
     activations, 4: int8), how it was chosen, and what it costs (`quality`)."""
@@ -74,6 +76,6 @@ class WeightOnly(Strict):
     symmetric: bool
     cpu_flags: list[str]
     chosen_by: Literal["argument", "measurement"]
-    candidates: dict[str, AccuracyLevelTiming] = {}
+    candidates: dict[str, AccuracyLevelTiming] = Field(default_factory=dict)
     measured_shape: list[int] | None = None
     quality: WeightQuality
