@@ -33,7 +33,7 @@ WORKER_ENV := TF_NUM_INTRAOP_THREADS=$(WORKER_THREADS) OMP_NUM_THREADS=$(WORKER_
 BACKEND_TESTS := tests/layers tests/models tests/decoding tests/metrics tests/test_losses.py \
 	tests/test_optimizers.py tests/test_visualization.py
 test: lint
-	$(WORKER_ENV) $(PY) -m pytest -n 2 -q --durations=15
+	$(WORKER_ENV) $(PY) -m pytest -n 2 -q --durations=60
 	$(PY) -m pytest -q -p no:cacheprovider --doctest-modules keras_attn export serving
 	# mypy finds our packages by their import names (export/ and serving/ install renamed).
 	mkdir -p build/typecheck
