@@ -11,6 +11,7 @@ from keras_attn_export.atomic import replace, temporary_folder
 from keras_attn_export.compare import parity_rows, sweep, text_parity
 from keras_attn_export.describe import (
     check_labels,
+    check_max_length,
     embedding_spec,
     layer_attribute,
     max_sequence_length,
@@ -38,8 +39,8 @@ from keras_attn_export.parity import (
     ParityError,
     check,
     check_tolerance,
-    format_table,
 )
+from keras_attn_export.report import print_report
 from keras_attn_export.saved_model import (
     input_specs,
     load_signature,
@@ -47,12 +48,7 @@ from keras_attn_export.saved_model import (
     write_saved_model,
 )
 from keras_attn_export.seq2seq import export_seq2seq, export_seq2seq_text_onnx, is_seq2seq
-from keras_attn_export.weight_only import (
-    DEFAULT_BLOCK_SIZE,
-    check_target,
-    summary,
-    weight_only_request,
-)
+from keras_attn_export.weight_only import DEFAULT_BLOCK_SIZE, check_target, weight_only_request
 
 from keras_attn.models.lora import lora_layers, merged_copy
 from keras_attn.preprocessing import SegmentPacker, StartEndPacker, TextPreprocessor
@@ -110,6 +106,7 @@ def export_model(
     weights: str | None = None,
     weights_block_size: int = DEFAULT_BLOCK_SIZE,
     weights_accuracy_level: int | None = None,
+    max_length: int | None = None,
     tolerance: float | dict[str, float] | None = None,
     batch_sizes: Iterable[int] = DEFAULT_BATCH_SIZES,
     sequence_lengths: Iterable[int] = DEFAULT_SEQUENCE_LENGTHS,
@@ -165,6 +162,10 @@ def export_model(
         weights_block_size: weights per scale (a power of two, at least 16; default 32).
         weights_accuracy_level: 1 (float32 activations) or 4 (int8); `None` times both on the
             model's feed-forward shape and keeps the faster decode step.
+        max_length: the longest sequence (prompt and new tokens) a causal LM's decode graphs
+            hold, their key/value cache's length; at most, and by default, the model's own
+            (its position table, or the length it was built with). Qwen2.5's 32,768
+            positions are 805 MB of float32 cache a row: set it as llama.cpp's `n_ctx`.
         tolerance: float, or `{output name: float}`: the largest max-abs difference allowed
             between Keras and each float32 artifact. Defaults to `1e-4`; for a model
             quantized in Keras (`model.quantize("int8")`), whose artifacts run its int8 math,
@@ -205,15 +206,16 @@ def export_model(
     try:
         weight_only = weight_only_request(weights, weights_block_size, weights_accuracy_level)
         return _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantize,
-                       int8_weights, weight_only, tolerance, batch_sizes, sequence_lengths,
+                       int8_weights, weight_only, max_length, tolerance, batch_sizes,
+                       sequence_lengths,
                        input_ranges, strings_in, labels, task, overwrite, verbose)  # fmt: skip
     finally:
         keras.config.set_dtype_policy(policy)
 
 
 def _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantize, int8_weights,
-            weight_only, tolerance, batch_sizes, sequence_lengths, input_ranges, strings_in,
-            labels, task, overwrite, verbose) -> "Manifest":  # fmt: skip
+            weight_only, max_length, tolerance, batch_sizes, sequence_lengths, input_ranges,
+            strings_in, labels, task, overwrite, verbose) -> "Manifest":  # fmt: skip
     import onnxruntime as ort
 
     formats = _check_formats(formats, optimize, quantize, strings_in)
@@ -277,6 +279,7 @@ def _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantiz
             f"is {task!r}. Export it with formats=['saved_model', 'onnx']."
         )
     check_target(model, is_causal_lm(model, task), task, formats, weight_only)
+    check_max_length(model, is_causal_lm(model, task), max_length)
     model = as_float32(model)
     # LoRA adapters are folded into their kernels for export; the parity sweep's reference
     # stays the adapted model itself.
@@ -315,10 +318,11 @@ def _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantiz
         decoding = seq2seq = None
         if "onnx" in formats and is_causal_lm(model, task):
             decoding = export_decoding(model, tmp, opset, tolerance, weights=weight_only,
-                                       tokenizer=tokenizer)  # fmt: skip
+                                       tokenizer=tokenizer, max_length=max_length)  # fmt: skip
         if generation:
             decoding = export_decoding(model, tmp, opset, tolerance, tf2onnx_graph=False,
-                                       weights=weight_only, tokenizer=tokenizer)  # fmt: skip
+                                       weights=weight_only, tokenizer=tokenizer,
+                                       max_length=max_length)  # fmt: skip
             worst = decoding["gqa"]["step_logits_max_abs_diff"]
         if "onnx" in formats and is_seq2seq(model):
             limit = tolerance.get("logits", 1e-4) if isinstance(tolerance, dict) else tolerance
@@ -383,20 +387,6 @@ def _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantiz
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if verbose and rows:
-        print(format_table(rows, tolerance))
-    elif verbose:  # formats=["generation"]: the decode graph's checks are the parity
-        print(f"decode_gqa.onnx: logits within {worst:.3e} of Keras at every step, greedy ids "
-              "equal to Keras generate()" + (" (float32, before quantizing)" if weight_only
-                                             else ""))  # fmt: skip
-    if verbose and weight_only and decoding:
-        print(summary(decoding["gqa"]["file"], decoding["gqa"]["weights"]))
-    chosen = quantization or {}
-    for name, drift in (int8 or {}).items() if verbose else ():
-        print(
-            f"int8 {name}: max |difference| {drift['max_abs_diff']:.3e} "
-            f"({drift['relative_drift']:.1%} of the largest output), "
-            f"argmax agreement {drift['argmax_agreement']:.1%} ({chosen.get('weights')} "
-            f"weights, by {chosen.get('chosen_by')})"
-        )
+    if verbose:
+        print_report(rows, tolerance, worst, decoding, weight_only, quantization, int8)
     return manifest

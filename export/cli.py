@@ -83,6 +83,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="1: float32 activations, 4: int8 (default: time both, keep the faster)",
     )  # fmt: skip
     parser.add_argument(
+        "--max-length", type=int, default=None,
+        help="a causal LM's decode graphs' cache length: the longest prompt plus new tokens "
+        "(default: the model's positions)",
+    )  # fmt: skip
+    parser.add_argument(
         "--tolerance", type=float, default=None,
         help="largest Keras-vs-artifact max-abs difference (default 1e-4; 5e-2 for a model "
         "quantized in Keras)",
@@ -243,6 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             weights=args.weights,
             weights_block_size=args.weights_block_size,
             weights_accuracy_level=args.weights_accuracy_level,
+            max_length=args.max_length,
             tolerance=args.tolerance,
             labels=labels,
             task=args.task,

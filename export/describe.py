@@ -14,7 +14,7 @@ from keras_attn_serving.chat_template import TEMPLATE_FILE as CHAT_TEMPLATE_FILE
 
 import keras_attn
 import keras_attn.models as models
-from keras_attn.models.cached import CachedCausalLM
+from keras_attn.models.cached import CachedCausalLM, cached_causal_lm
 from keras_attn.preprocessing import SegmentPacker, StartEndPacker
 from keras_attn.tokenizers import WordPieceTokenizer
 from keras_attn.tokenizers.marian import MarianTokenizer
@@ -202,3 +202,35 @@ def write_chat(folder: Path, preprocessor: Any) -> dict[str, Any] | None:
         "special_tokens": getattr(preprocessor, "special_tokens", None) or {},
         "end_token_ids": list(end_ids or []),
     }
+
+
+def model_max_length(model: keras.Model) -> int | None:
+    """The longest sequence a causal LM's positions cover: its learned position table's
+    length, else the `max_sequence_length` it was built with; None when nothing bounds it."""
+    return cached_causal_lm(model).max_length or getattr(model, "max_sequence_length", None)
+
+
+# The decode graphs' checks need a 5-token prompt and a few new tokens.
+MIN_MAX_LENGTH = 8
+
+
+def check_max_length(model: keras.Model, causal_lm: bool, max_length: int | None) -> None:
+    """`ValueError` naming `max_length` unless it is None, or an integer from
+    `MIN_MAX_LENGTH` to the model's own length, for a causal LM."""
+    if max_length is None:
+        return
+    if not causal_lm:
+        raise ValueError(
+            "`max_length` sizes a causal LM's decode graphs; this model has none. Received: "
+            f"max_length={max_length!r}"
+        )
+    limit = model_max_length(model)
+    if (
+        not isinstance(max_length, int | np.integer)
+        or isinstance(max_length, bool)
+        or not MIN_MAX_LENGTH <= max_length <= (limit or max_length)
+    ):
+        raise ValueError(
+            f"`max_length` must be an integer from {MIN_MAX_LENGTH} to the model's "
+            f"{limit} positions. Received: max_length={max_length!r}"
+        )

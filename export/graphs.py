@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import keras
 import numpy as np
 from keras_attn_export.compare import TEXT_SAMPLES
-from keras_attn_export.describe import max_sequence_length, max_token_id
+from keras_attn_export.describe import max_sequence_length, max_token_id, model_max_length
 from keras_attn_export.onnx import run_onnx, write_onnx
 from keras_attn_export.parity import ParityError, max_abs_diff
 from keras_attn_export.saved_model import input_specs
@@ -131,6 +131,7 @@ def export_decoding(
     tf2onnx_graph: bool = True,
     weights: dict[str, Any] | None = None,
     tokenizer: Any = None,
+    max_length: int | None = None,
 ) -> dict:
     """`decode.onnx` for cached generation (tf2onnx of the Keras decode step), and where
     `keras_attn_export.decode_graph` can express the model, `decode_gqa.onnx` (onnxruntime's own
@@ -140,7 +141,8 @@ def export_decoding(
     (written from the weights, never traced: what exports at real sizes). With `weights`
     (`{"weights": "int4" | "int8", "block_size", "accuracy_level"}`), the decode graph
     served is `decode_gqa.int4.onnx` (`.int8`), its cost scored on held-out text with
-    `tokenizer` (`keras_attn_export.weight_only`)."""
+    `tokenizer` (`keras_attn_export.weight_only`). `max_length`: the cache's length, at most
+    the model's (`check_max_length`); None for the model's."""
     import onnxruntime as ort
     from keras_attn_export.decode_graph import supported
     from keras_attn_export.decoding import write_decode_onnx
@@ -148,7 +150,7 @@ def export_decoding(
     # The cache holds as many positions as the learned position table; a sinusoidal model has
     # no table, and its cache is as long as the `sequence_length` it was built with.
     lm = cached_causal_lm(model)
-    max_length = lm.max_length or getattr(model, "max_sequence_length", None)
+    max_length = max_length or model_max_length(model)
     if max_length is None:
         raise ValueError(
             "Exporting generation needs a learned position table (its length bounds the "

@@ -218,9 +218,40 @@ def test_cli_writes_int8_weights_at_the_given_accuracy_level(tmp_path):
     lm.save(tmp_path / "lm.keras")
     out = tmp_path / "out"
     args = [str(tmp_path / "lm.keras"), str(out), "--formats", "generation", "--weights",
-            "int8", "--weights-accuracy-level", "1", "--weights-block-size", "64"]  # fmt: skip
+            "int8", "--weights-accuracy-level", "1", "--weights-block-size", "64",
+            "--max-length", "24"]  # fmt: skip
     assert cli_main(args) == 0
-    weights = json.loads((out / "manifest.json").read_text())["decoding"]["gqa"]["weights"]
+    gqa = json.loads((out / "manifest.json").read_text())["decoding"]["gqa"]
+    assert gqa["max_length"] == 24
+    weights = gqa["weights"]
     assert (weights["type"], weights["accuracy_level"], weights["block_size"]) == ("int8", 1, 64)
     assert weights["chosen_by"] == "argument" and weights["candidates"] == {}
     assert weights["quality"]["top1_agreement"] >= 0.9
+
+
+def test_max_length_sizes_the_cache_and_is_checked(tmp_path):
+    """`max_length` below the model's positions: the cache and rotary tables hold that many,
+    generation within it equals Keras's, and a prompt past it is refused."""
+    from keras_attn_serving import Predictor
+    from keras_attn_serving.predictor import InputError
+
+    lm = causal_lm(LLAMA_LIKE)  # 48 positions
+    manifest = export_model(lm, tmp_path / "lm", formats=["generation"], max_length=16,
+                            verbose=False)  # fmt: skip
+    assert manifest["decoding"]["gqa"]["max_length"] == 16
+    graph = onnx.load(tmp_path / "lm" / "decode_gqa.onnx")
+    (cos,) = [t for t in graph.graph.initializer if t.name == "rotary_cos"]
+    assert list(cos.dims) == [16, 8]
+    predictor = Predictor(tmp_path / "lm")
+    prompts = [[5, 6, 7], [9, 3, 12, 4, 8]]
+    assert predictor.generate_ids(prompts, 8) == lm.generate(prompts, 8)
+    with pytest.raises((InputError, ValueError), match="16"):
+        predictor.generate_ids([list(range(1, 15))], 8)
+    for bad in (100, 4, True, 16.0):
+        with pytest.raises(
+            ValueError, match=f"the model's 48 positions. Received: max_length={bad!r}"
+        ):
+            export_model(lm, tmp_path / "x", formats=["generation"], max_length=bad)
+    classifier = keras.Sequential([keras.Input((4,), dtype="int32"), keras.layers.Dense(2)])
+    with pytest.raises(ValueError, match=r"this model has none\. Received: max_length=16"):
+        export_model(classifier, tmp_path / "x", formats=["onnx"], max_length=16)
