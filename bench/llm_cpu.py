@@ -10,9 +10,10 @@ exports it (`formats=["generation"]`, `weights=...`), recording the export's sec
 process's memory high-water mark. It then times, in-process with onnxruntime on every core:
 a 512-token prompt's prefill (one row), and one decode step for 1 and for 32 rows at
 position 512 (one buffer per row count, bound once, as the server's `BucketedCache`).
-Prints a table (tokens/s, ratios to float32) with the CPU flags, the memory bandwidth and
-the float32 matmul rate measured in the same run (NumPy: a 1 GiB copy, a 2048³ matmul);
-writes JSON.
+Prints a table (tokens/s, ratios to float32) with the CPU flags and, as the physical limits
+beside each figure, the memory bandwidth and float32 matmul rate measured in the same run: a
+decode step reads every stored weight once (at most read bandwidth / file bytes tokens/s),
+and a prompt token costs 2 FLOPs a parameter (at most matmul rate / 2·params); writes JSON.
 
 Peers (llama.cpp through llama-cpp-python on GGUF Q4_0/Q8_0 of the same folder, and
 onnxruntime-genai's int4 model builder) are issue 44's next step and not measured yet.
@@ -120,17 +121,33 @@ def timings(artifact: Path, rows: int = 32, repeats: int = 10) -> dict:
 
 
 def machine() -> dict:
-    """CPU flags, memory bandwidth (a 1 GiB copy, read + write) and NumPy's float32 matmul
-    rate, measured now."""
+    """CPU flags, memory bandwidth and matmul rate, measured now: onnxruntime multiplying one
+    row by a 1 GiB float32 matrix on every core (reading weights as a decode step does), a
+    NumPy copy of 1 GiB (read + write), and NumPy's float32 2048³ matmul."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
     from keras_attn.hardware import cpu_flags
 
-    source = np.ones(1 << 28, np.float32)
-    target = np.empty_like(source)
-    copies = []
+    k, n = 8192, 32768  # 1 GiB of float32
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "read",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k]),
+         helper.make_tensor_value_info("w", TensorProto.FLOAT, [k, n])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    reader = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    weights, row = np.ones((k, n), np.float32), np.ones((1, k), np.float32)
+    target = np.empty_like(weights)
+    copies, reads = [], []
     for _ in range(5):
         start = time.perf_counter()
-        np.copyto(target, source)
+        np.copyto(target, weights)
         copies.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        reader.run(None, {"x": row, "w": weights})
+        reads.append(time.perf_counter() - start)
     a = np.random.default_rng(0).standard_normal((2048, 2048)).astype(np.float32)
     a @ a
     start = time.perf_counter()
@@ -138,7 +155,8 @@ def machine() -> dict:
         a @ a
     matmul = (time.perf_counter() - start) / 5
     return {"cpu_flags": cpu_flags(), "cores": os.cpu_count(),
-            "copy_gb_s": 2 * source.nbytes / min(copies) / 1e9,
+            "read_gb_s": weights.nbytes / min(reads) / 1e9,
+            "copy_gb_s": 2 * weights.nbytes / min(copies) / 1e9,
             "matmul_gflop_s": 2 * 2048**3 / matmul / 1e9}  # fmt: skip
 
 
@@ -152,7 +170,9 @@ def main(argv: list[str] | None = None) -> dict:
     report: dict = {"machine": machine(), "runs": []}
     print("machine:", json.dumps(report["machine"]), flush=True)
     header = ("shape", "params", "weights", "file MB", "export s", "peak GB",
-              "prefill tok/s", "1 stream tok/s", "32 streams tok/s", "x float32 (1)")  # fmt: skip
+              "prefill tok/s", "(matmul limit)", "1 stream tok/s", "(bandwidth limit)",
+              "32 streams tok/s", "x float32 (1)")  # fmt: skip
+    limits = report["machine"]
     print(" | ".join(header), flush=True)
     for shape in args.shapes:
         with tempfile.TemporaryDirectory() as work:
@@ -170,11 +190,16 @@ def main(argv: list[str] | None = None) -> dict:
                 row["prefill_tok_s"] = PROMPT / row["prefill_ms"] * 1e3
                 row["decode_1_tok_s"] = 1e3 / row["step_1_ms"]
                 row["decode_32_tok_s"] = 32e3 / row["step_32_ms"]
+                # Physical limits: each decode step reads every stored weight once (the tied
+                # table as the output projection); each token costs 2 FLOPs a parameter.
+                row["bandwidth_limit_tok_s"] = limits["read_gb_s"] * 1e9 / row["file_bytes"]
+                row["matmul_limit_tok_s"] = limits["matmul_gflop_s"] * 1e9 / (2 * params)
                 base = base or row["decode_1_tok_s"]
                 report["runs"].append(row)
                 print(f"{shape} | {params / 1e6:.0f}M | {weights} | {row['file_bytes'] / 1e6:.0f}"
                       f" | {row['export_s']:.0f} | {row['peak_bytes'] / 1e9:.1f}"
-                      f" | {row['prefill_tok_s']:.0f} | {row['decode_1_tok_s']:.1f}"
+                      f" | {row['prefill_tok_s']:.0f} | {row['matmul_limit_tok_s']:.0f}"
+                      f" | {row['decode_1_tok_s']:.1f} | {row['bandwidth_limit_tok_s']:.1f}"
                       f" | {row['decode_32_tok_s']:.0f}"
                       f" | {row['decode_1_tok_s'] / base:.2f}", flush=True)  # fmt: skip
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
