@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from keras_attn_export.graph_builder import Graph, kernel_bias, layer_weights
+from keras_attn_export.keras_int4 import QuantizedKernel, concatenate, is_int4, unsupported
 
 from keras_attn.layers.rotary_embedding import inverse_frequencies
 
@@ -67,12 +68,15 @@ def supported(lm: "CachedCausalLM") -> str | None:
         return "the blocks differ in their rotary settings"
     rotary = settings == {False}
     parts = [*lm.decoder_blocks, lm.token_embedding, *([lm.head] if lm.head is not None else [])]
+    layers = [layer for part in parts for layer in part._flatten_layers()]
     quantized = [
-        layer.path for part in parts for layer in part._flatten_layers()
-        if getattr(layer, "quantization_mode", None)
-    ]  # fmt: skip
+        la.path for la in layers if getattr(la, "quantization_mode", None) and not is_int4(la)
+    ]
     if quantized:
         return f"layers quantized in Keras ({quantized[0]}, …): their int8 math is decode.onnx's"
+    for reason in (unsupported(layer) for layer in layers if is_int4(layer)):
+        if reason is not None:
+            return reason
     if lm.position_embedding is None and not rotary:
         return "the embedding is a TokenAndPositionEmbedding (one position layer is expressed)"
     if lm.position_embedding is not None and rotary:
@@ -120,7 +124,11 @@ def _attend(g, attention, h, n, prefix, hidden, seqlens, total, rotary):
             strict=True,
         )
     ]  # fmt: skip
-    kernel = np.concatenate([w for w, _ in parts], axis=1)
+    kernels = [w for w, _ in parts]
+    if any(isinstance(w, QuantizedKernel) for w in kernels):
+        kernel = concatenate(kernels)
+    else:
+        kernel = np.concatenate(kernels, axis=1)
     bias = np.concatenate([b for _, b in parts])
     qkv = g.dense(h, kernel, bias, f"{prefix}.qkv")
     q, k, v = g.op("Split", [qkv, g.const(f"{prefix}.sizes", sizes)], outputs=3, axis=-1)
@@ -324,10 +332,10 @@ def _decode_model(g: Graph, lm: "CachedCausalLM", max_length: int) -> tuple[Any,
                 output_table = g.const("output_projection", untied)
             g.op("Gemm", [x, output_table], outputs=["logits"], transB=1)
     else:
-        kernel, *bias = layer_weights(lm.head)
+        kernel, bias = kernel_bias(lm.head, vocab)
         projected = g.matmul(x, kernel, "output_projection")
-        if bias:
-            g.op("Add", [projected, g.const("output_bias", bias[0])], outputs=["logits"])
+        if lm.head.bias is not None:
+            g.op("Add", [projected, g.const("output_bias", bias)], outputs=["logits"])
         else:
             g.op("Identity", [projected], outputs=["logits"])
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from keras_attn_export.keras_int4 import QuantizedKernel, int4_kernel, is_int4
 
 if TYPE_CHECKING:
     import keras
@@ -20,8 +21,12 @@ def layer_weights(layer):
 
 
 def kernel_bias(dense, width):
-    """A projection's kernel `(in, width)` and its bias, zeros where it has none."""
-    kernel = np.asarray(dense.kernel, np.float32).reshape(-1, width)
+    """A projection's kernel `(in, width)` (a `QuantizedKernel` for a layer quantized to
+    int4 in Keras) and its bias, zeros where it has none."""
+    if is_int4(dense):
+        kernel = int4_kernel(dense)
+    else:
+        kernel = np.asarray(dense.kernel, np.float32).reshape(-1, width)
     bias = dense.bias
     return kernel, np.zeros(width, np.float32) if bias is None else np.asarray(bias).reshape(-1)
 
@@ -94,8 +99,18 @@ class Graph:
         bits = self.weights.bits
         return self.const(f"{prefix}.q{bits}", packed), self.const(f"{prefix}.scales", scales)
 
-    def matmul(self, x: str, kernel: "ArrayLike", prefix: str) -> Any:
-        """`x · kernel`: a MatMul, or a `MatMulNBits` over the kernel quantized."""
+    def matmul(self, x: str, kernel: "ArrayLike | QuantizedKernel", prefix: str) -> Any:
+        """`x · kernel`: a MatMul, or a `MatMulNBits` over the kernel quantized (by the
+        graph's `weights`, or in Keras: a `QuantizedKernel`, computed in float32 as Keras
+        does)."""
+        if isinstance(kernel, QuantizedKernel):
+            inputs = [x, self.const(f"{prefix}.q4", kernel.packed),
+                      self.const(f"{prefix}.scales", kernel.scales)]  # fmt: skip
+            if kernel.zero_points is not None:
+                inputs.append(self.const(f"{prefix}.zero_points", kernel.zero_points))
+            return self.op("MatMulNBits", inputs, domain="com.microsoft", K=kernel.k,
+                           N=kernel.n, bits=4, block_size=kernel.block_size,
+                           accuracy_level=1)  # fmt: skip
         if self.weights is None:
             return self.op("MatMul", [x, self.const(f"{prefix}.kernel", kernel)])
         k, n = np.shape(kernel)
@@ -120,7 +135,9 @@ class Graph:
         self.nodes.append(helper.make_node(op_type, inputs, names, domain=domain, **attrs))
         return names[0] if len(names) == 1 else names
 
-    def dense(self, x: str, kernel: "ArrayLike", bias: "ArrayLike", prefix: str) -> Any:
+    def dense(
+        self, x: str, kernel: "ArrayLike | QuantizedKernel", bias: "ArrayLike", prefix: str
+    ) -> Any:
         return self.op("Add", [self.matmul(x, kernel, prefix), self.const(f"{prefix}.bias", bias)])
 
     def layer_norm(self, x: str, layer: "keras.layers.Layer", prefix: str) -> Any:

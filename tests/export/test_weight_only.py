@@ -255,3 +255,27 @@ def test_max_length_sizes_the_cache_and_is_checked(tmp_path):
     classifier = keras.Sequential([keras.Input((4,), dtype="int32"), keras.layers.Dense(2)])
     with pytest.raises(ValueError, match=r"this model has none\. Received: max_length=16"):
         export_model(classifier, tmp_path / "x", formats=["onnx"], max_length=16)
+
+
+@pytest.mark.parametrize("block_size", [128, -1], ids=["blocks_with_zero_points", "per_column"])
+def test_a_model_quantized_to_int4_in_keras_exports_to_the_same_operators(tmp_path, block_size):
+    """`model.quantize("int4")` (Keras's blocks of 128 rows with zero points, or one scale a
+    column): the decode graph holds Keras's own int4 numbers as MatMulNBits and gives
+    Keras's logits at every step (float32 activations)."""
+    from keras.quantizers import Int4QuantizationConfig
+
+    lm = causal_lm({**LLAMA_LIKE, "num_layers": 1})  # feed-forward output: K = 256, 2 blocks
+    lm.quantize("int4", config=Int4QuantizationConfig(block_size=block_size))
+    manifest = export_model(lm, tmp_path / "lm", formats=["generation"], verbose=False)
+    assert manifest["decoding"]["gqa"]["step_logits_max_abs_diff"] < 1e-4
+    nodes = onnx.load(tmp_path / "lm" / "decode_gqa.onnx").graph.node
+    nbits = [node for node in nodes if node.op_type == "MatMulNBits"]
+    assert len(nbits) == 5 and not [
+        node for node in nodes if node.op_type == "MatMul"
+    ]  # qkv, o, 3 ffn
+    assert {len(node.input) for node in nbits} == ({4} if block_size == 128 else {3})
+    odd = causal_lm({**LLAMA_LIKE, "num_layers": 1})
+    odd.quantize("int4", config=Int4QuantizationConfig(block_size=48))
+    from keras_attn_export.decode_graph import supported
+
+    assert "int4 block size 48 is not a power of two" in supported(odd)
