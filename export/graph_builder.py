@@ -16,17 +16,19 @@ if TYPE_CHECKING:
     from numpy.typing import ArrayLike
 
 
-def layer_weights(layer):
+def layer_weights(layer: "keras.layers.Layer") -> list[np.ndarray]:
     return [np.asarray(w, np.float32) for w in layer.get_weights()]
 
 
-def kernel_bias(dense, width):
+def kernel_bias(
+    dense: "keras.layers.Layer", width: int
+) -> tuple["np.ndarray | QuantizedKernel", np.ndarray]:
     """A projection's kernel `(in, width)` (a `QuantizedKernel` for a layer quantized to
     int4 in Keras) and its bias, zeros where it has none."""
-    if is_int4(dense):
-        kernel = int4_kernel(dense)
-    else:
-        kernel = np.asarray(dense.kernel, np.float32).reshape(-1, width)
+    kernel: np.ndarray | QuantizedKernel = (
+        int4_kernel(dense) if is_int4(dense)
+        else np.asarray(dense.kernel, np.float32).reshape(-1, width)
+    )  # fmt: skip
     bias = dense.bias
     return kernel, np.zeros(width, np.float32) if bias is None else np.asarray(bias).reshape(-1)
 
