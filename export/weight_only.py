@@ -17,13 +17,12 @@ to int8 per block (VNNI/AMX dot products where the CPU has them). Which is faste
 the CPU; without one given, the export times both on the model's feed-forward shape.
 """
 
-import statistics
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from keras_attn_export.decode_graph import supported
+from keras_attn_export.hardware import time_session
 
 from keras_attn.hardware import cpu_flags
 from keras_attn.models.cached import cached_causal_lm
@@ -170,17 +169,6 @@ def _matmul_session(weight_only: WeightOnly, k: int, n: int) -> Any:
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
 
 
-def _median_ms(session: Any, x: np.ndarray, repeats: int) -> float:
-    """Median milliseconds of `repeats` runs on `x`, after one warm-up."""
-    session.run(None, {"x": x})
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        session.run(None, {"x": x})
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
-
-
 def measure_accuracy_levels(
     bits: int, block_size: int, k: int, n: int, repeats: int = 15
 ) -> dict[int, dict[str, float]]:
@@ -192,8 +180,8 @@ def measure_accuracy_levels(
     for level in ACCURACY_LEVELS:
         session = _matmul_session(WeightOnly(bits, block_size, level), k, n)
         measured[level] = {
-            "decode_ms": _median_ms(session, one, repeats),
-            "chunk_64_ms": _median_ms(session, chunk, max(3, repeats // 3)),
+            "decode_ms": time_session(session, {"x": one}, repeats),
+            "chunk_64_ms": time_session(session, {"x": chunk}, max(3, repeats // 3)),
         }
     return measured
 
