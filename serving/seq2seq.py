@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from keras_attn_serving.generation import zeroed
 from keras_attn_serving.manifest import ArtifactError
 
 ONE_POSITION = (
@@ -117,7 +118,7 @@ class EncoderDecoder:
         spec = self.spec
         shape = (len(sources), spec["layers"], 2, spec["max_length"], spec["kv_heads"],
                  spec["key_dim"])  # fmt: skip
-        return {"cache": np.zeros(shape, np.float32), "cross_cache": cross, "sources": padded}
+        return {"cache": zeroed(shape), "cross_cache": cross, "sources": padded}
 
     @staticmethod
     def select(state: dict[str, np.ndarray], rows: Sequence[int]) -> dict[str, np.ndarray]:

@@ -27,7 +27,7 @@ cores, three quarters of it slicing, stacking and transposing the cache (bench/R
 
 import numpy as np
 from keras_attn_serving.decode_requests import _Request
-from keras_attn_serving.generation import bucket_of, row_buckets
+from keras_attn_serving.generation import bucket_of, row_buckets, zeroed
 from keras_attn_serving.prefix_cache import PrefixCache
 from keras_attn_serving.sampling import force_ends
 from keras_attn_serving.seq2seq import ONE_POSITION, EncoderDecoder
@@ -78,7 +78,7 @@ class Seq2SeqBatcher(SharedSteps):
         if rows == len(self.cache) and width == self.sources.shape[1]:
             return
         kept, held = min(rows, len(self.cache)), min(width, self.sources.shape[1])
-        cache = np.zeros((rows, *self._row_shape), np.float32)
+        cache = zeroed((rows, *self._row_shape))
         cache[:kept] = self.cache[:kept]
         cross = np.zeros((rows, *self._row_shape[:2], width, *self._row_shape[3:]), np.float32)
         cross[:kept, :, :, :held] = self.cross[:kept, :, :, :held]
