@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint format demo bench fuzz clean
+.PHONY: test lint format demo bench bench-peers fuzz clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,17 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/attention.py
+
+# bench/llm_cpu.py's peers (the bench extra): llama-cpp-python compiles llama.cpp for this CPU
+# (-march=native, a quarter of an hour on 2 cores); its source archive's llama.cpp tree, kept in
+# build/peers, gives the GGUF converter (convert_hf_to_gguf.py with its gguf-py).
+LLAMA_CPP_PYTHON := $(shell sed -n 's/.*"llama-cpp-python==\([0-9.]*\)".*/\1/p' pyproject.toml)
+bench-peers: $(STAMP)
+	CMAKE_ARGS="-DGGML_NATIVE=ON" $(PY) -m pip install -q -e ".[bench]"
+	mkdir -p build/peers
+	$(PY) -m pip download -q --no-deps --no-binary :all: -d build/peers \
+		"llama-cpp-python==$(LLAMA_CPP_PYTHON)"
+	tar -xzf build/peers/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz -C build/peers
 
 clean:
 	rm -rf $(VENV) build *.egg-info

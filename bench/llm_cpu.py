@@ -1,25 +1,39 @@
-"""Benchmark: decoders at the sizes users run on CPUs, float32 against weight-only int8/int4.
+"""Benchmark: decoders at the sizes users run on CPUs: ours (float32, weight-only int8 and
+int4) against llama.cpp and onnxruntime-genai on the same folder and cores.
 
-    python bench/llm_cpu.py                                  # three shapes, three weight types
-    python bench/llm_cpu.py --shapes smollm2-135m --weights float32 int4   # quicker
+    make bench-peers                                         # once: the peers (bench extra)
+    python bench/llm_cpu.py                                  # three shapes, every system
+    python bench/llm_cpu.py --shapes smollm2-135m --systems int4 llama.cpp-Q4_0 --rounds 1
 
 For each shape (SmolLM2-135M, SmolLM2-360M, Qwen2.5-0.5B; RANDOM weights, the real widths,
-2,048 positions) it writes a Hugging Face folder (`save_pretrained`, Llama / Qwen2 layout),
-then, in a process of its own per weight type, loads it (`CausalLM.from_pretrained`) and
-exports it (`formats=["generation"]`, `weights=...`), recording the export's seconds and its
-process's memory high-water mark. It then times, in-process with onnxruntime on every core:
-a 512-token prompt's prefill (one row), and one decode step for 1 and for 32 rows at
-position 512 (one buffer per row count, bound once, as the server's `BucketedCache`).
-Prints a table (tokens/s, ratios to float32) with the CPU flags and, as the physical limits
-beside each figure, the memory bandwidth and float32 matmul rate measured in the same run: a
-decode step reads every stored weight once (at most read bandwidth / file bytes tokens/s),
-and a prompt token costs 2 FLOPs a parameter (at most matmul rate / 2·params); writes JSON.
+2,048 positions) it writes a Hugging Face folder (`save_pretrained`, Llama / Qwen2 layout,
+with a small byte-level BPE: the bench times ids, not text), then makes every system's files
+from that folder, timing each conversion and (ours) its process's memory high-water mark:
+- ours: `CausalLM.from_pretrained` and `export_model(formats=["generation"], weights=...)`,
+  one process per weight type;
+- llama.cpp: its `convert_hf_to_gguf.py` (float32 GGUF) and its quantizer (Q8_0, Q4_0);
+- onnxruntime-genai: its model builder, int4 (block 32, accuracy level 4), CPU.
 
-Peers (llama.cpp through llama-cpp-python on GGUF Q4_0/Q8_0 of the same folder, and
-onnxruntime-genai's int4 model builder) are issue 44's next step and not measured yet.
+Then, in `--rounds` rounds (systems in turn, each in a process of its own, every core):
+a 512-token prompt's prefill (one sequence), one decode step of one sequence at position 512,
+and one decode step of 32 sequences at position `--batch-position` (80: the mean position of
+the server's streams below). Ours runs its graph with onnxruntime as the server's
+`BucketedCache` does; llama.cpp through llama-cpp-python's C API (`llama_decode`, the cache
+of one sequence copied to the others); genai through its `Generator` (`append_tokens`,
+`generate_next_token`, a static batch). Last, ours through `keras-attn-serve` on loopback:
+32 clients streaming `/v1/completions` (16-id prompts, 128 new tokens each, greedy) for
+`--seconds`, with iteration-level batching (`--max-decode-rows 32`); new tokens counted from
+the streams' usage, over the wall time, prompts' prefills included.
+
+Prints a table per round and a summary (medians over rounds; the issue's goals as ratios,
+per round) with the CPU flags and, as the physical limits beside each figure, the memory
+bandwidth and float32 matmul rate measured in the same run: a decode step reads every stored
+weight once (at most read bandwidth / file bytes tokens/s for one sequence), and a prompt
+token costs 2 FLOPs a parameter (at most matmul rate / 2·params); writes JSON.
 """
 
 import argparse
+import asyncio
 import json
 import os
 import statistics
@@ -30,12 +44,15 @@ import time
 from pathlib import Path
 
 # Run as a script, this file's folder leads sys.path, and bench/export.py would shadow the
-# `export` package.
+# `export` package; it goes last instead (for llm_peers and serve_generate).
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 sys.path.insert(0, os.path.dirname(_HERE))
+sys.path.append(_HERE)
 
 import numpy as np  # noqa: E402
+from llm_peers import genai_folder, gguf_files, missing, peer_times  # noqa: E402
+from serve_generate import start_server  # noqa: E402
 
 # The published configurations' widths (vocabulary, hidden, layers, heads, key/value heads,
 # feed-forward, rope theta, tied, q/k/v bias, model_type).
@@ -43,16 +60,22 @@ SHAPES = {
     "smollm2-135m": (49152, 576, 30, 9, 3, 1536, 100000.0, True, False, "llama"),
     "smollm2-360m": (49152, 960, 32, 15, 5, 2560, 100000.0, True, False, "llama"),
     "qwen2.5-0.5b": (151936, 896, 24, 14, 2, 4864, 1000000.0, True, True, "qwen2"),
+    "tiny": (2048, 128, 2, 4, 2, 256, 100000.0, True, False, "llama"),  # a quick check only
 }
+OURS = ["float32", "int8", "int4"]
+PEERS = ["llama.cpp-Q8_0", "llama.cpp-Q4_0", "genai-int4"]
+SERVED = [f"served-{w}" for w in OURS]
 MAX_LENGTH = 2048
 PROMPT = 512
+ROWS = 32
+SERVED_PROMPT, SERVED_NEW = 16, 128
 
 EXPORT = """
 import json, sys, time
 from keras_attn.models import CausalLM
 from keras_attn_export import export_model
 start = time.perf_counter()
-lm = CausalLM.from_pretrained(sys.argv[1], preprocessor=None)
+lm = CausalLM.from_pretrained(sys.argv[1])
 loaded = time.perf_counter()
 weights = None if sys.argv[3] == "float32" else sys.argv[3]
 export_model(lm, sys.argv[2], formats=["generation"], weights=weights, verbose=False)
@@ -64,9 +87,12 @@ print("RESULT " + json.dumps({"load_s": loaded - start, "export_s": time.perf_co
 
 
 def write_folder(name: str, folder: Path) -> int:
-    """The shape's Hugging Face folder (random weights); its parameter count."""
+    """The shape's Hugging Face folder (random weights, a 1,000-token byte-level BPE learned
+    from the embedded corpus); its parameter count."""
     import keras
 
+    from examples.toy_checkpoints import learn_bpe
+    from keras_attn.data import load_corpus
     from keras_attn.models import DecoderBackbone
 
     vocab, hidden, layers, heads, kv, ffn, theta, tied, bias, model_type = SHAPES[name]
@@ -80,6 +106,10 @@ def write_folder(name: str, folder: Path) -> int:
         tie_word_embeddings=tied, layer_norm_epsilon=1e-6,
     )  # fmt: skip
     backbone.save_pretrained(folder, model_type=model_type)
+    learn_bpe(load_corpus().lines()[:2000], 1000).save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>",
+        "bos_token": "<|endoftext|>", "model_max_length": MAX_LENGTH}))  # fmt: skip
     return int(backbone.count_params())
 
 
@@ -93,9 +123,9 @@ def export(folder: Path, out: Path, weights: str) -> dict:
     return json.loads(line[len("RESULT ") :])
 
 
-def timings(artifact: Path, rows: int = 32, repeats: int = 10) -> dict:
-    """Median ms of a `PROMPT`-token prefill (one row) and of one decode step for 1 and for
-    `rows` rows at position `PROMPT`."""
+def timings(artifact: Path, rows: int, position: int, repeats: int = 10) -> dict:
+    """Median ms of a `PROMPT`-token prefill (one row), of one decode step for 1 row at
+    position `PROMPT` and for `rows` rows at `position`."""
     import onnxruntime as ort
     from keras_attn_serving.generation import BucketedCache
     from keras_attn_serving.manifest import read_manifest
@@ -117,7 +147,48 @@ def timings(artifact: Path, rows: int = 32, repeats: int = 10) -> dict:
         return 1000 * statistics.median(times[2:])
 
     return {"prefill_ms": timed(1, PROMPT, 0, 3), "step_1_ms": timed(1, 1, PROMPT, repeats),
-            f"step_{rows}_ms": timed(rows, 1, PROMPT, max(3, repeats // 2))}  # fmt: skip
+            f"step_{rows}_ms": timed(rows, 1, position, max(3, repeats // 2))}  # fmt: skip
+
+
+async def served(url: str, clients: int, seconds: float) -> dict:
+    """`clients` streaming `/v1/completions` clients for `seconds` (after one warm-up
+    request): new tokens (the streams' usage) over the wall time."""
+    import aiohttp
+
+    body = {"model": "llm", "max_tokens": SERVED_NEW, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    tokens, requests, errors = 0, 0, 0
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+
+        async def one(seed: int) -> int:
+            prompt = np.random.default_rng(seed).integers(1, 1000, SERVED_PROMPT).tolist()
+            async with session.post(f"{url}/v1/completions", json={**body, "prompt": prompt}) as r:
+                if r.status != 200:
+                    await r.read()
+                    return -1
+                made = 0
+                async for line in r.content:
+                    if line.startswith(b"data: {") and b'"usage"' in line:
+                        usage = json.loads(line[6:]).get("usage") or {}
+                        made = usage.get("completion_tokens", made)
+                return made
+
+        await one(0)
+        deadline = time.perf_counter() + seconds
+        start = time.perf_counter()
+
+        async def client(k: int) -> None:
+            nonlocal tokens, requests, errors
+            seed = k
+            while time.perf_counter() < deadline:
+                made = await one(seed)
+                seed += clients
+                requests, errors = requests + 1, errors + (made < 0)
+                tokens += max(made, 0)
+
+        await asyncio.gather(*(client(k) for k in range(clients)))
+        wall = time.perf_counter() - start
+    return {"served_tok_s": tokens / wall, "requests": requests, "errors": errors}
 
 
 def machine() -> dict:
@@ -160,50 +231,122 @@ def machine() -> dict:
             "matmul_gflop_s": 2 * 2048**3 / matmul / 1e9}  # fmt: skip
 
 
+def build(shape: str, work: Path, systems: list[str]) -> tuple[int, dict]:
+    """The shape's folder and every system's files from it: (params, {system: info})."""
+    folder = work / shape
+    params = write_folder(shape, folder)
+    made: dict[str, dict] = {}
+    for weights in OURS:
+        if weights in systems or f"served-{weights}" in systems:
+            out = work / f"repo-{weights}" / "llm" / "1"
+            info = {"path": out, **export(folder, out, weights)}
+            info["file_bytes"] = sum(p.stat().st_size for p in out.iterdir())
+            info["quality"] = json.loads((out / "manifest.json").read_text())["decoding"]["gqa"][
+                "weights"
+            ]
+            made[weights] = made[f"served-{weights}"] = info
+    if any(s.startswith("llama.cpp") for s in systems):
+        start = time.perf_counter()
+        for name, path in gguf_files(folder, work).items():
+            made[f"llama.cpp-{name}"] = {"path": path, "file_bytes": path.stat().st_size}
+        for name in ("Q8_0", "Q4_0"):
+            made[f"llama.cpp-{name}"]["export_s"] = time.perf_counter() - start
+    if "genai-int4" in systems:
+        start = time.perf_counter()
+        out = genai_folder(folder, work)
+        size = sum(p.stat().st_size for p in out.iterdir())
+        made["genai-int4"] = {"path": out, "export_s": time.perf_counter() - start,
+                              "file_bytes": size}  # fmt: skip
+    return params, made
+
+
+def measure(system: str, info: dict, position: int, seconds: float, urls: dict) -> dict:
+    if system in OURS:
+        return timings(info["path"], ROWS, position)
+    if system in PEERS:
+        return peer_times(system.split("-")[0], info["path"], PROMPT, ROWS, position)
+    if system not in urls:  # started once, kept for every round
+        urls[system] = start_server(info["path"].parent.parent, ROWS)
+    return asyncio.run(served(urls[system][1], ROWS, seconds))
+
+
+def goals(rows: dict) -> dict:
+    """The issue's goals as ratios (None where a system was not run)."""
+
+    def ratio(a: str, b: str, key: str) -> float | None:
+        return rows[a][key] / rows[b][key] if a in rows and b in rows else None
+
+    batch = [rows[p]["decode_32_tok_s"] for p in PEERS if p in rows]
+    served = rows.get("served-int4", {}).get("served_tok_s")
+    return {"decode_1_vs_llama_q4_0": ratio("int4", "llama.cpp-Q4_0", "decode_1_tok_s"),
+            "decode_1_vs_genai_int4": ratio("int4", "genai-int4", "decode_1_tok_s"),
+            "served_32_vs_best_peer_batch": served / max(batch) if served and batch else None,
+            "prefill_vs_llama_q4_0": ratio("int4", "llama.cpp-Q4_0", "prefill_tok_s"),
+            "prefill_vs_genai_int4": ratio("int4", "genai-int4", "prefill_tok_s")}  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    parser.add_argument("--weights", nargs="+", default=["float32", "int8", "int4"],
-                        choices=["float32", "int8", "int4"])  # fmt: skip
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES)[:3], choices=list(SHAPES))
+    parser.add_argument("--systems", nargs="+", default=OURS + PEERS + SERVED,
+                        choices=OURS + PEERS + SERVED)  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batch-position", type=int, default=SERVED_PROMPT + SERVED_NEW // 2)
+    parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--json", default="build/bench/llm_cpu.json")
     args = parser.parse_args(argv)
-    report: dict = {"machine": machine(), "runs": []}
-    print("machine:", json.dumps(report["machine"]), flush=True)
-    header = ("shape", "params", "weights", "file MB", "export s", "peak GB",
-              "prefill tok/s", "(matmul limit)", "1 stream tok/s", "(bandwidth limit)",
-              "32 streams tok/s", "x float32 (1)")  # fmt: skip
+    why = missing()
+    for peer, reason in why.items():
+        print(f"{peer} not compared: {reason}")
+    systems = [s for s in args.systems if s.split("-")[0] not in why]
+    report: dict = {"machine": machine(), "systems": systems, "shapes": {}}
     limits = report["machine"]
-    print(" | ".join(header), flush=True)
+    print("machine:", json.dumps(limits), flush=True)
+    header = ("round", "system", "file MB", "convert s", "prefill tok/s", "1 stream tok/s",
+              "(bandwidth limit)", "32 streams tok/s")  # fmt: skip
     for shape in args.shapes:
+        urls: dict = {}
         with tempfile.TemporaryDirectory() as work:
-            folder = Path(work) / shape
-            params = write_folder(shape, folder)
-            base = None
-            for weights in args.weights:
-                out = Path(work) / f"{shape}-{weights}"
-                row = {"shape": shape, "params": params, "weights": weights,
-                       **export(folder, out, weights), **timings(out)}  # fmt: skip
-                row["file_bytes"] = sum(p.stat().st_size for p in out.iterdir())
-                row["quality"] = json.loads((out / "manifest.json").read_text())["decoding"]["gqa"][
-                    "weights"
-                ]
-                row["prefill_tok_s"] = PROMPT / row["prefill_ms"] * 1e3
-                row["decode_1_tok_s"] = 1e3 / row["step_1_ms"]
-                row["decode_32_tok_s"] = 32e3 / row["step_32_ms"]
-                # Physical limits: each decode step reads every stored weight once (the tied
-                # table as the output projection); each token costs 2 FLOPs a parameter.
-                row["bandwidth_limit_tok_s"] = limits["read_gb_s"] * 1e9 / row["file_bytes"]
-                row["matmul_limit_tok_s"] = limits["matmul_gflop_s"] * 1e9 / (2 * params)
-                base = base or row["decode_1_tok_s"]
-                report["runs"].append(row)
-                print(f"{shape} | {params / 1e6:.0f}M | {weights} | {row['file_bytes'] / 1e6:.0f}"
-                      f" | {row['export_s']:.0f} | {row['peak_bytes'] / 1e9:.1f}"
-                      f" | {row['prefill_tok_s']:.0f} | {row['matmul_limit_tok_s']:.0f}"
-                      f" | {row['decode_1_tok_s']:.1f} | {row['bandwidth_limit_tok_s']:.1f}"
-                      f" | {row['decode_32_tok_s']:.0f}"
-                      f" | {row['decode_1_tok_s'] / base:.2f}", flush=True)  # fmt: skip
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(report, indent=1))
+            params, made = build(shape, Path(work), systems)
+            print(
+                f"\n{shape}: {params / 1e6:.0f}M parameters (random weights); prefill limit "
+                f"{limits['matmul_gflop_s'] * 1e9 / (2 * params):.0f} tok/s (float32 matmul)"
+            )
+            print(" | ".join(header), flush=True)
+            rounds = []
+            try:
+                for number in range(1, args.rounds + 1):
+                    rows = {}
+                    for system in systems:
+                        info = made[system]
+                        row = measure(system, info, args.batch_position, args.seconds, urls)
+                        row.update({k: v for k, v in info.items() if k != "path"})
+                        if "prefill_ms" in row:
+                            row["prefill_tok_s"] = PROMPT / row["prefill_ms"] * 1e3
+                            row["decode_1_tok_s"] = 1e3 / row["step_1_ms"]
+                            row["decode_32_tok_s"] = ROWS * 1e3 / row[f"step_{ROWS}_ms"]
+                        # A decode step reads every stored weight once (genai's file also holds
+                        # a float32 embedding table that a step only gathers from).
+                        row["bandwidth_limit_tok_s"] = limits["read_gb_s"] * 1e9 / row["file_bytes"]
+                        rows[system] = row
+                        cells = [
+                            f"{row[k]:.1f}" if k in row else "-"
+                            for k in ("prefill_tok_s", "decode_1_tok_s", "bandwidth_limit_tok_s")
+                        ]
+                        batch = row.get("decode_32_tok_s", row.get("served_tok_s", 0))
+                        print(f"{number} | {system} | {row['file_bytes'] / 1e6:.0f} | "
+                              f"{row.get('export_s', 0):.0f} | {' | '.join(cells)} | {batch:.0f}",
+                              flush=True)  # fmt: skip
+                    rounds.append({"rows": rows, "goals": goals(rows)})
+                    shown = {k: v and round(v, 2) for k, v in rounds[-1]["goals"].items()}
+                    print("goals:", json.dumps(shown), flush=True)
+            finally:
+                for process, _ in urls.values():
+                    process.terminate()
+                    process.wait(60)
+        report["shapes"][shape] = {"params": params, "rounds": rounds}
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=1, default=str))
     return report
 
 
