@@ -22,7 +22,13 @@ text each, over kept-alive connections: `wrk` where it is installed (`apt-get in
   `pad_variable_length_inputs` (Triton's merges only equal shapes, which clients pad to);
 - `torch` (`--modes length arrival torch`, needs the bench extra): the PyTorch -> ONNX graph
   of `bench/onnx_vs_torch.py` behind the `length` server (its `last_hidden_state` asked for,
-  int64 ids with an attention mask, as that graph takes them).
+  int64 ids with an attention mask, as that graph takes them);
+- `openai`: the `length` server asked on OpenAI's `/v1/embeddings` with the text (it
+  tokenizes, and returns the mean-pooled embedding as JSON);
+- `infinity` (`--modes openai infinity`): infinity-emb 0.0.78's own server, its ONNX engine,
+  on the same MiniLM, asked on its `/embeddings` with the same text and clients
+  (`bench/infinity_peer.py`: its virtualenv, made on first use; the peer issue 44 names).
+  A line per round gives each of our modes ÷ infinity (requests/s) beside both p99s.
 
 Ours is asked for `pooled_output` (384 floats) with v2, or `--output sequence` (the hidden
 states, as the torch mode returns them; use it to compare the two); `/embed` returns the
@@ -74,9 +80,11 @@ sys.path = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 import numpy as np  # noqa: E402
 
 SEQUENCE_LENGTH = 256
-# mode -> (the server's batch schedule, the model it serves)
-MODES = {"length": ("length", "minilm"), "arrival": ("arrival", "minilm"),
-         "torch": ("length", "torch")}  # fmt: skip
+# mode -> (the server's batch schedule, the model it serves, the requests it is sent);
+# "infinity" is infinity-emb's own server (bench/infinity_peer.py), not ours.
+MODES = {"length": ("length", "minilm", "minilm"), "arrival": ("arrival", "minilm", "minilm"),
+         "torch": ("length", "torch", "torch"), "openai": ("length", "minilm", "openai"),
+         "infinity": ("infinity", None, "infinity")}  # fmt: skip
 
 
 def traffic(tokenizer, packer, count: int, long_share: float, seed: int = 0):
@@ -425,11 +433,16 @@ def drive(url, clients, requests, generator):
             "cpu_s": cpu}  # fmt: skip
 
 
-@functools.cache
 def _wrk_module():
+    return _bench_module("wrk_load")
+
+
+@functools.cache
+def _bench_module(name):
+    """A module of this folder (not on sys.path: see its top)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("wrk_load", os.path.join(_HERE, "wrk_load.py"))
+    spec = importlib.util.spec_from_file_location(name, os.path.join(_HERE, f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -510,7 +523,8 @@ def main():
     parser.add_argument("--min-fill", type=float, default=0.9, help="the server's batch_min_fill")
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=["length", "arrival"],
                         help="torch: the PyTorch -> ONNX graph behind the length server "
-                        "(needs the bench extra)")  # fmt: skip
+                        "(needs the bench extra); openai: /v1/embeddings with text; infinity: "
+                        "infinity-emb's server (its own virtualenv)")  # fmt: skip
     parser.add_argument("--output", choices=["pooled", "sequence"], default="pooled",
                         help="what v2 requests to ours ask for")  # fmt: skip
     parser.add_argument("--protocol", choices=["v2", "embed"], default="v2")
@@ -544,39 +558,55 @@ def main():
                                 json.dumps({"text_input": [text]}).encode(),
                                 {"Content-Type": "application/json"})
                                for text in texts]}  # fmt: skip
+    for mode, path, model in (
+        ("openai", "/v1/embeddings", "minilm"),
+        ("infinity", "/embeddings", "minilm"),
+    ):  # text, OpenAI's shape
+        if mode in args.modes:
+            requests[mode] = [(path, json.dumps({"model": model, "input": [text]}).encode(),
+                               {"Content-Type": "application/json"}) for text in texts]  # fmt: skip
     if "torch" in args.modes:
         torch_artifact(work / "torch" / "1", work / "minilm" / "1")
         requests["torch"] = [("/v2/models/torch/infer", *v2_body(row, "last_hidden_state", True))
                              for row in ids]  # fmt: skip
     served = {}  # schedule -> the models its server must have loaded
     for mode in args.modes:
-        served.setdefault(MODES[mode][0], []).append(MODES[mode][1])
+        served.setdefault(MODES[mode][0], set()).add(MODES[mode][1])
     servers = {schedule: start_server(work, schedule, args.clients, args.min_fill, models)
-               for schedule, models in served.items()}  # fmt: skip
+               for schedule, models in served.items() if schedule != "infinity"}  # fmt: skip
     first = next(iter(servers.values()))[1]
+    if "infinity" in served:
+        servers["infinity"] = _bench_module("infinity_peer").start_infinity(work)
     bare = start_bare(first, requests["minilm"][0], work)
     rounds = []
     try:
         for _ in range(args.warmup):
             for mode in args.modes:
-                (_, url), model = servers[MODES[mode][0]], MODES[mode][1]
-                drive(url, args.clients, requests[model], args.client)
+                (_, url), key = servers[MODES[mode][0]], MODES[mode][2]
+                drive(url, args.clients, requests[key], args.client)
         for _ in range(args.rounds):
             record = {}
             size, picked = pick_size(session, ids)
             before_servers = raw_schedules(session, ids, size)
             for mode in args.modes:
-                (process, url), model = servers[MODES[mode][0]], MODES[mode][1]
-                before, cpu = positions(url, model), thread_cpu(process.pid)
-                run = drive(url, args.clients, requests[model], args.client)
-                after, used = positions(url, model), thread_cpu(process.pid)
+                (process, url), (_, model, key) = servers[MODES[mode][0]], MODES[mode]
+                # Our /metrics counters (infinity has none of them).
+                counted = (
+                    functools.partial(positions, url, model)
+                    if model
+                    else (lambda: (0.0, 0.0, 0.0, 0.0))
+                )
+                before, cpu = counted(), thread_cpu(process.pid)
+                run = drive(url, args.clients, requests[key], args.client)
+                after, used = counted(), thread_cpu(process.pid)
                 used = {tid: t - cpu.get(tid, 0.0) for tid, t in used.items()}
                 computed, count = after[0] - before[0], run["requests"]
                 record[mode] = {
                     "throughput": count / run["seconds"], "errors": run["errors"],
                     "p50_ms": 1000 * run["p50_s"], "p99_ms": 1000 * run["p99_s"],
                     "padding": (after[1] - before[1]) / computed if computed else None,
-                    "rows_per_call": (after[2] - before[2]) / max(1.0, after[3] - before[3]),
+                    "rows_per_call": (after[2] - before[2]) / max(1.0, after[3] - before[3])
+                    if model else None,
                     # The server's CPU per request: its event loop (the main thread), the rest
                     # (batch workers running onnxruntime, offload, ...).
                     "loop_cpu_ms": 1000 * used.get(process.pid, 0.0) / count,
@@ -598,7 +628,7 @@ def main():
             record["sorted"]["picking_pass"] = {str(k): v for k, v in picked.items()}
             rounds.append(record)
         worst = {schedule: asyncio.run(served_equals_raw(url, session, ids))
-                 for schedule, (_, url) in servers.items()}  # fmt: skip
+                 for schedule, (_, url) in servers.items() if schedule != "infinity"}  # fmt: skip
     finally:
         for process, _ in [*servers.values(), bare]:
             process.terminate()
@@ -619,10 +649,27 @@ def main():
             p99 = f"{row['p99_ms']:.1f}" if "p99_ms" in row else "-"
             padding = "-" if row["padding"] is None else f"{100 * row['padding']:.1f}%"
             name = mode if mode in MODES else f"raw {mode}"
-            rows = f"{row['rows_per_call']:.1f}" if "rows_per_call" in row else str(row["batch"])
+            rows = (
+                str(row.get("batch", "-"))
+                if row.get("rows_per_call") is None
+                else (f"{row['rows_per_call']:.1f}")
+            )
             print(f"{r:<6}{name:<9}{rate:>8.1f}{rate * lengths.mean():>9.0f}{p50:>9}{p99:>9}"
                   f"{padding:>9}{rows:>6}{rate / record['sorted']['throughput']:>9.2f}"
                   f"{rate / record['padded']['throughput']:>9.2f}")  # fmt: skip
+    for r, record in enumerate(rounds, 1):
+        if "infinity" in record:  # issue 44's goal: >= 1.5x its requests/s at no worse p99
+            peer = record["infinity"]
+            print(
+                f"round {r}, ÷ infinity-emb ({peer['throughput']:.1f} req/s, p99 "
+                f"{peer['p99_ms']:.1f} ms): "
+                + ", ".join(
+                    f"{m} {record[m]['throughput'] / peer['throughput']:.2f}x req/s, p99 "
+                    f"{record[m]['p99_ms']:.1f} ms"
+                    for m in args.modes
+                    if m != "infinity"
+                )
+            )
     for r, record in enumerate(rounds, 1):
         print(f"round {r}, CPU per request (server event loop + other threads; clients): "
               + ", ".join(f"{mode} {record[mode]['loop_cpu_ms']:.2f} + "
