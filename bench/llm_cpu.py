@@ -151,24 +151,26 @@ def timings(artifact: Path, rows: int, position: int, repeats: int = 10) -> dict
 
 
 async def served(url: str, clients: int, seconds: float) -> dict:
-    """`clients` streaming `/v1/completions` clients for `seconds` (after one warm-up
+    """`clients` streaming `/v1/completions` clients (httpx) for `seconds` (after one warm-up
     request): new tokens (the streams' usage) over the wall time."""
-    import aiohttp
+    import httpx
 
     body = {"model": "llm", "max_tokens": SERVED_NEW, "stream": True,
             "stream_options": {"include_usage": True}}  # fmt: skip
     tokens, requests, errors = 0, 0, 0
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+    limits = httpx.Limits(max_connections=2 * clients)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as session:
 
         async def one(seed: int) -> int:
             prompt = np.random.default_rng(seed).integers(1, 1000, SERVED_PROMPT).tolist()
-            async with session.post(f"{url}/v1/completions", json={**body, "prompt": prompt}) as r:
-                if r.status != 200:
-                    await r.read()
+            request = {**body, "prompt": prompt}
+            async with session.stream("POST", f"{url}/v1/completions", json=request) as r:
+                if r.status_code != 200:
+                    await r.aread()
                     return -1
                 made = 0
-                async for line in r.content:
-                    if line.startswith(b"data: {") and b'"usage"' in line:
+                async for line in r.aiter_lines():
+                    if line.startswith("data: {") and '"usage"' in line:
                         usage = json.loads(line[6:]).get("usage") or {}
                         made = usage.get("completion_tokens", made)
                 return made
