@@ -156,13 +156,14 @@ class BoundCache:
 
 
 def zeroed(shape: tuple[int, ...]) -> np.ndarray:
-    """float32 zeros in an anonymous mapping of their own, for a key/value cache: the kernel
-    commits its pages as they are first written. Not `np.zeros`, which advises huge pages for
-    large arrays: where the kernel compacts memory to give them at the first write
-    (transparent_hugepage `defrag` = madvise, a common default), the first token in each new
-    cache row stalled 0.4 s (SmolLM2-135M's shape; 1 ms in a mapping of 4 KiB pages)."""
+    """float32 zeros in a private anonymous mapping of their own (copied on write in a forked
+    process), for a key/value cache: the kernel commits its pages as they are first written.
+    Not `np.zeros`, which advises huge pages for large arrays: where the kernel compacts
+    memory to give them at the first write (transparent_hugepage `defrag` = madvise, a common
+    default), the first token in each new cache row stalled 0.4 s (SmolLM2-135M's shape;
+    under 1 ms in this mapping)."""
     count = int(np.prod(shape))
-    memory = mmap.mmap(-1, max(4 * count, 1))
+    memory = mmap.mmap(-1, max(4 * count, 1), flags=mmap.MAP_PRIVATE)
     return np.frombuffer(memory, np.float32, count=count).reshape(shape)
 
 
