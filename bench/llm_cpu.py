@@ -36,8 +36,6 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -51,7 +49,7 @@ sys.path.insert(0, os.path.dirname(_HERE))
 sys.path.append(_HERE)
 
 import numpy as np  # noqa: E402
-from llm_peers import genai_folder, gguf_files, missing, peer_times  # noqa: E402
+from llm_peers import genai_folder, gguf_files, missing, peer_times, result, run, timed  # noqa: E402
 from serve_generate import start_server  # noqa: E402
 
 # The published configurations' widths (vocabulary, hidden, layers, heads, key/value heads,
@@ -114,13 +112,7 @@ def write_folder(name: str, folder: Path) -> int:
 
 
 def export(folder: Path, out: Path, weights: str) -> dict:
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    done = subprocess.run([sys.executable, "-c", EXPORT, str(folder), str(out), weights],
-                          capture_output=True, text=True, check=False, env=env)  # fmt: skip
-    if done.returncode:
-        raise RuntimeError(done.stderr[-3000:])
-    (line,) = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
-    return json.loads(line[len("RESULT ") :])
+    return result(run([sys.executable, "-c", EXPORT, str(folder), str(out), weights], "export"))
 
 
 def timings(artifact: Path, rows: int, position: int, repeats: int = 10) -> dict:
@@ -134,20 +126,15 @@ def timings(artifact: Path, rows: int, position: int, repeats: int = 10) -> dict
     session = ort.InferenceSession(str(artifact / spec["file"]), providers=["CPUExecutionProvider"])
     cache = BucketedCache(session, spec, rows)
 
-    def timed(size: int, tokens: int, index: int, runs: int) -> float:
+    def run_ms(size: int, tokens: int, index: int, runs: int) -> float:
         binding = cache.bindings[cache.bucket(size)]
         ids = np.random.default_rng(0).integers(1, 1000, (cache.bucket(size), tokens))
         binding.bind_cpu_input("token_ids", ids.astype(np.int32))
         binding.bind_cpu_input("index", np.full(cache.bucket(size), index, np.int32))
-        times = []
-        for _ in range(runs + 2):
-            start = time.perf_counter()
-            session.run_with_iobinding(binding)
-            times.append(time.perf_counter() - start)
-        return 1000 * statistics.median(times[2:])
+        return timed(lambda: session.run_with_iobinding(binding), runs)
 
-    return {"prefill_ms": timed(1, PROMPT, 0, 3), "step_1_ms": timed(1, 1, PROMPT, repeats),
-            f"step_{rows}_ms": timed(rows, 1, position, max(3, repeats // 2))}  # fmt: skip
+    return {"prefill_ms": run_ms(1, PROMPT, 0, 3), "step_1_ms": run_ms(1, 1, PROMPT, repeats),
+            f"step_{rows}_ms": run_ms(rows, 1, position, max(3, repeats // 2))}  # fmt: skip
 
 
 async def served(url: str, clients: int, seconds: float) -> dict:

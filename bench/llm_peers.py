@@ -66,6 +66,7 @@ def missing() -> dict[str, str]:
 
 
 def run(args: list[str], what: str) -> str:
+    """`args` run quietly; their stdout (their stderr's end raised when they fail)."""
     done = subprocess.run(args, capture_output=True, text=True, check=False,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})  # fmt: skip
     if done.returncode:
@@ -212,9 +213,13 @@ def genai_times(folder: str, prompt: int, rows: int, position: int, repeats: int
 
 def peer_times(peer: str, path: Path, prompt: int, rows: int, position: int) -> dict:
     """`peer`'s timings in a process of its own (its memory and threads, not ours)."""
-    out = run([sys.executable, __file__, peer, str(path), str(prompt), str(rows), str(position)],
-              peer)  # fmt: skip
-    (line,) = [x for x in out.splitlines() if x.startswith("RESULT ")]
+    return result(run([sys.executable, __file__, peer, str(path), str(prompt), str(rows),
+                       str(position)], peer))  # fmt: skip
+
+
+def result(stdout: str) -> dict:
+    """The JSON a measuring process printed on its `RESULT ` line."""
+    (line,) = [x for x in stdout.splitlines() if x.startswith("RESULT ")]
     return json.loads(line[len("RESULT ") :])
 
 
