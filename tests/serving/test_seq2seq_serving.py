@@ -121,7 +121,9 @@ def test_concurrent_streams_share_steps_and_equal_keras(served, monkeypatch):
     from concurrent.futures import ThreadPoolExecutor
 
     name, lm, _, url, _ = served
-    ((_, _, predictor, _),) = REPOSITORIES[name].loaded()  # loaded by the tests above
+    warm = {"text_input": TEXTS[0], "parameters": {"max_tokens": 1}}  # loads the model here
+    assert httpx.post(f"{url}/v2/models/s2s/generate", json=warm, timeout=60).status_code == 200
+    ((_, _, predictor, _),) = REPOSITORIES[name].loaded()
     graphs, run_decoder = predictor.encoder_decoder, predictor.encoder_decoder.run_decoder
 
     def slowed(*args):  # 20 ms a step: streams sent together overlap, on any machine
