@@ -90,7 +90,7 @@ def at_real_positions(
     if rule is None or name not in rule["outputs"]:
         return output, reference
     kept = np.asarray(feeds[rule["input"]]) != rule["pad_token_id"]
-    kept[:, 0] = True
+    kept[..., 0] = True
     return output[kept], reference[kept]
 
 

@@ -76,8 +76,9 @@ def _positionwise(node, packed, positions):
 
 def padding_rule(mask: "ir.Value") -> tuple[str, int] | None:
     """`(input name, pad value)` when the bool `mask` is `input != pad value` for a graph
-    input (`Not(Equal(x, c))`, `NotEqual(x, c)`, or `Cast(x, bool)` with c = 0), else None:
-    which positions are real, for the parity check and the manifest."""
+    input, or that input reshaped (`Not(Equal(x, c))`, `NotEqual(x, c)`, or `Cast(x, bool)`
+    with c = 0), else None: which positions are real, for the parity check and the manifest
+    (the last axis of the input is the position's)."""
     node = mask.producer()
     if node is not None and node.op_type == "Cast":
         source, pad = node.inputs[0], 0
@@ -94,6 +95,9 @@ def padding_rule(mask: "ir.Value") -> tuple[str, int] | None:
         if len(inputs) != 1 or len(constants) != 1 or constants[0].size != 1:
             return None
         source, pad = inputs[0], int(constants[0].reshape(-1)[0])
+    merged = source.producer() if source is not None else None
+    if merged is not None and merged.op_type == "Reshape" and merged.domain == "":
+        source = merged.inputs[0]  # choices merged into the batch: (B, C, T) -> (B * C, T)
     if source is None or source.producer() is not None or source.name is None:
         return None  # computed inside the graph, not a graph input
     return source.name, pad
@@ -150,19 +154,47 @@ def _reads_first_position(node):
     return 1 in cut and int(cut[1][0]) == 0 and int(cut[1][1]) == 1
 
 
-def _plan(graph, start, attention, positions):
+def _zeroes_padding(node, stream, mask):
+    """`node` multiplies a stream value by the padding mask as a float `(B, T, 1)`
+    (`Cast(Unsqueeze(mask, [-1]))` in either order: mean pooling's sum, a head's logits masked
+    before a softmax): its output is zero at every padded position whatever the stream holds
+    there, and Keras's value at the others."""
+    if node.domain != "" or node.op_type != "Mul" or len(node.inputs) != 2:
+        return False
+    others = [v for v in node.inputs if v not in stream]
+    if len(others) != 1 or others[0] is None:
+        return False
+    value, steps = others[0], []
+    while value is not None and value is not mask and len(steps) < 2:
+        step = value.producer()
+        if step is None or step.domain != "" or step.op_type not in ("Cast", "Unsqueeze"):
+            return False
+        if step.op_type == "Unsqueeze":
+            axes = constant_array(step.inputs[1]) if len(step.inputs) > 1 else None
+            if axes is None or axes.size != 1 or int(axes.reshape(-1)[0]) not in (2, -1):
+                return False
+        elif step.attributes.get_int("to", 0) not in (1, 10, 11, 16):  # float types
+            return False
+        steps.append(step.op_type)
+        value = step.inputs[0]
+    return value is mask and sorted(steps) == ["Cast", "Unsqueeze"]
+
+
+def _plan(graph, start, attention, positions, masking=frozenset()):
     """The rewrite, decided before any node changes: `[(node, kind)]` in graph order for the
     nodes that read the packed stream (kind `"positionwise"`, `"attention"` or `"reader"`),
-    or None when it would change a value some reader sees at a kept position. Values of the
-    stream change at padding (zeros there, or attention over zeros), so their readers must be
-    position-wise (rewritten), attention with this padding mask (padding keys are masked;
-    `"self-attention"`, whose queries are the stream, joins it), a first-position pooler, or
-    graph outputs."""
+    or `(None, stream, node)` with the first node that would see a changed value at a kept
+    position. Values of the stream change at padding (zeros there, or attention over zeros),
+    so their readers must be position-wise (rewritten), attention with this padding mask
+    (padding keys are masked; `"self-attention"`, whose queries are the stream, joins it), a
+    first-position pooler, one of the `masking` products (`_zeroes_padding`), or outputs."""
     stream, plan = {start}, []
     for node in graph:
         if not any(v in stream for v in node.inputs):
             continue
-        if _positionwise(node, stream, positions):
+        if node in masking:
+            plan.append((node, "reader"))
+        elif _positionwise(node, stream, positions):
             stream.update(node.outputs)
             plan.append((node, "positionwise"))
         elif node in attention:
@@ -175,8 +207,32 @@ def _plan(graph, start, attention, positions):
         elif _reads_first_position(node):
             plan.append((node, "reader"))
         else:
+            return None, stream, node
+    return plan, stream, None
+
+
+def _planned(graph, start, attention, mask):
+    """`_plan`, where a product with the mask that zeroes padding becomes a reader when what
+    follows it cannot run packed (mean pooling's sum, the span logits' slices): it runs on
+    the padded layout, where its output is Keras's at every position. Inside the encoder such
+    a product (attention's output masked) stays position-wise."""
+    masking: set = set()
+    while True:
+        plan, stream, refused = _plan(graph, start, attention, mask.shape, frozenset(masking))
+        if refused is None:
+            return plan
+        found, values, seen = None, [v for v in refused.inputs if v in stream], set()
+        while values and found is None and len(seen) < 8:  # back along the stream, nearest first
+            node = values.pop(0).producer()
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            if node not in masking and _zeroes_padding(node, stream, mask):
+                found = node
+            values.extend(v for v in node.inputs if v in stream)
+        if found is None:
             return None
-    return plan
+        masking.add(found)
 
 
 def unpad(model: "ir.Model") -> dict | None:
@@ -189,7 +245,7 @@ def unpad(model: "ir.Model") -> dict | None:
     if mask is None:
         return None
     start = attention[0].inputs[0]
-    plan = _plan(model.graph, start, attention, mask.shape)
+    plan = _planned(model.graph, start, attention, mask)
     if plan is None:
         return None
     graph = model.graph

@@ -43,9 +43,11 @@ def test_every_family_exports_with_parity_in_both_formats(name, tmp_path):
     assert {o["name"] for o in manifest["outputs"]} == {r["output"] for r in rows}
     assert manifest["onnx"]["files"] == ["model.onnx", "model.opt.onnx"]
     assert manifest["onnx"]["file"] == "model.opt.onnx"  # served
-    # Encoders whose outputs read real positions alone skip padding (test_unpad.py); a
-    # cross-attention, a causal mask, a mean or a masked-LM gather at any position do not.
-    unpadded = name in ("classifier_cls", "token_classifier")
+    # Encoders whose outputs read real positions alone skip padding (test_unpad.py), mean
+    # pooling, span logits and merged choices included; a cross-attention, a causal mask or a
+    # masked-LM gather at any position do not.
+    heads = ("classifier_cls", "classifier_mean", "token_classifier", "span_qa", "multiple_choice")
+    unpadded = name in heads
     assert set(manifest["onnx"]["unpadded"]) == ({"model.opt.onnx"} if unpadded else set())
     # onnxruntime's optimizer fuses neither rotary attention nor our RMSNorm: the Llama-family
     # graph is checked for parity only (its decode graph is hand-written: decode_gqa.onnx);

@@ -44,6 +44,18 @@ def _feeds(ids):
     return {"token_ids": ids, "segment_ids": (ids > 6).astype("int32")}
 
 
+def _profiled_shapes(session, feeds):
+    """`{op: [first input's shape, ...]}` of one profiled run."""
+    session.run(None, feeds)
+    shapes: dict[str, list] = {}
+    for event in json.loads(Path(session.end_profiling()).read_text()):
+        args = event.get("args", {})
+        if event.get("cat") == "Node" and "input_type_shape" in args:
+            first = next(iter(args["input_type_shape"][0].values()))
+            shapes.setdefault(args["op_name"], []).append(first)
+    return shapes
+
+
 def test_real_positions_equal_keras_and_padding_is_zero(exported, tmp_path):
     encoder, folder, manifest = exported
     assert manifest["onnx"]["file"] == "model.opt.onnx"  # the graph the server runs
@@ -69,14 +81,7 @@ def test_real_positions_equal_keras_and_padding_is_zero(exported, tmp_path):
 def test_per_position_operators_run_on_the_real_tokens_alone(exported, tmp_path):
     _, folder, _ = exported
     session = _session(folder / "model.opt.onnx", profile=tmp_path / "profile")
-    session.run(None, _feeds(IDS))
-    events = json.loads(Path(session.end_profiling()).read_text())
-    shapes: dict[str, list] = {}
-    for event in events:
-        args = event.get("args", {})
-        if event.get("cat") == "Node" and "input_type_shape" in args:
-            first = next(iter(args["input_type_shape"][0].values()))
-            shapes.setdefault(args["op_name"], []).append(first)
+    shapes = _profiled_shapes(session, _feeds(IDS))
     real = int(KEPT.sum())
     assert real == 26  # of 42 positions: 24 real, and the first of 2 rows that start padded
     ran = [(op, shape) for op, rows in shapes.items() if op in PER_POSITION for shape in rows]
@@ -148,3 +153,40 @@ def test_the_server_runs_the_unpadded_graph_and_merges_lengths_exactly(exported,
         np.testing.assert_allclose(got["sequence_output"], alone["sequence_output"], atol=1e-5)
         np.testing.assert_allclose(got["pooled_output"], alone["pooled_output"], atol=1e-5)
     repository.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["classifier_mean", "span_qa", "multiple_choice"])
+def test_heads_that_mask_or_merge_choices_skip_padding_too(name, tmp_path):
+    """Mean pooling and span logits multiply by the padding mask, so they read zeros where
+    Keras has numbers and get Keras's result; multiple choice merges its choices into the
+    batch. Each head's outputs equal Keras's and the padded graph's, rows of padding alone
+    and left padding included, while its matmuls run on the kept tokens alone."""
+    from keras_attn_export import export_model
+
+    from tests.models.model_cases import build
+
+    model = build(name)[0]
+    manifest = export_model(model, tmp_path, formats=["onnx"], optimize=True, verbose=False)
+    assert manifest["onnx"]["unpadded"]["model.opt.onnx"].model_dump() == {
+        "input": "token_ids", "pad_token_id": 0, "outputs": []
+    }  # fmt: skip
+    ids = IDS.reshape(2, 3, 7) if name == "multiple_choice" else IDS
+    feeds = {"token_ids": ids, "segment_ids": (ids > 6).astype("int32")}
+    expected = {k: np.asarray(v) for k, v in model(feeds).items()} if name == "span_qa" else {
+        "logits": np.asarray(model(feeds))
+    }  # fmt: skip
+    session = _session(tmp_path / "model.opt.onnx", profile=tmp_path / "profile")
+    got = run_onnx(session, feeds)
+    padded = tmp_path / "padded.onnx"
+    onnx.save(fuse(onnx.load(tmp_path / "model.onnx"), unpad=False), padded)
+    reference = run_onnx(_session(padded), feeds)
+    rows = slice(None) if name != "classifier_mean" else REAL.any(axis=1)  # 0 / 0 without any
+    for key, want in expected.items():
+        np.testing.assert_allclose(got[key][rows], want[rows], atol=1e-5)
+        np.testing.assert_allclose(got[key], reference[key], atol=1e-6, equal_nan=True)
+    real = int(KEPT.sum())
+    matmuls = [s for op, runs in _profiled_shapes(session, feeds).items()
+               if op in ("MatMul", "FusedMatMul") for s in runs]  # fmt: skip
+    assert [1, real] in [s[:2] for s in matmuls], matmuls  # the FFN, on 26 of 42 positions
+    assert not [s for s in matmuls if len(s) == 3 and s[:2] == list(IDS.shape)], matmuls
