@@ -91,6 +91,7 @@ def at_real_positions(
         return output, reference
     kept = np.asarray(feeds[rule["input"]]) != rule["pad_token_id"]
     kept[..., 0] = True
+    kept = kept.reshape(-1, kept.shape[-1])  # choices merged into the batch: (B * C, T)
     return output[kept], reference[kept]
 
 

@@ -15,7 +15,8 @@ even where it is padding). Their values are unchanged; the outputs that are scat
 at the other positions (Keras computes numbers there that no real token reads). The pass
 applies when every attention node takes the same 2-D padding mask index (what
 `passes.mask_index` writes), no cache and no bias, and nothing but attention, a first-position
-pooler or a graph output reads a value that changed at padding; otherwise it changes nothing.
+pooler, a product with the padding mask (mean pooling, masked span logits) or a graph output
+reads a value that changed at padding; otherwise it changes nothing.
 """
 
 from typing import TYPE_CHECKING, Any

@@ -125,6 +125,10 @@ def test_at_real_positions_compares_the_named_outputs_where_kept():
     # Row 0: positions 0 and 1; row 1: position 1, and position 0 (each row's first is kept).
     np.testing.assert_array_equal(got, [[0, 1], [2, 3], [6, 7], [8, 9]])
     np.testing.assert_array_equal(want, got + 1)
+    # Choices merged into the batch: the input is (B, C, T), the output (B * C, T, width).
+    merged = {"token_ids": feeds["token_ids"][None]}
+    np.testing.assert_array_equal(at_real_positions(merged, rule, "sequence_output", sequence,
+                                                    sequence)[0], got)  # fmt: skip
     # An output the rule does not name is compared whole, even shaped (B, T) by chance.
     square = np.ones((2, 3))
     assert at_real_positions(feeds, rule, "pooled_output", square, square)[0].shape == (2, 3)
