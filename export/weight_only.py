@@ -14,10 +14,16 @@ that both give the same bytes.
 
 `accuracy_level` is how the kernel multiplies: 1 in float32, 4 with the activations quantized
 to int8 per block (VNNI/AMX dot products where the CPU has them). Which is faster depends on
-the CPU; without one given, the export times both on the model's feed-forward shape.
+the CPU and on the rows multiplied; without one given, the export times both on the model's
+feed-forward shape, for one row (a decode step) and for a prompt's rows. Where a different
+level is faster for prompts (on a 2-core AVX-512 VNNI Xeon: 4 for a step, 1 for 512 prompt
+tokens, whose prefill it makes 1.25x faster), the export also writes the prefill twin,
+`prefill_gqa.int4.onnx`: the same graph and weights file, the other level, which the server
+runs for prompts of `min_tokens` or more.
 """
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,6 +38,9 @@ BITS = {"int8": 8, "int4": 4}
 ACCURACY_LEVELS = (1, 4)  # float32 activations; int8 activations
 # onnxruntime-genai's and llama.cpp's (Q4_0, Q8_0) block: 32 weights share a scale.
 DEFAULT_BLOCK_SIZE = 32
+# Rows of the prompt-sized timing, and the fewest prompt tokens a prefill twin may run.
+PROMPT_ROWS = 256
+CHUNK_ROWS = 64
 # Positions of held-out text the quantized graph is scored on against the float model.
 QUALITY_POSITIONS = 64
 # Held-out text for the quality check (no model in this project trains on it).
@@ -173,15 +182,19 @@ def measure_accuracy_levels(
     bits: int, block_size: int, k: int, n: int, repeats: int = 15
 ) -> dict[int, dict[str, float]]:
     """Median milliseconds of a `(K, N)` MatMulNBits (the feed-forward's first projection) at
-    each accuracy level, for one row (a decode step) and 64 rows (a prompt's chunk)."""
+    each accuracy level, for one row (a decode step), 64 rows (a prompt's chunk) and 256
+    rows (a prompt)."""
     rng = np.random.default_rng(1)
-    one, chunk = (rng.standard_normal((m, k)).astype(np.float32) for m in (1, 64))
+    one, chunk, prompt = (
+        rng.standard_normal((m, k)).astype(np.float32) for m in (1, CHUNK_ROWS, PROMPT_ROWS)
+    )
     measured = {}
     for level in ACCURACY_LEVELS:
         session = _matmul_session(WeightOnly(bits, block_size, level), k, n)
         measured[level] = {
             "decode_ms": time_session(session, {"x": one}, repeats),
             "chunk_64_ms": time_session(session, {"x": chunk}, max(3, repeats // 3)),
+            "prompt_256_ms": time_session(session, {"x": prompt}, max(3, repeats // 3)),
         }
     return measured
 
@@ -190,18 +203,43 @@ def choose(
     weights: str, block_size: int, accuracy_level: int | None, shape: tuple[int, int]
 ) -> tuple[WeightOnly, dict[str, Any]]:
     """The `WeightOnly` to write and the manifest's record of how it was chosen: the given
-    accuracy level, or the one whose decode step (one row) is fastest on this CPU."""
+    accuracy level, or the one whose decode step (one row) is fastest on this CPU. Measured,
+    the record's `prefill` names the level faster for prompts where it is another one
+    (`{"accuracy_level", "min_tokens"}`: from 64 tokens where it is faster at 64 rows too,
+    else from 256), for `write_prefill_twin`."""
     bits = BITS[weights]
     if accuracy_level is not None:
         chosen = WeightOnly(bits, block_size, accuracy_level)
         return chosen, {"chosen_by": "argument", "candidates": {}}
     measured = measure_accuracy_levels(bits, block_size, *shape)
     level = min(measured, key=lambda lv: (measured[lv]["decode_ms"], -lv))
-    return WeightOnly(bits, block_size, level), {
+    how: dict[str, Any] = {
         "chosen_by": "measurement",
         "candidates": {str(lv): m for lv, m in measured.items()},
         "measured_shape": list(shape),
     }
+    prompt = min(measured, key=lambda lv: (measured[lv]["prompt_256_ms"], lv != level))
+    if prompt != level:
+        faster_at_64 = measured[prompt]["chunk_64_ms"] < measured[level]["chunk_64_ms"]
+        how["prefill"] = {"accuracy_level": prompt,
+                          "min_tokens": CHUNK_ROWS if faster_at_64 else PROMPT_ROWS}  # fmt: skip
+    return WeightOnly(bits, block_size, level), how
+
+
+def write_prefill_twin(source: Path, path: Path, accuracy_level: int) -> None:
+    """Writes the graph at `source` again at `path`, beside it, with every MatMulNBits at
+    `accuracy_level`: the same nodes and the same external data file (its weights are not
+    loaded, nor copied)."""
+    import onnx
+
+    model = onnx.load(str(source), load_external_data=False)
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            for attribute in node.attribute:
+                if attribute.name == "accuracy_level":
+                    attribute.i = accuracy_level
+    onnx.save(model, str(path))
+    onnx.checker.check_model(str(path))
 
 
 def quality_ids(tokenizer: Any, vocabulary: int, max_length: int) -> tuple[np.ndarray, str]:

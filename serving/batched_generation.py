@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from keras_attn_serving.decode_requests import _fail, _Request
-from keras_attn_serving.generation import BucketedCache
+from keras_attn_serving.generation import BucketedCache, PrefillTwin
 from keras_attn_serving.prefix_cache import PrefixCache
 from keras_attn_serving.shared_steps import SharedSteps
 
@@ -46,11 +46,14 @@ class DecodeBatcher(SharedSteps):
         max_decode_rows: requests decoded together at most; more wait for a row.
         prefix_cache_bytes: the most bytes of prompt keys and values kept for prompts that
             begin the same way (`prefix_cache.PrefixCache`); 0 keeps none.
+        prefill: the graph's prefill twin, which runs prefills of its `min_tokens` or more
+            (`generation.PrefillTwin`), or None.
     """
 
     def __init__(self, session: "ort.InferenceSession", spec: dict[str, Any],
                  pad_token_id: int | None, max_decode_rows: int = 32,
-                 prefix_cache_bytes: int = 0) -> None:  # fmt: skip
+                 prefix_cache_bytes: int = 0, prefill: PrefillTwin | None = None,
+                 ) -> None:  # fmt: skip
         super().__init__(max_decode_rows)
         self.session, self.spec, self.pad_token_id = session, spec, pad_token_id
         self.banned_id = pad_token_id
@@ -58,7 +61,8 @@ class DecodeBatcher(SharedSteps):
         width = session.get_outputs()[0].shape[-1]  # the logits' width: ids the model embeds
         self.vocabulary_size = width if isinstance(width, int) else None
         self.cache = BucketedCache(session, spec, max_decode_rows)
-        self.prefill = BucketedCache(session, spec, min(max_decode_rows, self.prefill_rows))
+        self.prefill = BucketedCache(session, spec, min(max_decode_rows, self.prefill_rows),
+                                     prefill)  # fmt: skip
         self.prefix = PrefixCache(prefix_cache_bytes)
         self._start()
 
@@ -69,11 +73,7 @@ class DecodeBatcher(SharedSteps):
 
     def _run(self, cache: BucketedCache, rows: int, token_ids: np.ndarray, index: np.ndarray
              ) -> np.ndarray:  # fmt: skip
-        binding = cache.bindings[rows]
-        binding.bind_cpu_input("token_ids", np.ascontiguousarray(token_ids, np.int32))
-        binding.bind_cpu_input("index", np.ascontiguousarray(index, np.int32))
-        self.session.run_with_iobinding(binding)
-        return binding.get_outputs()[0].numpy()
+        return cache.run(rows, token_ids, index)
 
     def _admit(self, requests: list[_Request]) -> None:
         """Prefills `requests` together and gives each a row of the shared cache. Prompts of

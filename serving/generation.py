@@ -4,7 +4,7 @@ logits: an exported decode graph with a key/value cache (`decode.onnx`), or any 
 
 import mmap
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 from keras_attn_serving.sampling import force_ends
@@ -141,18 +141,64 @@ def session_step(
     return step
 
 
+class PrefillTwin(NamedTuple):
+    """A decode graph's prefill twin (`prefill_gqa.int4.onnx`: the same graph and weights at
+    the accuracy level faster for prompts) and the fewest new tokens a run gives it."""
+
+    session: "ort.InferenceSession"
+    min_tokens: int
+
+
+def load_prefill_twin(folder: Any, gqa: dict[str, Any], options: Any) -> PrefillTwin | None:
+    """The prefill twin a quantized `gqa` entry names (manifest `decoding.gqa.weights.prefill`),
+    as a session in `folder` made with `options`, or None."""
+    import onnxruntime as ort
+
+    twin = (gqa.get("weights") or {}).get("prefill")
+    if not twin:
+        return None
+    path = str(folder / twin["file"])
+    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    return PrefillTwin(session, int(twin["min_tokens"]))
+
+
 class BoundCache:
     """The key/value cache of one generation over `decode_gqa.onnx`, kept in onnxruntime.
 
     Each block's past and present buffers are one `OrtValue` bound as both input and output,
     so onnxruntime's `GroupQueryAttention` writes the new keys and values in place: no step
-    copies the cache in or out of Python. Pass it as the `state` of `gqa_step`'s step.
+    copies the cache in or out of Python. Pass it as the `state` of `gqa_step`'s step. With
+    a `prefill` twin, the same buffers are bound to it too, and a run of its `min_tokens`
+    new tokens or more goes through it.
     """
 
-    def __init__(self, session: "ort.InferenceSession", spec: dict[str, Any], batch: int) -> None:
+    def __init__(self, session: "ort.InferenceSession", spec: dict[str, Any], batch: int,
+                 prefill: PrefillTwin | None = None) -> None:  # fmt: skip
         shape = (batch, spec["kv_heads"], spec["max_length"], spec["key_dim"])
-        arrays = [zeroed(shape) for _ in range(2 * spec["layers"])]
-        self.binding, self.buffers = bind_cache(session, arrays)
+        self.arrays = [zeroed(shape) for _ in range(2 * spec["layers"])]
+        self.session, self.prefill = session, prefill
+        self.written = 0  # positions written: the furthest a run reached
+        self.binding, self.buffers = bind_cache(session, self.arrays)
+        if prefill is not None:
+            self.prefill_binding, values = bind_cache(prefill.session, self.arrays)
+            self.buffers += values
+
+    def run(self, token_ids: np.ndarray, index: np.ndarray) -> np.ndarray:
+        """The last logits of `token_ids` `(batch, new)` written at `index`."""
+        session, binding = self.session, self.binding
+        if self.prefill is not None and token_ids.size >= self.prefill.min_tokens:
+            session, binding = self.prefill.session, self.prefill_binding
+        self.written = max(self.written, int(np.max(index)) + token_ids.shape[1])
+        return run_bound(session, binding, token_ids, index)
+
+
+def run_bound(session: "ort.InferenceSession", binding: Any, token_ids: np.ndarray,
+              index: np.ndarray) -> np.ndarray:  # fmt: skip
+    """One run of a decode graph over a cache bound by `bind_cache`: its logits."""
+    binding.bind_cpu_input("token_ids", np.ascontiguousarray(token_ids, np.int32))
+    binding.bind_cpu_input("index", np.ascontiguousarray(index, np.int32))
+    session.run_with_iobinding(binding)
+    return binding.get_outputs()[0].numpy()
 
 
 def zeroed(shape: tuple[int, ...]) -> np.ndarray:
@@ -202,20 +248,35 @@ class BucketedCache:
     NumPy, and an onnxruntime binding per bucket of leading rows (1, 2, 4, then every
     multiple of 4: a 20-row step costs 7.4 ms where 32 rows cost 10.7, toy Llama d512): each
     binds views of the same memory as past and present, so GroupQueryAttention writes in
-    place."""
+    place. With a `prefill` twin, each bucket is bound to it too, for runs of its
+    `min_tokens` new tokens or more."""
 
-    def __init__(self, session: "ort.InferenceSession", spec: dict[str, Any], rows: int) -> None:
+    def __init__(self, session: "ort.InferenceSession", spec: dict[str, Any], rows: int,
+                 prefill: PrefillTwin | None = None) -> None:  # fmt: skip
         shape = (rows, spec["kv_heads"], spec["max_length"], spec["key_dim"])
         self.buffers = [zeroed(shape) for _ in range(2 * spec["layers"])]
-        self.bindings: dict[int, Any] = {}
+        self.session, self.prefill = session, prefill
         self.values: list[Any] = []  # the OrtValues must outlive their bindings
+        self.bindings = self._bind(session, rows)
+        self.prefill_bindings = {} if prefill is None else self._bind(prefill.session, rows)
+
+    def _bind(self, session: "ort.InferenceSession", rows: int) -> dict[int, Any]:
+        bindings = {}
         for size in row_buckets(rows):
             binding, values = bind_cache(session, [buffer[:size] for buffer in self.buffers])
-            self.bindings[size] = binding
+            bindings[size] = binding
             self.values += values
+        return bindings
 
     def bucket(self, rows: int) -> int:
         return bucket_of(self.bindings, rows)
+
+    def run(self, rows: int, token_ids: np.ndarray, index: np.ndarray) -> np.ndarray:
+        """The last logits of the first `rows` rows (a bucket) taking `token_ids` at
+        `index`."""
+        if self.prefill is not None and token_ids.size >= self.prefill.min_tokens:
+            return run_bound(self.prefill.session, self.prefill_bindings[rows], token_ids, index)
+        return run_bound(self.session, self.bindings[rows], token_ids, index)
 
     def copy_row(self, source: "BucketedCache", source_row: int, row: int, length: int) -> None:
         for mine, theirs in zip(self.buffers, source.buffers, strict=True):
@@ -226,17 +287,13 @@ def gqa_step(
     session: "ort.InferenceSession",
 ) -> Callable[[np.ndarray, BoundCache, int], tuple[np.ndarray, BoundCache]]:
     """The step function of an exported `decode_gqa.onnx` session; its state is a
-    `BoundCache`."""
+    `BoundCache` (bound to this session, and to its prefill twin if it has one)."""
     # `index` is `(1,)` (or one per row); graphs exported before that took a scalar.
     (index_input,) = [i for i in session.get_inputs() if i.name == "index"]
     index_shape = (1,) if len(index_input.shape) == 1 else ()
 
     def step(token_ids: np.ndarray, cache: BoundCache, index: int) -> tuple[np.ndarray, BoundCache]:
-        binding = cache.binding
-        binding.bind_cpu_input("token_ids", np.ascontiguousarray(token_ids, np.int32))
-        binding.bind_cpu_input("index", np.full(index_shape, index, np.int32))
-        session.run_with_iobinding(binding)
-        return binding.get_outputs()[0].numpy(), cache
+        return cache.run(np.asarray(token_ids), np.full(index_shape, index, np.int32)), cache
 
     return step
 

@@ -27,9 +27,10 @@ MANIFEST = "manifest.json"
 # Formats 2 to 4 are still read (`_renamed`). 6: `decoding.gqa.external_data`, the file
 # beside a decode graph that holds its weights; and `decoding` with no `onnx` is an artifact
 # for generation only (`export_model(..., formats=["generation"])`). 7:
-# `decoding.gqa.weights`, a decode graph whose weights are 4- or 8-bit integers.
-FORMAT_VERSION = 7
-READABLE_VERSIONS = (2, 3, 4, 5, 6, 7)
+# `decoding.gqa.weights`, a decode graph whose weights are 4- or 8-bit integers. 8:
+# `decoding.gqa.weights.prefill`, that graph's twin at the accuracy level faster for prompts.
+FORMAT_VERSION = 8
+READABLE_VERSIONS = (2, 3, 4, 5, 6, 7, 8)
 Task = Literal["classify", "tag", "embed", "generate", "span_qa", "multiple_choice",
                "pretraining", "seq2seq"]  # fmt: skip
 TASKS = get_args(Task)
@@ -210,7 +211,10 @@ class Manifest(Strict):
         if self.decoding is not None:
             names.append(self.decoding.file)
             if self.decoding.gqa is not None:
-                names += [self.decoding.gqa.file, self.decoding.gqa.external_data]
+                gqa = self.decoding.gqa
+                names += [gqa.file, gqa.external_data]
+                if gqa.weights is not None and gqa.weights.prefill is not None:
+                    names.append(gqa.weights.prefill.file)
         if self.text_onnx is not None:
             names.append(self.text_onnx.file)
         if self.chat is not None:

@@ -52,6 +52,20 @@ class AccuracyLevelTiming(Strict):
 
     decode_ms: float
     chunk_64_ms: float
+    prompt_256_ms: float | None = None  # format 8
+
+
+class PrefillTwin(Strict):
+    """The decode graph again at the accuracy level measured faster for prompts (format 8):
+    the same weights file; the server prefills prompts of `min_tokens` or more with it.
+    Checked at export on the held-out prompt whole: its last logits against the float
+    model's."""
+
+    file: str
+    accuracy_level: Literal[1, 4]
+    min_tokens: int = Field(ge=1)
+    max_abs_logit_diff: float
+    top1_equals_float: bool
 
 
 class WeightQuality(Strict):
@@ -79,3 +93,4 @@ class WeightOnlyInfo(Strict):
     candidates: dict[str, AccuracyLevelTiming] = Field(default_factory=dict)
     measured_shape: list[int] | None = None
     quality: WeightQuality
+    prefill: PrefillTwin | None = None

@@ -13,7 +13,9 @@ import numpy as np
 import onnxruntime as ort
 from keras_attn_serving.chat_template import ChatTemplate
 from keras_attn_serving.generation import (
+    PrefillTwin,
     gqa_step,
+    load_prefill_twin,
     session_step,
 )
 from keras_attn_serving.manifest import ArtifactError, read_manifest, verify_files
@@ -118,6 +120,7 @@ class Predictor(Generates):
         # generated.
         self.pad_token_id: int | None = (self.decoding or {}).get("pad_token_id", 0)
         self.gqa_session: ort.InferenceSession | None = None
+        self.prefill_twin: PrefillTwin | None = None
         shared = options
         if max_decode_rows:  # one decode thread runs every shared step: it gets the cores
             shared = ort.SessionOptions()
@@ -135,6 +138,8 @@ class Predictor(Generates):
                     gqa_file, options, providers=["CPUExecutionProvider"]
                 )
             self._gqa_step = gqa_step(self.gqa_session)
+            # A quantized graph's twin at the accuracy level faster for prompts, if any.
+            self.prefill_twin = load_prefill_twin(self.folder, self.gqa, shared)
         # An encoder-decoder's graphs: its prompts are sources, its decoding starts anew.
         self.encoder_decoder = (
             EncoderDecoder(

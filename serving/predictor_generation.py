@@ -14,6 +14,7 @@ from keras_attn_serving.batched_generation import DecodeBatcher
 from keras_attn_serving.beam import beam_ids
 from keras_attn_serving.generation import (
     BoundCache,
+    PrefillTwin,
     decode_tokens,
     empty_cache,
     prefix_step,
@@ -38,6 +39,7 @@ class Generates:
     decode_session: ort.InferenceSession | None
     gqa: dict[str, Any]
     gqa_session: ort.InferenceSession | None
+    prefill_twin: PrefillTwin | None
     pad_token_id: int | None
     encoder_decoder: EncoderDecoder | None
     max_sequence_length: int | None
@@ -118,6 +120,11 @@ class Generates:
             step, select, state = graphs.step, graphs.select, graphs.start([prompt])
             start, banned, limit = [graphs.start_id], graphs.never_generated_id, graphs.max_length
             forced = graphs.forced_ids
+        elif self.gqa_session is not None:  # float or weight-only quantized
+            step, state = self.gqa_step, BoundCache(self.gqa_session, self.gqa, 1,
+                                                    self.prefill_twin)  # fmt: skip
+            start, banned, limit = list(prompt), self.pad_token_id, self.gqa["max_length"]
+            select = BeamCaches(self.gqa_session, self.gqa).select
         elif self.decode_session is not None and self.decoding is not None:
             step, state = self.decode_step, empty_cache(self.decoding, 1)
             start, banned, limit = list(prompt), self.pad_token_id, self.decoding["max_length"]
@@ -205,7 +212,8 @@ class Generates:
                 self._decode_batcher = (
                     Seq2SeqBatcher(graphs, self.max_decode_rows) if graphs is not None
                     else DecodeBatcher(self.gqa_session, self.gqa, self.pad_token_id,
-                                       self.max_decode_rows, self.prefix_cache_bytes)
+                                       self.max_decode_rows, self.prefix_cache_bytes,
+                                       self.prefill_twin)
                 )  # fmt: skip
             return self._decode_batcher
 
@@ -227,7 +235,7 @@ class Generates:
         if use_cache == "decode.onnx" and self.decode_session is None:
             raise ValueError("this artifact has no decode.onnx to decode with")
         if use_cache is True and self.gqa_session is not None:
-            state = BoundCache(self.gqa_session, self.gqa, batch)
+            state = BoundCache(self.gqa_session, self.gqa, batch, self.prefill_twin)
             return self.gqa_step, state, self.gqa["max_length"]
         if use_cache and self.decode_session is not None:
             return self.decode_step, empty_cache(self.decoding, batch), self.decoding["max_length"]
@@ -246,6 +254,28 @@ class Generates:
         prompt_ids = self.tokenizer.encode(prompts)
         new = self.generate_ids(prompt_ids, max_new_tokens)
         return [self.tokenizer.decode(p + n) for p, n in zip(prompt_ids, new, strict=True)]
+
+
+class BeamCaches:
+    """Beam search's `select` over `decode_gqa.onnx`: the live beams' rows of a `BoundCache`
+    gathered into another of as many rows (two per row count, used in turn, so no step
+    allocates a cache), copying only the positions written so far."""
+
+    def __init__(self, session: ort.InferenceSession, spec: dict[str, Any]) -> None:
+        self.session, self.spec = session, spec
+        self.caches: dict[int, list[BoundCache]] = {}
+
+    def select(self, cache: BoundCache, rows: Sequence[int]) -> BoundCache:
+        pair = self.caches.setdefault(len(rows), [])
+        target = next((c for c in pair if c is not cache), None)
+        if target is None:
+            target = BoundCache(self.session, self.spec, len(rows))  # decode steps only
+            pair.append(target)
+        written = cache.written
+        for mine, theirs in zip(target.arrays, cache.arrays, strict=True):
+            mine[:, :, :written] = theirs[np.asarray(rows), :, :written]
+        target.written = written
+        return target
 
 
 def _select_rows(cache: np.ndarray, rows: Sequence[int]) -> np.ndarray:

@@ -4,6 +4,7 @@ the manifest's record of the choice and its cost; served with iteration-level ba
 
 import copy
 import json
+import threading
 
 import keras
 import numpy as np
@@ -14,6 +15,7 @@ from keras_attn_export import export_model
 from keras_attn_export.cli import main as cli_main
 from keras_attn_export.decode_graph import write_decode_graph
 from keras_attn_export.weight_only import WeightOnly, quality_ids
+from keras_attn_serving.batched_generation import DecodeBatcher
 from keras_attn_serving.generation import BoundCache, decode_ids, gqa_step
 from onnx import TensorProto, helper, numpy_helper
 
@@ -150,9 +152,10 @@ def test_weights_argument_writes_scores_and_serves_the_quantized_graph(tmp_path,
     manifest = export_model(lm, tmp_path / "lm", formats=["generation"], weights="int4")
     printed = capsys.readouterr().out
     assert "decode_gqa.int4.onnx: top-1 agreement" in printed
-    assert sorted(p.name for p in (tmp_path / "lm").iterdir()) == [
-        "decode_gqa.int4.onnx", "manifest.json"]  # fmt: skip
     gqa = manifest["decoding"]["gqa"]
+    twin = ["prefill_gqa.int4.onnx"] if gqa["weights"]["prefill"] else []  # by measurement
+    assert sorted(p.name for p in (tmp_path / "lm").iterdir()) == [
+        "decode_gqa.int4.onnx", "manifest.json", *twin]  # fmt: skip
     assert gqa["file"] == "decode_gqa.int4.onnx" and gqa["greedy_equals_keras"]
     weights = gqa["weights"]
     assert (weights["bits"], weights["block_size"], weights["chosen_by"]) == (4, 32, "measurement")
@@ -174,6 +177,123 @@ def test_weights_argument_writes_scores_and_serves_the_quantized_graph(tmp_path,
     predictor = Predictor(tmp_path / "lm", max_decode_rows=4)  # rows decoded together
     assert predictor.generate_ids(prompts, 9) == alone
     assert alone != lm.generate(prompts, 9)  # int4 rounding changes some of a random model's ids
+
+
+def _levels(decode, chunk, prompt):
+    """Fixed timings for `measure_accuracy_levels`: `{level: ms}` per row count."""
+    return {level: {"decode_ms": decode[level], "chunk_64_ms": chunk[level],
+                    "prompt_256_ms": prompt[level]} for level in (1, 4)}  # fmt: skip
+
+
+def _accuracy_levels(path):
+    return {a.i for node in onnx.load(path).graph.node if node.op_type == "MatMulNBits"
+            for a in node.attribute if a.name == "accuracy_level"}  # fmt: skip
+
+
+def test_a_prefill_twin_runs_prompts_where_another_level_is_faster(tmp_path, monkeypatch):
+    """Where int8 activations (level 4) make a step fastest and float32 ones (level 1) a
+    prompt, the export writes the graph again at level 1 beside it, and the server prefills
+    runs of `min_tokens` tokens or more with it: at level 1 its logits are Keras's with the
+    rounded weights, and what it prefills decodes as it would alone."""
+    import keras_attn_export.weight_only as weight_only
+    from keras_attn_serving import Predictor
+    from keras_attn_serving.generation import PrefillTwin
+
+    timings = _levels({1: 2.0, 4: 1.0}, {1: 3.0, 4: 4.0}, {1: 5.0, 4: 9.0})
+    monkeypatch.setattr(weight_only, "measure_accuracy_levels", lambda *a, **k: timings)
+    lm = causal_lm(LLAMA_LIKE)
+    manifest = export_model(lm, tmp_path / "lm", formats=["generation"], weights="int4",
+                            verbose=False)  # fmt: skip
+    folder = tmp_path / "lm"
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "decode_gqa.int4.onnx", "manifest.json", "prefill_gqa.int4.onnx"]  # fmt: skip
+    weights = manifest["decoding"]["gqa"]["weights"]
+    twin = weights["prefill"]
+    assert (weights["accuracy_level"], twin["accuracy_level"], twin["min_tokens"]) == (4, 1, 64)
+    assert twin["file"] == "prefill_gqa.int4.onnx" and twin["max_abs_logit_diff"] < 5.0
+    assert _accuracy_levels(folder / "decode_gqa.int4.onnx") == {4}
+    assert _accuracy_levels(folder / "prefill_gqa.int4.onnx") == {1}
+    # Slower prompts at level 1 even at 256 rows: no twin; faster at 256 but not 64: from 256.
+    slow = _levels({1: 2.0, 4: 1.0}, {1: 3.0, 4: 2.0}, {1: 9.0, 4: 5.0})
+    monkeypatch.setattr(weight_only, "measure_accuracy_levels", lambda *a, **k: slow)
+    assert "prefill" not in weight_only.choose("int4", 32, None, (64, 256))[1]
+    late = _levels({1: 2.0, 4: 1.0}, {1: 3.0, 4: 2.0}, {1: 5.0, 4: 9.0})
+    monkeypatch.setattr(weight_only, "measure_accuracy_levels", lambda *a, **k: late)
+    assert weight_only.choose("int4", 32, None, (64, 256))[1]["prefill"] == {
+        "accuracy_level": 1, "min_tokens": 256}  # fmt: skip
+
+    # The twin is the quantized graph at level 1: Keras with the rounded weights.
+    ids = np.random.default_rng(6).integers(1, 80, size=(1, 20)).astype("int32")
+    gqa = manifest["decoding"]["gqa"]
+    step_session = ort.InferenceSession(str(folder / "decode_gqa.int4.onnx"))
+    twin_session = ort.InferenceSession(str(folder / "prefill_gqa.int4.onnx"))
+    round_weights(lm, 4)
+    expected = np.asarray(lm(ids))[:, -1]
+    runs = {"twin": 0}
+    run = twin_session.run_with_iobinding
+
+    def counted(binding):
+        runs["twin"] += 1
+        return run(binding)
+
+    twin_session.run_with_iobinding = counted
+    cache = BoundCache(step_session, gqa, 1, PrefillTwin(twin_session, 8))
+    logits, _ = gqa_step(step_session)(ids, cache, 0)
+    assert runs["twin"] == 1 and np.abs(logits - expected).max() < 1e-4
+    short = BoundCache(step_session, gqa, 1, PrefillTwin(twin_session, 8))
+    gqa_step(step_session)(ids[:, :7], short, 0)  # 7 tokens: the step graph's
+    assert runs["twin"] == 1
+
+    # Served: the predictor loads the twin; the shared loop prefills through it (every run
+    # here is >= 8 tokens), and each stream decodes as its prompt does alone.
+    predictor = Predictor(folder, max_decode_rows=4)
+    assert predictor.prefill_twin is not None and predictor.prefill_twin.min_tokens == 64
+    prompts = np.random.default_rng(7).integers(1, 80, size=(4, 20)).tolist()
+    prompts[1] = prompts[1][:12]
+    alone = [
+        decode_ids(gqa_step(step_session), BoundCache(step_session, gqa, 1,
+                                                      PrefillTwin(twin_session, 8)), [p], 9)[0]
+        for p in prompts
+    ]  # fmt: skip
+    runs["twin"] = 0
+    batcher = DecodeBatcher(step_session, gqa, None, 4, prefill=PrefillTwin(twin_session, 8))
+    together: list = [None] * len(prompts)
+    start = threading.Barrier(len(prompts))
+
+    def stream(i):
+        start.wait()
+        together[i] = list(batcher.stream(prompts[i], 9))
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(len(prompts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    batcher.close()
+    assert together == alone and runs["twin"] >= 1
+
+
+def test_beam_search_runs_over_a_quantized_graph_as_keras_with_its_rounded_weights(tmp_path):
+    """An artifact of a weight-only graph alone (no `decode.onnx`) serves beam search over
+    it: at level 1, Keras `generate(sampler="beam")` with the rounded weights, ids for ids."""
+    from keras_attn_serving import Predictor
+    from keras_attn_serving.generation_request import Beams
+
+    from keras_attn.models import generate
+
+    lm = causal_lm(LLAMA_LIKE)
+    export_model(lm, tmp_path / "lm", formats=["generation"], weights="int4",
+                 weights_accuracy_level=1, verbose=False)  # fmt: skip
+    round_weights(lm, 4)
+    predictor = Predictor(tmp_path / "lm")
+    assert predictor.decode_session is None
+    for prompt, settings in (([5, 6, 7], {"num_beams": 3}),
+                             ([9, 3, 12, 4, 8], {"num_beams": 4, "length_penalty": 2.0}),
+                             ([2], {"num_beams": 2, "no_repeat_ngram_size": 2})):  # fmt: skip
+        beams = Beams(**{"length_penalty": 1.0, "early_stopping": False,
+                         "no_repeat_ngram_size": 0, **settings})  # fmt: skip
+        (expected,) = generate(lm, [prompt], 10, sampler="beam", **settings)
+        assert predictor.beam_ids(prompt, 10, (), beams) == expected, settings
 
 
 def test_weight_arguments_are_checked_by_name(tmp_path):

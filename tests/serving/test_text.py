@@ -199,7 +199,8 @@ def test_sampled_generation_equals_keras_with_the_same_seed(text_models, toy_lm,
 
 def test_beam_search_over_http_equals_keras(text_models, toy_lm, toy_tokenizer):
     """`num_beams` and its settings over HTTP give Keras `generate(sampler="beam")`'s ids:
-    one implementation (`keras_attn_serving.beam`) over the exported `decode.onnx`."""
+    one implementation (`keras_attn_serving.beam`) over the exported `decode_gqa.onnx`, the
+    live beams' cache rows gathered each step."""
     url, _, _ = text_models
     prompt = "to be or not"
     prompt_ids = keras.ops.convert_to_numpy(toy_tokenizer.tokenize(prompt)).tolist()
