@@ -116,25 +116,27 @@ def export(folder: Path, out: Path, weights: str) -> dict:
 
 
 def timings(artifact: Path, rows: int, position: int, repeats: int = 10) -> dict:
-    """Median ms of a `PROMPT`-token prefill (one row), of one decode step for 1 row at
-    position `PROMPT` and for `rows` rows at `position`."""
+    """Median ms of a `PROMPT`-token prefill (one row; through the graph's prefill twin where
+    the export wrote one, as the server runs it), of one decode step for 1 row at position
+    `PROMPT` and for `rows` rows at `position`."""
     import onnxruntime as ort
-    from keras_attn_serving.generation import BucketedCache
+    from keras_attn_serving.generation import BucketedCache, load_prefill_twin
     from keras_attn_serving.manifest import read_manifest
 
     spec = read_manifest(artifact).decoding.gqa.model_dump()
     session = ort.InferenceSession(str(artifact / spec["file"]), providers=["CPUExecutionProvider"])
-    cache = BucketedCache(session, spec, rows)
+    twin = load_prefill_twin(artifact, spec, ort.SessionOptions())
+    cache = BucketedCache(session, spec, rows, twin)
 
     def run_ms(size: int, tokens: int, index: int, runs: int) -> float:
-        binding = cache.bindings[cache.bucket(size)]
-        ids = np.random.default_rng(0).integers(1, 1000, (cache.bucket(size), tokens))
-        binding.bind_cpu_input("token_ids", ids.astype(np.int32))
-        binding.bind_cpu_input("index", np.full(cache.bucket(size), index, np.int32))
-        return timed(lambda: session.run_with_iobinding(binding), runs)
+        bucket = cache.bucket(size)
+        ids = np.random.default_rng(0).integers(1, 1000, (bucket, tokens)).astype(np.int32)
+        index_ = np.full(bucket, index, np.int32)
+        return timed(lambda: cache.run(bucket, ids, index_), runs)
 
     return {"prefill_ms": run_ms(1, PROMPT, 0, 3), "step_1_ms": run_ms(1, 1, PROMPT, repeats),
-            f"step_{rows}_ms": run_ms(rows, 1, position, max(3, repeats // 2))}  # fmt: skip
+            f"step_{rows}_ms": run_ms(rows, 1, position, max(3, repeats // 2)),
+            "prefill_twin": None if twin is None else spec["weights"]["prefill"]}  # fmt: skip
 
 
 async def served(url: str, clients: int, seconds: float) -> dict:
