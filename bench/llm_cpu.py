@@ -125,7 +125,7 @@ def timings(artifact: Path, rows: int, position: int, repeats: int = 10) -> dict
 
     spec = read_manifest(artifact).decoding.gqa.model_dump()
     session = ort.InferenceSession(str(artifact / spec["file"]), providers=["CPUExecutionProvider"])
-    twin = load_prefill_twin(artifact, spec, ort.SessionOptions())
+    twin = load_prefill_twin(artifact, spec, ort.SessionOptions(), session)
     cache = BucketedCache(session, spec, rows, twin)
 
     def run_ms(size: int, tokens: int, index: int, runs: int) -> float:

@@ -41,6 +41,9 @@ DEFAULT_BLOCK_SIZE = 32
 # Rows of the prompt-sized timing, and the fewest prompt tokens a prefill twin may run.
 PROMPT_ROWS = 256
 CHUNK_ROWS = 64
+# A prefill twin is written where another level takes under this share of the step level's
+# time for a prompt's rows (a second session holds about 0.85x the weights file again).
+TWIN_MARGIN = 0.9
 # Positions of held-out text the quantized graph is scored on against the float model.
 QUALITY_POSITIONS = 64
 # Held-out text for the quality check (no model in this project trains on it).
@@ -204,9 +207,10 @@ def choose(
 ) -> tuple[WeightOnly, dict[str, Any]]:
     """The `WeightOnly` to write and the manifest's record of how it was chosen: the given
     accuracy level, or the one whose decode step (one row) is fastest on this CPU. Measured,
-    the record's `prefill` names the level faster for prompts where it is another one
-    (`{"accuracy_level", "min_tokens"}`: from 64 tokens where it is faster at 64 rows too,
-    else from 256), for `write_prefill_twin`."""
+    the record's `prefill` names another level where it is faster for a prompt's rows by
+    more than the timings' noise (`TWIN_MARGIN`): `{"accuracy_level", "min_tokens"}`, from
+    64 tokens where it is that much faster at 64 rows too, else from 256; for
+    `write_prefill_twin`."""
     bits = BITS[weights]
     if accuracy_level is not None:
         chosen = WeightOnly(bits, block_size, accuracy_level)
@@ -219,17 +223,21 @@ def choose(
         "measured_shape": list(shape),
     }
     prompt = min(measured, key=lambda lv: (measured[lv]["prompt_256_ms"], lv != level))
-    if prompt != level:
-        faster_at_64 = measured[prompt]["chunk_64_ms"] < measured[level]["chunk_64_ms"]
+
+    def clearly_faster(rows: str) -> bool:  # past the timings' noise: worth a second session
+        return measured[prompt][rows] < TWIN_MARGIN * measured[level][rows]
+
+    if prompt != level and clearly_faster("prompt_256_ms"):
         how["prefill"] = {"accuracy_level": prompt,
-                          "min_tokens": CHUNK_ROWS if faster_at_64 else PROMPT_ROWS}  # fmt: skip
+                          "min_tokens": CHUNK_ROWS if clearly_faster("chunk_64_ms")
+                          else PROMPT_ROWS}  # fmt: skip
     return WeightOnly(bits, block_size, level), how
 
 
 def write_prefill_twin(source: Path, path: Path, accuracy_level: int) -> None:
     """Writes the graph at `source` again at `path`, beside it, with every MatMulNBits at
-    `accuracy_level`: the same nodes and the same external data file (its weights are not
-    loaded, nor copied)."""
+    `accuracy_level`: the same nodes, and the same external data file where the weights are
+    in one (not loaded, nor copied; weights inside the graph are copied with it)."""
     import onnx
 
     model = onnx.load(str(source), load_external_data=False)

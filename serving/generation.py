@@ -149,16 +149,30 @@ class PrefillTwin(NamedTuple):
     min_tokens: int
 
 
-def load_prefill_twin(folder: Any, gqa: dict[str, Any], options: Any) -> PrefillTwin | None:
+def load_prefill_twin(
+    folder: Any, gqa: dict[str, Any], options: Any, step: "ort.InferenceSession"
+) -> PrefillTwin | None:
     """The prefill twin a quantized `gqa` entry names (manifest `decoding.gqa.weights.prefill`),
-    as a session in `folder` made with `options`, or None."""
+    as a session in `folder` made with `options`, or None. `ArtifactError` unless it takes
+    and gives what the decode graph's session `step` does (names, shapes and types): it
+    runs on the same cache buffers."""
     import onnxruntime as ort
+    from keras_attn_serving.manifest import ArtifactError
 
     twin = (gqa.get("weights") or {}).get("prefill")
     if not twin:
         return None
     path = str(folder / twin["file"])
     session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+    def signature(s: "ort.InferenceSession") -> list[tuple[str, Any, str]]:
+        return [(a.name, a.shape, a.type) for a in [*s.get_inputs(), *s.get_outputs()]]
+
+    if signature(session) != signature(step):
+        raise ArtifactError(
+            "decoding.gqa.weights.prefill.file: its inputs and outputs are not those of "
+            "decoding.gqa.file"
+        )
     return PrefillTwin(session, int(twin["min_tokens"]))
 
 

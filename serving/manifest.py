@@ -293,6 +293,11 @@ def read_manifest(folder: str | Path) -> Manifest:
         raise ArtifactError(f"{MANIFEST} is not strict JSON: {error}") from None
     manifest = parse_manifest(content)
     _check_tokenizer(Path(folder), manifest)
+    for name in manifest.referenced_files():  # checked even where the hashes are not
+        if not _plain_name(name):
+            raise ArtifactError(
+                f"{MANIFEST} points to {name[:80]!r}: not a plain name inside the folder"
+            )
     return manifest
 
 

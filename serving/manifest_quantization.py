@@ -55,7 +55,7 @@ class AccuracyLevelTiming(Strict):
     prompt_256_ms: float | None = None  # format 8
 
 
-class PrefillTwin(Strict):
+class PrefillTwinInfo(Strict):
     """The decode graph again at the accuracy level measured faster for prompts (format 8):
     the same weights file; the server prefills prompts of `min_tokens` or more with it.
     Checked at export on the held-out prompt whole: its last logits against the float
@@ -93,4 +93,4 @@ class WeightOnlyInfo(Strict):
     candidates: dict[str, AccuracyLevelTiming] = Field(default_factory=dict)
     measured_shape: list[int] | None = None
     quality: WeightQuality
-    prefill: PrefillTwin | None = None
+    prefill: PrefillTwinInfo | None = None

@@ -139,7 +139,7 @@ class Predictor(Generates):
                 )
             self._gqa_step = gqa_step(self.gqa_session)
             # A quantized graph's twin at the accuracy level faster for prompts, if any.
-            self.prefill_twin = load_prefill_twin(self.folder, self.gqa, shared)
+            self.prefill_twin = load_prefill_twin(self.folder, self.gqa, shared, self.gqa_session)
         # An encoder-decoder's graphs: its prompts are sources, its decoding starts anew.
         self.encoder_decoder = (
             EncoderDecoder(
