@@ -199,14 +199,17 @@ def weight_only_costs(model, tokenizer, out, weights, x, y, keras_perplexity):
         folder = out.with_name(f"{out.name}_{kind}")
         manifest = export_model(model, folder, formats=["generation"], tokenizer=tokenizer,
                                 weights=kind, verbose=False)  # fmt: skip
-        record = manifest["decoding"]["gqa"]["weights"]
+        gqa = manifest["decoding"]["gqa"]
+        record = gqa["weights"]
+        # The decode graph and its weights file (not a prefill twin beside them).
+        files = [name for name in (gqa["file"], gqa["external_data"]) if name]
         perplexity = graph_perplexity(folder, x, y)
         costs[kind] = {
             "perplexity": perplexity,
             "top1_agreement": record["quality"]["top1_agreement"],
             "max_abs_logit_diff": record["quality"]["max_abs_logit_diff"],
             "accuracy_level": record["accuracy_level"],
-            "file_bytes": sum(p.stat().st_size for p in folder.iterdir() if p.suffix != ".json"),
+            "file_bytes": sum((folder / name).stat().st_size for name in files),
         }
         print(
             f"{kind}: perplexity {perplexity:.2f} ({perplexity / float_perplexity:.3f}x "
