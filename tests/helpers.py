@@ -1,6 +1,7 @@
 """One table of example constructions, one per public layer, shared by the generic tests."""
 
 import dataclasses
+import threading
 
 import keras
 import numpy as np
@@ -256,3 +257,21 @@ def run_in_fresh_process(script, *args, backend=None):
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(li for li in proc.stdout.splitlines() if li.startswith("RESULT "))
     return json.loads(line[len("RESULT ") :])
+
+
+def stream_together(batcher, calls):
+    """Each `batcher.stream(*args)` of `calls` in a thread of its own, all started at once
+    (so that they share decode steps); the ids of each, in order."""
+    together: list = [None] * len(calls)
+    start = threading.Barrier(len(calls))
+
+    def run(i):
+        start.wait()
+        together[i] = list(batcher.stream(*calls[i]))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return together

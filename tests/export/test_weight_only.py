@@ -4,7 +4,6 @@ the manifest's record of the choice and its cost; served with iteration-level ba
 
 import copy
 import json
-import threading
 
 import keras
 import numpy as np
@@ -20,6 +19,7 @@ from keras_attn_serving.generation import BoundCache, decode_ids, gqa_step
 from onnx import TensorProto, helper, numpy_helper
 
 from keras_attn.models import CausalLM
+from tests.helpers import stream_together
 
 pytestmark = pytest.mark.tf_only  # export_model runs under the TensorFlow backend only
 
@@ -264,18 +264,7 @@ def test_a_prefill_twin_runs_prompts_where_another_level_is_faster(tmp_path, mon
     ]  # fmt: skip
     runs["twin"] = 0
     batcher = DecodeBatcher(step_session, gqa, None, 4, prefill=PrefillTwin(twin_session, 8))
-    together: list = [None] * len(prompts)
-    start = threading.Barrier(len(prompts))
-
-    def stream(i):
-        start.wait()
-        together[i] = list(batcher.stream(prompts[i], 9))
-
-    threads = [threading.Thread(target=stream, args=(i,)) for i in range(len(prompts))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
+    together = stream_together(batcher, [(p, 9) for p in prompts])
     batcher.close()
     assert together == alone and runs["twin"] >= 1
 
@@ -286,8 +275,8 @@ def test_a_prefill_twin_is_checked_at_export_and_when_served(tmp_path, monkeypat
     the decode graph does, is refused by name, hashes checked or not."""
     import shutil
 
-    import keras_attn_export.graphs as graphs
     import keras_attn_export.weight_only as weight_only
+    import keras_attn_export.weight_only_graphs as graphs
     from keras_attn_serving import Predictor
     from keras_attn_serving.manifest import ArtifactError
 

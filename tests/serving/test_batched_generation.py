@@ -14,6 +14,7 @@ from keras_attn_serving.generation import BucketedCache
 from keras_attn_serving.sampling import Sampler
 
 from keras_attn.models import CausalLM
+from tests.helpers import stream_together
 
 pytestmark = pytest.mark.tf_only
 
@@ -69,20 +70,8 @@ def test_shared_steps_give_each_request_its_ids_alone(predictor):
     batcher = DecodeBatcher(
         predictor.gqa_session, predictor.gqa, predictor.pad_token_id, max_decode_rows=8
     )
-    together: list = [None] * len(requests)
-    start = threading.Barrier(len(requests))
-
-    def run(i):
-        r = requests[i]
-        start.wait()
-        together[i] = list(batcher.stream(r["prompt"], r["max_new_tokens"], r["stop"],
-                                          r["sampler"]()))  # fmt: skip
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(requests))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    together = stream_together(batcher, [(r["prompt"], r["max_new_tokens"], r["stop"],
+                                          r["sampler"]()) for r in requests])  # fmt: skip
     batcher.close()
     assert together == alone
     assert any(len(ids) < r["max_new_tokens"] for ids, r in zip(alone, requests, strict=True))
