@@ -110,9 +110,12 @@ class Sampler:
             scaled = logits / self.temperature
         # A temperature so small that finite logits overflow is its limit, greedy: only the
         # top logit of such a row stays (never NaN probabilities, which would pick id 0).
+        # Built only for such rows: a full-vocabulary `np.where` costs more than the rest.
         overflow = (np.isinf(scaled) & np.isfinite(logits)).any(-1, keepdims=True)
-        top = np.where(logits >= logits.max(-1, keepdims=True), 0.0, -np.inf)
-        logits = np.where(overflow, top, scaled)
+        if overflow.any():
+            top = np.where(logits >= logits.max(-1, keepdims=True), 0.0, -np.inf)
+            scaled = np.where(overflow, top, scaled)
+        logits = scaled
         if self.top_k is not None:
             logits = top_k_filter(logits, self.top_k)
         if self.top_p is not None:
@@ -122,7 +125,14 @@ class Sampler:
     def __call__(self, logits: np.ndarray) -> np.ndarray:
         if self.method == "greedy":
             return logits.argmax(-1)
-        probs = np.exp(log_softmax(self.filtered(logits)))
-        draws = self.rng.random((len(probs), 1))
-        chosen = (np.cumsum(probs, -1) < draws).sum(-1)
-        return np.minimum(chosen, probs.shape[-1] - 1)
+        # `cumsum(exp(log_softmax(filtered)))`, worked in place on the new array `filtered`
+        # returns: the same numbers, without a vocabulary-sized temporary per operation
+        # (each a fresh allocation the kernel faults in page by page; most of the cost).
+        cumulative = self.filtered(logits)
+        cumulative -= cumulative.max(-1, keepdims=True)
+        cumulative -= np.log(np.exp(cumulative).sum(-1, keepdims=True))
+        np.exp(cumulative, out=cumulative)
+        np.cumsum(cumulative, -1, out=cumulative)
+        draws = self.rng.random((len(cumulative), 1))
+        chosen = (cumulative < draws).sum(-1)
+        return np.minimum(chosen, cumulative.shape[-1] - 1)

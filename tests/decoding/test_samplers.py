@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from keras_attn.decoding import Sampler, top_k_filter, top_p_filter
+from keras_attn.decoding.samplers import log_softmax
 
 LOGITS = np.log(np.array([[0.5, 0.2, 0.15, 0.1, 0.05]]))
 
@@ -45,6 +46,27 @@ def test_a_seed_gives_the_same_sample_twice():
     b = Sampler("sample", seed=8)
     assert any(b(logits).tolist() != a[0] for _ in range(3))
     assert (Sampler("sample", top_k=1, seed=3)(logits) == logits.argmax(-1)).all()
+
+
+@pytest.mark.parametrize(
+    "temperature, top_k, top_p",
+    [(1.0, None, None), (0.7, 40, None), (1.3, None, 0.9), (1e-300, None, None)],
+)
+def test_a_draw_is_the_written_out_softmax_draw(temperature, top_k, top_p):
+    """The sampler works in place; its ids are those of the plain formula, bit for bit,
+    draw by draw, at a real vocabulary's width (with -inf logits and a temperature whose
+    quotients overflow)."""
+    rng = np.random.default_rng(5)
+    logits = rng.normal(0, 4, size=(3, 49152)).astype(np.float32).astype(np.float64)
+    logits[1, ::3] = -np.inf
+    sampler = Sampler("sample", temperature, top_k, top_p, seed=11)
+    reference = np.random.default_rng(11)
+    for _ in range(20):
+        with np.errstate(over="ignore"):
+            probs = np.exp(log_softmax(sampler.filtered(logits)))
+        draws = reference.random((3, 1))
+        expected = np.minimum((np.cumsum(probs, -1) < draws).sum(-1), 49151)
+        assert sampler(logits).tolist() == expected.tolist()
 
 
 @pytest.mark.parametrize(
