@@ -21,9 +21,11 @@ the server's streams below). Ours runs its graph with onnxruntime as the server'
 `BucketedCache` does; llama.cpp through llama-cpp-python's C API (`llama_decode`, the cache
 of one sequence copied to the others); genai through its `Generator` (`append_tokens`,
 `generate_next_token`, a static batch). Last, ours through `keras-attn-serve` on loopback:
-32 clients streaming `/v1/completions` (16-id prompts, 128 new tokens each, greedy) for
-`--seconds`, with iteration-level batching (`--max-decode-rows 32`); new tokens counted from
-the streams' usage, over the wall time, prompts' prefills included.
+32 clients streaming `/v1/completions` (16-id prompts, 128 new tokens each, greedy:
+`temperature` 0, as the peers' steps choose nothing) for `--seconds`, with iteration-level
+batching (`--max-decode-rows 32`); new tokens counted from the streams' usage, over the wall
+time, prompts' prefills included. Beside it, the served run's ceiling: its steps and
+admitting runs at ours' in-process times of the same round, and nothing else.
 
 Prints a table per round and a summary (medians over rounds; the issue's goals as ratios,
 per round) with the CPU flags and, as the physical limits beside each figure, the memory
@@ -49,6 +51,7 @@ sys.path.insert(0, os.path.dirname(_HERE))
 sys.path.append(_HERE)
 
 import numpy as np  # noqa: E402
+from keras_attn_serving.shared_steps import PREFILL_ROWS  # noqa: E402
 from llm_peers import genai_folder, gguf_files, missing, peer_times, result, run, timed  # noqa: E402
 from serve_generate import start_server  # noqa: E402
 
@@ -118,7 +121,8 @@ def export(folder: Path, out: Path, weights: str) -> dict:
 def timings(artifact: Path, rows: int, position: int, repeats: int = 10) -> dict:
     """Median ms of a `PROMPT`-token prefill (one row; through the graph's prefill twin where
     the export wrote one, as the server runs it), of one decode step for 1 row at position
-    `PROMPT` and for `rows` rows at `position`."""
+    `PROMPT` and for `rows` rows at `position`, and of the run that admits `PREFILL_ROWS`
+    of the server's newcomers (`SERVED_PROMPT` ids each)."""
     import onnxruntime as ort
     from keras_attn_serving.generation import BucketedCache, load_prefill_twin
     from keras_attn_serving.manifest import read_manifest
@@ -136,6 +140,7 @@ def timings(artifact: Path, rows: int, position: int, repeats: int = 10) -> dict
 
     return {"prefill_ms": run_ms(1, PROMPT, 0, 3), "step_1_ms": run_ms(1, 1, PROMPT, repeats),
             f"step_{rows}_ms": run_ms(rows, 1, position, max(3, repeats // 2)),
+            "admit_ms": run_ms(PREFILL_ROWS, SERVED_PROMPT, 0, max(3, repeats // 2)),
             "prefill_twin": None if twin is None else spec["weights"]["prefill"]}  # fmt: skip
 
 
@@ -144,7 +149,7 @@ async def served(url: str, clients: int, seconds: float) -> dict:
     request): new tokens (the streams' usage) over the wall time."""
     import httpx
 
-    body = {"model": "llm", "max_tokens": SERVED_NEW, "stream": True,
+    body = {"model": "llm", "max_tokens": SERVED_NEW, "stream": True, "temperature": 0,
             "stream_options": {"include_usage": True}}  # fmt: skip
     tokens, requests, errors = 0, 0, 0
     limits = httpx.Limits(max_connections=2 * clients)
@@ -261,6 +266,15 @@ def measure(system: str, info: dict, position: int, seconds: float, urls: dict) 
     return asyncio.run(served(urls[system][1], ROWS, seconds))
 
 
+def served_ceiling(row: dict) -> float:
+    """The most tokens/s the served run could reach (its floor in time): the steps and the
+    newcomers' admitting runs its requests need, at the in-process times of the same round,
+    and nothing else (no sampling, HTTP or waiting for clients). Each request: `SERVED_NEW`
+    steps of `ROWS` rows, and 1/`PREFILL_ROWS` of an admitting run."""
+    per_request_ms = SERVED_NEW * row[f"step_{ROWS}_ms"] / ROWS + row["admit_ms"] / PREFILL_ROWS
+    return SERVED_NEW * 1e3 / per_request_ms
+
+
 def goals(rows: dict) -> dict:
     """The issue's goals as ratios (None where a system was not run)."""
 
@@ -269,7 +283,10 @@ def goals(rows: dict) -> dict:
 
     batch = [rows[p]["decode_32_tok_s"] for p in PEERS if p in rows]
     served = rows.get("served-int4", {}).get("served_tok_s")
-    return {"decode_1_vs_llama_q4_0": ratio("int4", "llama.cpp-Q4_0", "decode_1_tok_s"),
+    ceiling = served_ceiling(rows["int4"]) if "int4" in rows else None
+    return {"served_32_vs_ceiling": served / ceiling if served and ceiling else None,
+            "ceiling_vs_best_peer_batch": ceiling / max(batch) if ceiling and batch else None,
+            "decode_1_vs_llama_q4_0": ratio("int4", "llama.cpp-Q4_0", "decode_1_tok_s"),
             "decode_1_vs_genai_int4": ratio("int4", "genai-int4", "decode_1_tok_s"),
             "served_32_vs_best_peer_batch": served / max(batch) if served and batch else None,
             "prefill_vs_llama_q4_0": ratio("int4", "llama.cpp-Q4_0", "prefill_tok_s"),

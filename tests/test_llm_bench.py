@@ -40,6 +40,11 @@ def test_llm_bench_runs_tiny_with_the_peers_it_has(tmp_path):
     for key in ("prefill_tok_s", "decode_1_tok_s", "decode_32_tok_s"):
         assert rows["int4"][key] > 0
     assert rows["served-int4"]["served_tok_s"] > 0 and rows["served-int4"]["errors"] == 0
+    # The served run's ceiling: 128 steps of 32 rows and 1/8 of an admitting run a request.
+    ceiling = 128e3 / (128 * rows["int4"]["step_32_ms"] / 32 + rows["int4"]["admit_ms"] / 8)
+    assert only["goals"]["served_32_vs_ceiling"] == pytest.approx(
+        rows["served-int4"]["served_tok_s"] / ceiling
+    )
     assert only["goals"]["decode_1_vs_llama_q4_0"] is None
     assert (only["goals"]["decode_1_vs_genai_int4"] is None) == (not peers)
     for system in ["int4", *peers]:  # a step reads every stored byte at most at read bandwidth
