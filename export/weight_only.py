@@ -22,6 +22,7 @@ tokens, whose prefill it makes 1.25x faster), the export also writes the prefill
 runs for prompts of `min_tokens` or more.
 """
 
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -186,20 +187,29 @@ def measure_accuracy_levels(
 ) -> dict[int, dict[str, float]]:
     """Median milliseconds of a `(K, N)` MatMulNBits (the feed-forward's first projection) at
     each accuracy level, for one row (a decode step), 64 rows (a prompt's chunk) and 256
-    rows (a prompt)."""
+    rows (a prompt). The levels take turns, run by run, so that a slow spell of a shared
+    machine falls on both rather than on whichever was being timed."""
     rng = np.random.default_rng(1)
-    one, chunk, prompt = (
-        rng.standard_normal((m, k)).astype(np.float32) for m in (1, CHUNK_ROWS, PROMPT_ROWS)
-    )
-    measured = {}
-    for level in ACCURACY_LEVELS:
-        session = _matmul_session(WeightOnly(bits, block_size, level), k, n)
-        measured[level] = {
-            "decode_ms": time_session(session, {"x": one}, repeats),
-            "chunk_64_ms": time_session(session, {"x": chunk}, max(3, repeats // 3)),
-            "prompt_256_ms": time_session(session, {"x": prompt}, max(3, repeats // 3)),
-        }
-    return measured
+    feeds = {
+        name: {"x": rng.standard_normal((m, k)).astype(np.float32)}
+        for name, m in (
+            ("decode_ms", 1),
+            ("chunk_64_ms", CHUNK_ROWS),
+            ("prompt_256_ms", PROMPT_ROWS),
+        )
+    }
+    sessions = {
+        lv: _matmul_session(WeightOnly(bits, block_size, lv), k, n) for lv in ACCURACY_LEVELS
+    }
+    times: dict[int, dict[str, list[float]]] = {lv: {name: [] for name in feeds} for lv in sessions}
+    for _ in range(repeats):
+        for level, session in sessions.items():
+            for name, feed in feeds.items():
+                times[level][name].append(time_session(session, feed, repeats=1))
+    return {
+        lv: {name: statistics.median(runs) for name, runs in by_rows.items()}
+        for lv, by_rows in times.items()
+    }
 
 
 def choose(
