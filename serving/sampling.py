@@ -115,7 +115,7 @@ class Sampler:
         if overflow.any():
             top = np.where(logits >= logits.max(-1, keepdims=True), 0.0, -np.inf)
             scaled = np.where(overflow, top, scaled)
-        logits = scaled
+        logits = np.asarray(scaled, np.float64)  # float64 whatever came in, as documented
         if self.top_k is not None:
             logits = top_k_filter(logits, self.top_k)
         if self.top_p is not None:

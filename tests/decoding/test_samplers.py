@@ -48,25 +48,48 @@ def test_a_seed_gives_the_same_sample_twice():
     assert (Sampler("sample", top_k=1, seed=3)(logits) == logits.argmax(-1)).all()
 
 
+def written_out(logits, temperature, top_k, top_p):
+    """The filtered softmax's cumulative sums, as the sampler first computed them: one new
+    array per operation, the overflow fallback always built."""
+    logits = np.asarray(logits)
+    with np.errstate(over="ignore"):
+        scaled = logits / temperature
+    overflow = (np.isinf(scaled) & np.isfinite(logits)).any(-1, keepdims=True)
+    top = np.where(logits >= logits.max(-1, keepdims=True), 0.0, -np.inf)
+    filtered = np.where(overflow, top, scaled)
+    if top_k is not None:
+        filtered = top_k_filter(filtered, top_k)
+    if top_p is not None:
+        filtered = top_p_filter(filtered, top_p)
+    return np.cumsum(np.exp(log_softmax(filtered)), -1)
+
+
 @pytest.mark.parametrize(
-    "temperature, top_k, top_p",
-    [(1.0, None, None), (0.7, 40, None), (1.3, None, 0.9), (1e-300, None, None)],
-)
-def test_a_draw_is_the_written_out_softmax_draw(temperature, top_k, top_p):
+    "temperature, top_k, top_p, dtype",
+    [(1.0, None, None, np.float64), (0.7, 40, None, np.float64), (1.3, None, 0.9, np.float64),
+     (1e-308, None, None, np.float64), (1.0, None, None, np.float32),
+     (0.9, 40, 0.95, np.float32)],
+)  # fmt: skip
+def test_a_draw_is_the_written_out_softmax_draw(temperature, top_k, top_p, dtype):
     """The sampler works in place; its ids are those of the plain formula, bit for bit,
-    draw by draw, at a real vocabulary's width (with -inf logits and a temperature whose
-    quotients overflow)."""
+    draw by draw, at a real vocabulary's width: with -inf logits, a temperature whose
+    quotients overflow (1e-308), float32 logits (worked in float64), and the caller's
+    logits left as they were."""
     rng = np.random.default_rng(5)
-    logits = rng.normal(0, 4, size=(3, 49152)).astype(np.float32).astype(np.float64)
+    logits = rng.normal(0, 4, size=(3, 49152)).astype(np.float32).astype(dtype)
     logits[1, ::3] = -np.inf
+    before = logits.copy()
     sampler = Sampler("sample", temperature, top_k, top_p, seed=11)
     reference = np.random.default_rng(11)
+    cumulative = written_out(logits, temperature, top_k, top_p)
+    assert cumulative.dtype == np.float64
+    if temperature < 1e-300:  # every row fell back to its top logit
+        assert (cumulative[:, -1] == 1).all() and (cumulative[:, 0] < 1).all()
     for _ in range(20):
-        with np.errstate(over="ignore"):
-            probs = np.exp(log_softmax(sampler.filtered(logits)))
         draws = reference.random((3, 1))
-        expected = np.minimum((np.cumsum(probs, -1) < draws).sum(-1), 49151)
+        expected = np.minimum((cumulative < draws).sum(-1), 49151)
         assert sampler(logits).tolist() == expected.tolist()
+    np.testing.assert_array_equal(logits, before)
 
 
 @pytest.mark.parametrize(
