@@ -269,9 +269,11 @@ def measure(system: str, info: dict, position: int, seconds: float, urls: dict) 
 def served_ceiling(row: dict) -> float:
     """The most tokens/s the served run could reach (its floor in time): the steps and the
     newcomers' admitting runs its requests need, at the in-process times of the same round,
-    and nothing else (no sampling, HTTP or waiting for clients). Each request: `SERVED_NEW`
-    steps of `ROWS` rows, and 1/`PREFILL_ROWS` of an admitting run."""
-    per_request_ms = SERVED_NEW * row[f"step_{ROWS}_ms"] / ROWS + row["admit_ms"] / PREFILL_ROWS
+    and nothing else (no choosing, HTTP or waiting for clients). Each request: 1/`PREFILL_ROWS`
+    of an admitting run, whose logits give its first id (its prompts are of one length), then
+    `SERVED_NEW - 1` steps of `ROWS` rows."""
+    step_ms = row[f"step_{ROWS}_ms"] / ROWS
+    per_request_ms = (SERVED_NEW - 1) * step_ms + row["admit_ms"] / PREFILL_ROWS
     return SERVED_NEW * 1e3 / per_request_ms
 
 
@@ -284,6 +286,8 @@ def goals(rows: dict) -> dict:
     batch = [rows[p]["decode_32_tok_s"] for p in PEERS if p in rows]
     served = rows.get("served-int4", {}).get("served_tok_s")
     ceiling = served_ceiling(rows["int4"]) if "int4" in rows else None
+    if ceiling and "served-int4" in rows:
+        rows["served-int4"]["served_ceiling_tok_s"] = ceiling
     return {"served_32_vs_ceiling": served / ceiling if served and ceiling else None,
             "ceiling_vs_best_peer_batch": ceiling / max(batch) if ceiling and batch else None,
             "decode_1_vs_llama_q4_0": ratio("int4", "llama.cpp-Q4_0", "decode_1_tok_s"),

@@ -40,8 +40,10 @@ def test_llm_bench_runs_tiny_with_the_peers_it_has(tmp_path):
     for key in ("prefill_tok_s", "decode_1_tok_s", "decode_32_tok_s"):
         assert rows["int4"][key] > 0
     assert rows["served-int4"]["served_tok_s"] > 0 and rows["served-int4"]["errors"] == 0
-    # The served run's ceiling: 128 steps of 32 rows and 1/8 of an admitting run a request.
-    ceiling = 128e3 / (128 * rows["int4"]["step_32_ms"] / 32 + rows["int4"]["admit_ms"] / 8)
+    # The served run's ceiling: a request's 128 ids are 1/8 of an admitting run (the first id)
+    # and 127 steps of 32 rows.
+    ceiling = 128e3 / (127 * rows["int4"]["step_32_ms"] / 32 + rows["int4"]["admit_ms"] / 8)
+    assert rows["served-int4"]["served_ceiling_tok_s"] == pytest.approx(ceiling)
     assert only["goals"]["served_32_vs_ceiling"] == pytest.approx(
         rows["served-int4"]["served_tok_s"] / ceiling
     )

@@ -129,6 +129,18 @@ def test_a_stream_closed_early_frees_its_row(predictor):
     batcher.close()
 
 
+def test_a_prompt_admitted_whole_takes_one_step_fewer_than_its_ids(predictor):
+    """The admitting run's logits give a whole prompt's first id; steps give the rest (what
+    `bench/llm_cpu.py`'s served ceiling counts)."""
+    batcher = DecodeBatcher(
+        predictor.gqa_session, predictor.gqa, predictor.pad_token_id, max_decode_rows=2
+    )
+    ids = list(batcher.stream([3, 4, 5], 9))
+    batcher.close()
+    assert ids == predictor.generate_ids([[3, 4, 5]], 9)[0] and len(ids) == 9
+    assert batcher.steps == 8 and batcher.rows_stepped == 8
+
+
 def test_async_streams_equal_the_ids_alone_and_free_rows_when_closed(predictor):
     """`astream` (what the server awaits): the same ids, no thread waiting; a stream closed
     or cancelled early gives its row to the next request."""
