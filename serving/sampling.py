@@ -9,9 +9,12 @@ gives the same ids in Keras and over HTTP.
 import numpy as np
 
 
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = logits - logits.max(-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+def log_softmax(logits: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Over the last axis. `out=logits` works in place: the same numbers, without the
+    vocabulary-sized temporaries (each a fresh allocation the kernel faults in page by page,
+    most of a sampled step's cost)."""
+    shifted = np.subtract(logits, logits.max(-1, keepdims=True), out=out)
+    return np.subtract(shifted, np.log(np.exp(shifted).sum(-1, keepdims=True)), out=shifted)
 
 
 def force_token(logits: np.ndarray, rows: np.ndarray, token_id: int | None) -> np.ndarray:
@@ -125,13 +128,9 @@ class Sampler:
     def __call__(self, logits: np.ndarray) -> np.ndarray:
         if self.method == "greedy":
             return logits.argmax(-1)
-        # `cumsum(exp(log_softmax(filtered)))`, worked in place on the new array `filtered`
-        # returns: the same numbers, without a vocabulary-sized temporary per operation
-        # (each a fresh allocation the kernel faults in page by page; most of the cost).
+        # In place on the new array `filtered` returns (see `log_softmax`).
         cumulative = self.filtered(logits)
-        cumulative -= cumulative.max(-1, keepdims=True)
-        cumulative -= np.log(np.exp(cumulative).sum(-1, keepdims=True))
-        np.exp(cumulative, out=cumulative)
+        np.exp(log_softmax(cumulative, out=cumulative), out=cumulative)
         np.cumsum(cumulative, -1, out=cumulative)
         draws = self.rng.random((len(cumulative), 1))
         chosen = (cumulative < draws).sum(-1)
