@@ -285,9 +285,7 @@ def goals(rows: dict) -> dict:
 
     batch = [rows[p]["decode_32_tok_s"] for p in PEERS if p in rows]
     served = rows.get("served-int4", {}).get("served_tok_s")
-    ceiling = served_ceiling(rows["int4"]) if "int4" in rows else None
-    if ceiling and "served-int4" in rows:
-        rows["served-int4"]["served_ceiling_tok_s"] = ceiling
+    ceiling = rows.get("served-int4", {}).get("served_ceiling_tok_s")
     return {"served_32_vs_ceiling": served / ceiling if served and ceiling else None,
             "ceiling_vs_best_peer_batch": ceiling / max(batch) if ceiling and batch else None,
             "decode_1_vs_llama_q4_0": ratio("int4", "llama.cpp-Q4_0", "decode_1_tok_s"),
@@ -349,6 +347,8 @@ def main(argv: list[str] | None = None) -> dict:
                         print(f"{number} | {system} | {row['file_bytes'] / 1e6:.0f} | "
                               f"{row.get('export_s', 0):.0f} | {' | '.join(cells)} | {batch:.0f}",
                               flush=True)  # fmt: skip
+                    if "int4" in rows and "served-int4" in rows:
+                        rows["served-int4"]["served_ceiling_tok_s"] = served_ceiling(rows["int4"])
                     rounds.append({"rows": rows, "goals": goals(rows)})
                     shown = {k: v and round(v, 2) for k, v in rounds[-1]["goals"].items()}
                     print("goals:", json.dumps(shown), flush=True)
