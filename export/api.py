@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import keras
+from keras_attn_export import qkv_switch
 from keras_attn_export.atomic import replace, temporary_folder
 from keras_attn_export.compare import parity_rows, sweep, text_parity
 from keras_attn_export.describe import (
@@ -216,6 +217,7 @@ def export_model(
 def _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantize, int8_weights,
             weight_only, max_length, tolerance, batch_sizes, sequence_lengths, input_ranges,
             strings_in, labels, task, overwrite, verbose) -> "Manifest":  # fmt: skip
+    import onnx
     import onnxruntime as ort
 
     formats = _check_formats(formats, optimize, quantize, strings_in)
@@ -310,7 +312,10 @@ def _export(model, out_dir, tokenizer, packer, formats, opset, optimize, quantiz
         cases, rows, worst = [], [], 0.0
         if not generation:  # the decode graph's own checks are its parity
             cases = sweep(reference, batch_sizes, sequence_lengths, input_ranges)
-            rows = parity_rows(cases, saved, sessions, onnx_info.get("unpadded"))
+            branches = {file: list(qkv_switch.branch_sessions(onnx.load(tmp / file)).values())
+                        for file in onnx_info.get("qkv_switch", {})}  # fmt: skip
+            rows = parity_rows(cases, saved, sessions, onnx_info.get("unpadded"), branches)
+            del branches
             worst = check(rows, tolerance)
         text_onnx = None
         if strings_in and not is_seq2seq(model):

@@ -3,6 +3,7 @@
 graphs of a causal LM, and the text graph (tokenizer as onnxruntime-extensions operators)."""
 
 import contextlib
+import math
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import keras
 import numpy as np
+from keras_attn_export import qkv_switch
 from keras_attn_export.compare import TEXT_SAMPLES
 from keras_attn_export.describe import max_sequence_length, max_token_id, model_max_length
 from keras_attn_export.onnx import run_onnx, write_onnx
@@ -39,25 +41,56 @@ def write_onnx_files(model: keras.Model, folder: Path, opset: int, optimize: boo
     """Writes `model.onnx` [+ `model.opt.onnx`]; returns the manifest's `onnx` entry with the
     fused operators onnxruntime runs in each file (`write_int8` adds the int8 file). The fused
     file, when written, is the one served (`file`); `unpadded` names the files that skip
-    padding and which input says where it is."""
+    padding and which input says where it is; `qkv_switch` the files that also project q, k
+    and v on real tokens where a batch is mostly padding, with the threshold measured here."""
     import onnx
     from keras_attn_export.optimize import fuse, padding_rule, runtime_fused_counts
 
     write_onnx(model, folder / "model.onnx", opset)
-    files, unpadded = ["model.onnx"], {}
+    files, unpadded, switches = ["model.onnx"], {}, {}
     if optimize:
         fused = fuse(onnx.load(folder / "model.onnx"))
-        onnx.save(fused, folder / "model.opt.onnx")
-        files.append("model.opt.onnx")
         if (rule := padding_rule(fused)) is not None:
             unpadded["model.opt.onnx"] = rule
+            switched = qkv_switch.switch(
+                fused, fuse(onnx.load(folder / "model.onnx"), pack_qkv=False), rule
+            )
+            if switched is not None:  # q, k and v on real tokens where the padding is heavy
+                switches["model.opt.onnx"] = qkv_switch.measure(
+                    switched, switch_feeds(model, rule), run_onnx
+                )
+                fused = qkv_switch.with_threshold(switched, switches["model.opt.onnx"]["threshold"])
+        onnx.save(fused, folder / "model.opt.onnx")
+        files.append("model.opt.onnx")
+    fused_ops = {file: runtime_fused_counts(folder / file) for file in files}
+    for file, record in switches.items():  # `fused_ops` counts the packed branch
+        record["unpadded_fused_ops"] = runtime_fused_counts(folder / file, "unpadded")
     return {
         "file": files[-1],
         "opset": opset,
         "files": files,
-        "fused_ops": {file: runtime_fused_counts(folder / file) for file in files},
+        "fused_ops": fused_ops,
         "unpadded": unpadded,
+        "qkv_switch": switches,
     }
+
+
+def switch_feeds(model: keras.Model, rule: dict, rows: int = 8) -> dict[float, dict]:
+    """Inputs of `rows` rows of up to 64 positions, with every row but the first cut to give
+    about 50 and 75% padding, by padding share: what `qkv_switch.measure` times."""
+    from keras_attn_export.parity import sample_inputs
+
+    length = min(64, max_sequence_length(model) or 64)
+    one = sample_inputs(input_specs(model), 1, length, max_token_id(model))
+    feeds = {}
+    for target in (0.5, 0.75):
+        cut = min(length - 1, math.ceil(target * rows * length / (rows - 1)))  # >= target
+        batch = {name: np.repeat(x, rows, axis=0) for name, x in one.items()}
+        for name, x in batch.items():
+            if np.issubdtype(x.dtype, np.integer) and "position" not in name:
+                x[1:, ..., length - cut :] = rule["pad_token_id"] if name == rule["input"] else 0
+        feeds[float(np.mean(batch[rule["input"]] == rule["pad_token_id"]))] = batch
+    return feeds
 
 
 def write_int8(

@@ -53,9 +53,16 @@ def padding_rule(model: "onnx.ModelProto") -> dict | None:
     return None
 
 
-def count_ops(model: "onnx.ModelProto") -> dict[str, int]:
-    """`{op_type: count}` of the fused operators (`FUSED_OPS`) in an ONNX model (proto)."""
-    counts = collections.Counter(node.op_type for node in model.graph.node)
+def count_ops(model: "onnx.ModelProto", qkv: str = "packed") -> dict[str, int]:
+    """`{op_type: count}` of the fused operators (`FUSED_OPS`) in an ONNX model (proto); in a
+    graph with q/k/v switched by padding (`keras_attn_export.qkv_switch`), those of its
+    `qkv` branch (`"packed"` or `"unpadded"`) with the graph's own."""
+    from keras_attn_export import qkv_switch
+
+    nodes = list(model.graph.node)
+    if qkv_switch.find(model) is not None:
+        nodes += list(qkv_switch.branch(model, qkv).node)
+    counts = collections.Counter(node.op_type for node in nodes)
     return {op: counts[op] for op in FUSED_OPS if counts[op]}
 
 
@@ -131,9 +138,10 @@ def fuse(model: "onnx.ModelProto", pack_qkv: bool = True, unpad: bool = True) ->
     return fused
 
 
-def runtime_fused_counts(path: Path) -> dict[str, int]:
+def runtime_fused_counts(path: Path, qkv: str = "packed") -> dict[str, int]:
     """Fused operators after onnxruntime's own load-time optimizations of the file at `path`
-    (what a session actually runs), from its offline-optimized copy."""
+    (what a session actually runs), from its offline-optimized copy; of its `qkv` branch
+    where q/k/v are switched by padding (`count_ops`)."""
     import onnx
     import onnxruntime as ort
 
@@ -142,7 +150,7 @@ def runtime_fused_counts(path: Path) -> dict[str, int]:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
         options.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
         ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        return count_ops(onnx.load(options.optimized_model_filepath))
+        return count_ops(onnx.load(options.optimized_model_filepath), qkv)
 
 
 def gelu_fed_matmuls(model: "onnx.ModelProto") -> list[str]:

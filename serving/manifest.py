@@ -29,8 +29,10 @@ MANIFEST = "manifest.json"
 # for generation only (`export_model(..., formats=["generation"])`). 7:
 # `decoding.gqa.weights`, a decode graph whose weights are 4- or 8-bit integers. 8:
 # `decoding.gqa.weights.prefill`, that graph's twin at the accuracy level faster for prompts.
-FORMAT_VERSION = 8
-READABLE_VERSIONS = (2, 3, 4, 5, 6, 7, 8)
+# 9: `onnx.qkv_switch`, a padding-free graph that also projects q, k and v on real tokens
+# where a batch is mostly padding.
+FORMAT_VERSION = 9
+READABLE_VERSIONS = (2, 3, 4, 5, 6, 7, 8, 9)
 Task = Literal["classify", "tag", "embed", "generate", "span_qa", "multiple_choice",
                "pretraining", "seq2seq"]  # fmt: skip
 TASKS = get_args(Task)
@@ -74,6 +76,22 @@ class PaddingRule(Strict):
     outputs: list[str]
 
 
+class QkvTiming(Strict):
+    padding: float  # the share of the timed batch that is padding
+    packed_ms: float
+    unpadded_ms: float
+
+
+class QkvSwitch(Strict):
+    """A graph that projects q, k and v on real tokens alone where more than `threshold` of
+    a batch is padding, and packed otherwise (`keras_attn_export.qkv_switch`)."""
+
+    threshold: float
+    chosen_by: Literal["measurement"]
+    timings: list[QkvTiming]
+    unpadded_fused_ops: dict[str, int]  # `fused_ops` counts the packed branch
+
+
 class OnnxInfo(Strict):
     file: str  # the graph the server runs: the fused one when the export wrote it
     opset: int
@@ -82,6 +100,7 @@ class OnnxInfo(Strict):
     # Files whose per-position work runs on real tokens only; outputs there are zero at
     # padding (format 4; absent before).
     unpadded: dict[str, PaddingRule] = Field(default_factory=dict)
+    qkv_switch: dict[str, QkvSwitch] = Field(default_factory=dict)  # format 9
 
 
 class SavedModelInfo(Strict):

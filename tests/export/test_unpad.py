@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from keras_attn_export import qkv_switch
 from keras_attn_export.compare import at_real_positions
 from keras_attn_export.onnx import run_onnx
 from keras_attn_export.optimize import fuse, padding_rule
@@ -56,14 +57,23 @@ def _profiled_shapes(session, feeds):
     return shapes
 
 
-def test_real_positions_equal_keras_and_padding_is_zero(exported, tmp_path):
+def _forced(folder, tmp_path, qkv):
+    """`model.opt.onnx` with its q/k/v branch forced (`keras_attn_export.qkv_switch`)."""
+    share = {"packed": qkv_switch.NEVER, "unpadded": qkv_switch.ALWAYS}[qkv]
+    path = tmp_path / f"{qkv}.onnx"
+    onnx.save(qkv_switch.with_threshold(onnx.load(folder / "model.opt.onnx"), share), path)
+    return path
+
+
+@pytest.mark.parametrize("qkv", ["packed", "unpadded"])
+def test_real_positions_equal_keras_and_padding_is_zero(exported, tmp_path, qkv):
     encoder, folder, manifest = exported
     assert manifest["onnx"]["file"] == "model.opt.onnx"  # the graph the server runs
     assert manifest["onnx"]["unpadded"]["model.opt.onnx"].model_dump() == {
         "input": "token_ids", "pad_token_id": 0, "outputs": ["sequence_output"]
     }  # fmt: skip
     expected = encoder(_feeds(IDS))
-    got = run_onnx(_session(folder / "model.opt.onnx"), _feeds(IDS))
+    got = run_onnx(_session(_forced(folder, tmp_path, qkv)), _feeds(IDS))
     padded = tmp_path / "padded.onnx"  # the same fusion, padding computed
     onnx.save(fuse(onnx.load(folder / "model.onnx"), unpad=False), padded)
     reference = run_onnx(_session(padded), _feeds(IDS))
@@ -80,7 +90,7 @@ def test_real_positions_equal_keras_and_padding_is_zero(exported, tmp_path):
 
 def test_per_position_operators_run_on_the_real_tokens_alone(exported, tmp_path):
     _, folder, _ = exported
-    session = _session(folder / "model.opt.onnx", profile=tmp_path / "profile")
+    session = _session(_forced(folder, tmp_path, "packed"), profile=tmp_path / "profile")
     shapes = _profiled_shapes(session, _feeds(IDS))
     real = int(KEPT.sum())
     assert real == 26  # of 42 positions: 24 real, and the first of 2 rows that start padded
@@ -98,10 +108,11 @@ def test_per_position_operators_run_on_the_real_tokens_alone(exported, tmp_path)
     assert shapes["Attention"] == [[*IDS.shape, 16]] * 2
 
 
-def test_a_batch_of_padding_alone_keeps_each_rows_first_position(exported):
+@pytest.mark.parametrize("qkv", ["packed", "unpadded"])
+def test_a_batch_of_padding_alone_keeps_each_rows_first_position(exported, tmp_path, qkv):
     encoder, folder, _ = exported
     ids = np.zeros((3, 4), "int32")
-    got = run_onnx(_session(folder / "model.opt.onnx"), _feeds(ids))
+    got = run_onnx(_session(_forced(folder, tmp_path, qkv)), _feeds(ids))
     expected = encoder(_feeds(ids))
     assert got["sequence_output"].shape == (3, 4, 16) and not got["sequence_output"][:, 1:].any()
     np.testing.assert_allclose(got["sequence_output"][:, 0], expected["sequence_output"][:, 0],

@@ -104,7 +104,7 @@ def test_with_no_padding_id_every_id_is_generated():
         # missing or mistyped field, a bare NaN.
         (
             lambda m, f: m.update(format_version=1),
-            "format_version 1; this reader knows 2, 3, 4, 5, 6, 7, 8",
+            "format_version 1; this reader knows 2, 3, 4, 5, 6, 7, 8, 9",
         ),
         (lambda m, f: m.update(format_version="2"), "format_version '2'"),
         (lambda m, f: m.update(surprise=1), "field 'surprise': Extra inputs"),

@@ -1,0 +1,215 @@
+"""One padding-free encoder graph that projects queries, keys and values on real tokens where
+that pays, chosen per batch by its padding share.
+
+The padding-free fusion (`keras_attn_export.unpad`) can leave an attention's q, k and v in
+onnxruntime's packed `Attention` (one `(d, 3d)` matmul over every position of the padded
+`(B, T)` layout) or project them on the kept tokens alone (`fuse(pack_qkv=False)`) and scatter
+each into the padded layout for `MultiHeadAttention` (onnxruntime's CPU `MultiHeadAttention`
+takes no packed q/k/v). The second computes less where a batch is mostly padding, and pays its
+scatters and the unpacked operator where it is not: on MiniLM-L6 (2-core Xeon) it ran 1.08x the
+packed graph at 80% padding and 0.97x at 20% (`bench/unpad.py`).
+
+`switch` writes both behind one ONNX `If` on the batch's padding share (the share of the
+padding input's values that are its padding id): above the threshold, the branch with q, k
+and v unpadded; otherwise the packed one. The weights live once, in the outer graph, shared by
+both branches. The threshold is the scalar initializer `THRESHOLD`: `measure` times both
+branches on the exporting CPU at half padding and more (`choose`), and `with_threshold` sets
+it (-1 runs the unpadded branch always, 1 never).
+"""
+
+import hashlib
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import onnx
+
+THRESHOLD = "unpadded_qkv_above"  # the initializer holding the padding share
+SWITCH = "qkv_switch"  # the If node's name
+BRANCHES = {"unpadded": "then_branch", "packed": "else_branch"}  # q/k/v -> the If's attribute
+ALWAYS, NEVER = -1.0, 1.0  # thresholds that force each branch
+
+
+def switch(
+    packed: "onnx.ModelProto", unpadded: "onnx.ModelProto", rule: dict, threshold: float = 0.5
+) -> "onnx.ModelProto | None":
+    """`packed` and `unpadded` (two fusions of one graph, with the same inputs, outputs and
+    padding `rule`) as one graph that runs `unpadded` where more than `threshold` of the
+    padding input is padding; None where they cannot share one (their inputs or outputs
+    differ, or a node holds a subgraph)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    graphs = {"packed": packed.graph, "unpadded": unpadded.graph}
+    signature = [[(v.name, v.type.SerializeToString()) for v in (*g.input, *g.output)]
+                 for g in graphs.values()]  # fmt: skip
+    if signature[0] != signature[1]:
+        return None
+    if any(a.type == onnx.AttributeProto.GRAPH or a.type == onnx.AttributeProto.GRAPHS
+           for g in graphs.values() for node in g.node for a in node.attribute):  # fmt: skip
+        return None
+    source = {v.name: v for v in packed.graph.input}.get(rule["input"])
+    if source is None:
+        return None
+    weights: dict[str, onnx.TensorProto] = {}  # content hash -> the one outer initializer
+    branches = {kind: _branch(graph, kind, weights) for kind, graph in graphs.items()}
+    dtype = helper.tensor_dtype_to_np_dtype(source.type.tensor_type.elem_type)
+    constants = [
+        numpy_helper.from_array(np.asarray(rule["pad_token_id"], dtype), "qkv_switch/pad_id"),
+        numpy_helper.from_array(np.asarray(threshold, np.float32), THRESHOLD),
+    ]
+    nodes = [
+        helper.make_node("Equal", [source.name, "qkv_switch/pad_id"], ["qkv_switch/is_pad"]),
+        helper.make_node("Cast", ["qkv_switch/is_pad"], ["qkv_switch/pad"], to=TensorProto.FLOAT),
+        helper.make_node("ReduceMean", ["qkv_switch/pad"], ["qkv_switch/share"], keepdims=0),
+        helper.make_node("Greater", ["qkv_switch/share", THRESHOLD], ["qkv_switch/heavy"]),
+        helper.make_node("If", ["qkv_switch/heavy"], [v.name for v in packed.graph.output],
+                         name=SWITCH, then_branch=branches["unpadded"],
+                         else_branch=branches["packed"]),
+    ]  # fmt: skip
+    graph = helper.make_graph(nodes, packed.graph.name, list(packed.graph.input),
+                              list(packed.graph.output),
+                              [*weights.values(), *constants])  # fmt: skip
+    opsets = {o.domain: o.version for m in (packed, unpadded) for o in m.opset_import}
+    model = helper.make_model(
+        graph,
+        ir_version=max(packed.ir_version, unpadded.ir_version),
+        opset_imports=[helper.make_opsetid(domain, v) for domain, v in opsets.items()],
+    )
+    model.metadata_props.extend(packed.metadata_props)
+    onnx.checker.check_model(model)
+    return model
+
+
+def _branch(graph: "onnx.GraphProto", kind: str, weights: dict) -> "onnx.GraphProto":
+    """`graph`'s nodes as an If branch: its initializers moved to `weights` (one per content,
+    so both branches share what they both hold), its values named `kind/...` apart from the
+    graph's inputs, and its outputs those values."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    inputs = {v.name for v in graph.input}
+    renamed = {}
+    for tensor in graph.initializer:
+        array = numpy_helper.to_array(tensor)
+        key = hashlib.sha256(f"{array.dtype}{array.shape}".encode() + array.tobytes()).hexdigest()
+        if key not in weights:
+            weights[key] = numpy_helper.from_array(array, f"qkv_switch/w{len(weights)}")
+        renamed[tensor.name] = weights[key].name
+
+    def name(value: str) -> str:
+        if not value or value in inputs:
+            return value
+        return renamed.get(value, f"{kind}/{value}")
+
+    nodes = []
+    for node in graph.node:
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
+        copy.name = f"{kind}/{node.name}"
+        copy.input[:] = [name(v) for v in node.input]
+        copy.output[:] = [name(v) for v in node.output]
+        nodes.append(copy)
+    outputs = []
+    for value in graph.output:
+        copy = onnx.ValueInfoProto()
+        copy.CopyFrom(value)
+        copy.name = name(value.name)
+        outputs.append(copy)
+    return helper.make_graph(nodes, f"{kind}_qkv", [], outputs)
+
+
+def find(model: "onnx.ModelProto") -> "onnx.NodeProto | None":
+    """The switch's If node of a graph `switch` wrote, else None."""
+    return next((n for n in model.graph.node if n.op_type == "If" and n.name == SWITCH), None)
+
+
+def branch(model: "onnx.ModelProto", kind: str) -> "onnx.GraphProto":
+    """The `"packed"` or `"unpadded"` branch of a switched graph (for counting operators)."""
+    (graph,) = [a.g for a in find(model).attribute if a.name == BRANCHES[kind]]  # type: ignore[union-attr]
+    return graph
+
+
+def threshold(model: "onnx.ModelProto") -> float | None:
+    """The padding share above which a switched graph runs the unpadded branch, else None."""
+    from onnx import numpy_helper
+
+    for tensor in model.graph.initializer:
+        if tensor.name == THRESHOLD and find(model) is not None:
+            return float(numpy_helper.to_array(tensor))
+    return None
+
+
+def with_threshold(model: "onnx.ModelProto", share: float) -> "onnx.ModelProto":
+    """A copy of the switched `model` whose threshold is `share` (`ALWAYS`, `NEVER` force a
+    branch)."""
+    import onnx
+    from onnx import numpy_helper
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for tensor in copy.graph.initializer:
+        if tensor.name == THRESHOLD:
+            tensor.CopyFrom(numpy_helper.from_array(np.asarray(share, np.float32), THRESHOLD))
+    return copy
+
+
+def branch_sessions(model: "onnx.ModelProto") -> dict:
+    """`{"packed": session, "unpadded": session}`: the switched `model` with each branch
+    forced, for parity checks and timing."""
+    import onnxruntime as ort
+
+    return {
+        kind: ort.InferenceSession(with_threshold(model, share).SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+        for kind, share in (("packed", NEVER), ("unpadded", ALWAYS))
+    }  # fmt: skip
+
+
+def measure(
+    model: "onnx.ModelProto",
+    feeds: dict[float, dict[str, np.ndarray]],
+    run: Callable,
+    rounds: int = 5,
+) -> dict:
+    """Times both branches of the switched `model` on `feeds` (`{padding share: feeds}`),
+    interleaved, medians of `rounds`; returns the manifest's record, with the threshold
+    `choose` reads from the timings."""
+    sessions = branch_sessions(model)
+    for session in sessions.values():
+        for feed in feeds.values():
+            run(session, feed)  # warm-up
+    times: dict[tuple[str, float], list[float]] = {}
+    for _ in range(rounds):
+        for kind, session in sessions.items():
+            for share, feed in feeds.items():
+                start = time.perf_counter()
+                run(session, feed)
+                times.setdefault((kind, share), []).append((time.perf_counter() - start) * 1e3)
+    ms = {key: float(np.median(values)) for key, values in times.items()}
+    timings = [{"padding": round(share, 4), "packed_ms": round(ms[("packed", share)], 3),
+                "unpadded_ms": round(ms[("unpadded", share)], 3)}
+               for share in sorted(feeds)]  # fmt: skip
+    return {"threshold": choose(timings), "chosen_by": "measurement", "timings": timings}
+
+
+def choose(timings: list[dict], margin: float = 1.02) -> float:
+    """The threshold from `timings` (`[{"padding", "packed_ms", "unpadded_ms"}]`, lightest
+    padding first, from half padding up): `NEVER` unless the unpadded branch is `margin`
+    faster at the heaviest share; else the lightest share from which on it is nowhere slower.
+
+    Nothing under half padding is timed. On MiniLM-L6 (2-core Xeon, `bench/unpad.py`) the
+    unpadded branch was 2.7% faster on 8 rows of 64 positions at 25% padding, yet 2-7% slower
+    on length-sorted batches of real text at 2-20%: the gains of small shapes at light
+    padding do not carry to real batches. Above half padding it won on both (1.05-1.11x)."""
+    if timings[-1]["packed_ms"] <= margin * timings[-1]["unpadded_ms"]:
+        return NEVER
+    chosen = timings[-1]["padding"]
+    for timing in reversed(timings[:-1]):
+        if timing["packed_ms"] < timing["unpadded_ms"]:
+            break
+        chosen = timing["padding"]
+    return float(chosen)
