@@ -3,14 +3,16 @@
     python bench/unpad.py                  # 512 requests of serve_traffic's mix, 5 passes
     python bench/unpad.py --requests 128 --passes 1   # quicker
 
-Three graphs from one export of all-MiniLM-L6-v2, all fused (`keras_attn_export.optimize`):
-`padded` (`unpad=False`: every position computed), `unpadded` (the default `model.opt.onnx`:
-per-position work on the kept tokens, q/k/v packed in `Attention` and so still computed on
-every position) and `qkv-unpadded` (`pack_qkv=False`: q, k and v projected on the kept tokens
-too, then `MultiHeadAttention`, since onnxruntime's CPU `MultiHeadAttention` refuses packed
-q/k/v). Batches: serve_traffic's requests in arrival order (32 rows) and length-sorted (4, 16
-and 32 rows), and full rows. Prints requests/s (medians of the passes) with the CPU flags and
-writes JSON. Outputs at real positions are compared with the padded graph's first.
+Four graphs from one export of all-MiniLM-L6-v2, all fused (`keras_attn_export.optimize`):
+`padded` (`unpad=False`: every position computed), `unpadded` (per-position work on the kept
+tokens, q/k/v packed in `Attention` and so still computed on every position), `qkv-unpadded`
+(q, k and v projected on the kept tokens too, then `MultiHeadAttention`, since onnxruntime's
+CPU `MultiHeadAttention` refuses packed q/k/v) and `switched`, the exported `model.opt.onnx`:
+the last two behind one `If` on the batch's padding share, at the threshold measured at export
+(`keras_attn_export.qkv_switch`; the two forced branches are the middle columns). Batches:
+serve_traffic's requests in arrival order (32 rows) and length-sorted (4, 16 and 32 rows), and
+full rows. Prints requests/s (medians of the passes) with the CPU flags and writes JSON.
+Outputs at real positions are compared with the padded graph's first.
 """
 
 import argparse
@@ -31,13 +33,16 @@ from keras_attn.hardware import cpu_flags
 
 def graphs(folder: Path) -> dict[str, Path]:
     import onnx
+    from keras_attn_export import qkv_switch
     from keras_attn_export.optimize import fuse
 
-    model = onnx.load(folder / "model.onnx")
-    paths = {"padded": folder / "padded.onnx", "unpadded": folder / "model.opt.onnx",
-             "qkv-unpadded": folder / "qkv.onnx"}  # fmt: skip
-    onnx.save(fuse(model, unpad=False), paths["padded"])
-    onnx.save(fuse(model, pack_qkv=False), paths["qkv-unpadded"])
+    switched = onnx.load(folder / "model.opt.onnx")
+    paths = {"padded": folder / "padded.onnx", "unpadded": folder / "packed.onnx",
+             "qkv-unpadded": folder / "qkv.onnx",
+             "switched": folder / "model.opt.onnx"}  # fmt: skip
+    onnx.save(fuse(onnx.load(folder / "model.onnx"), unpad=False), paths["padded"])
+    onnx.save(qkv_switch.with_threshold(switched, qkv_switch.NEVER), paths["unpadded"])
+    onnx.save(qkv_switch.with_threshold(switched, qkv_switch.ALWAYS), paths["qkv-unpadded"])
     return paths
 
 
@@ -84,24 +89,34 @@ def main():
                     sum(len(b) for b in batches) / seconds
                 )
     flags = cpu_flags()
+    switch = json.loads((folder / "manifest.json").read_text())["onnx"]["qkv_switch"]
+    print(
+        "q/k/v switch measured at export:",
+        json.dumps(switch["model.opt.onnx"]["timings"]),
+        "threshold",
+        switch["model.opt.onnx"]["threshold"],
+    )
     print(f"MiniLM-L6, raw onnxruntime, {os.cpu_count()} CPUs, flags: {' '.join(flags)}; "
           f"{len(ids)} requests; max |diff| at real positions vs padded: "
           + ", ".join(f"{k} {v:.1e}" for k, v in diffs.items()))  # fmt: skip
     names = list(sessions)
     print(f"{'batches':<14}{'padding':>9}" + "".join(f"{n + ' req/s':>20}" for n in names)
-          + f"{'unpadded ÷ padded':>19}{'qkv ÷ unpadded':>16}")  # fmt: skip
+          + f"{'unpadded ÷ padded':>19}{'qkv ÷ unpadded':>16}{'switched ÷ best':>17}")  # fmt: skip
     table = {}
     for shape, row in rates.items():
         medians = {n: float(np.median(row[n])) for n in names}
         table[shape] = {"padding": row["padding"], **medians}
         cells = "".join(f"{medians[n]:>20.1f}" for n in names)
+        best = max(medians["unpadded"], medians["qkv-unpadded"])
         print(f"{shape:<14}{100 * row['padding']:>8.1f}%{cells}"
               f"{medians['unpadded'] / medians['padded']:>19.2f}"
-              f"{medians['qkv-unpadded'] / medians['unpadded']:>16.2f}")  # fmt: skip
+              f"{medians['qkv-unpadded'] / medians['unpadded']:>16.2f}"
+              f"{medians['switched'] / best:>17.2f}")  # fmt: skip
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"benchmark": "padding-free MiniLM graphs by batch shape", "config": vars(args),
                    "max_abs_diff_vs_padded": diffs, "requests_per_s": table,
+                   "qkv_switch": switch["model.opt.onnx"],
                    "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                                "flags": flags}}, f, indent=2)  # fmt: skip
     print(f"wrote {args.out}")
