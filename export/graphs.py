@@ -32,6 +32,7 @@ from keras_attn.models.cached import CachedCausalLM, cached_causal_lm, model_inp
 from keras_attn.tokenizers import BytePairTokenizer, WordPieceTokenizer
 
 if TYPE_CHECKING:
+    import onnx
     import onnxruntime as ort
 
     from keras_attn.preprocessing import SegmentPacker, StartEndPacker
@@ -52,14 +53,9 @@ def write_onnx_files(model: keras.Model, folder: Path, opset: int, optimize: boo
         fused = fuse(onnx.load(folder / "model.onnx"))
         if (rule := padding_rule(fused)) is not None:
             unpadded["model.opt.onnx"] = rule
-            switched = qkv_switch.switch(
-                fused, fuse(onnx.load(folder / "model.onnx"), pack_qkv=False), rule
-            )
-            if switched is not None:  # q, k and v on real tokens where the padding is heavy
-                switches["model.opt.onnx"] = qkv_switch.measure(
-                    switched, switch_feeds(model, rule), run_onnx
-                )
-                fused = qkv_switch.with_threshold(switched, switches["model.opt.onnx"]["threshold"])
+            fused, record = switch_qkv(model, folder / "model.onnx", fused, rule)
+            if record is not None:
+                switches["model.opt.onnx"] = record
         onnx.save(fused, folder / "model.opt.onnx")
         files.append("model.opt.onnx")
     fused_ops = {file: runtime_fused_counts(folder / file) for file in files}
@@ -75,20 +71,54 @@ def write_onnx_files(model: keras.Model, folder: Path, opset: int, optimize: boo
     }
 
 
+def switch_qkv(
+    model: keras.Model, source: Path, packed: "onnx.ModelProto", rule: dict
+) -> tuple["onnx.ModelProto", dict | None]:
+    """`(graph, record)`: the padding-free `packed` graph with q, k and v also projected on
+    real tokens where a batch is mostly padding (`keras_attn_export.qkv_switch`), at the
+    threshold timed here, and the manifest's record of it; `(packed, None)` where the two
+    fusions cannot share one graph or onnxruntime refuses the switched one."""
+    import onnx
+    from keras_attn_export.optimize import fuse
+    from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
+
+    refused = (ValueError, onnx.checker.ValidationError, ort_errors.Fail,
+               ort_errors.InvalidGraph, ort_errors.InvalidArgument, ort_errors.NotImplemented,
+               ort_errors.RuntimeException)  # fmt: skip
+    try:
+        feeds = switch_feeds(model, rule)
+        if not feeds:
+            return packed, None
+        switched = qkv_switch.switch(packed, fuse(onnx.load(source), pack_qkv=False), rule)
+        if switched is None:
+            return packed, None
+        record = qkv_switch.measure(switched, feeds, run_onnx)
+    except refused:
+        return packed, None  # the packed graph alone, as before the switch
+    return qkv_switch.with_threshold(switched, record["threshold"]), record
+
+
 def switch_feeds(model: keras.Model, rule: dict, rows: int = 8) -> dict[float, dict]:
-    """Inputs of `rows` rows of up to 64 positions, with every row but the first cut to give
-    about 50 and 75% padding, by padding share: what `qkv_switch.measure` times."""
+    """Inputs of `rows` rows, with every row but the first cut to give about 50 and 75%
+    padding, by padding share: what `qkv_switch.measure` times. Rows are up to 64 positions
+    (the padding input's own length where that is fixed); fewer than 4 give no feeds."""
     from keras_attn_export.parity import sample_inputs
 
-    length = min(64, max_sequence_length(model) or 64)
-    one = sample_inputs(input_specs(model), 1, length, max_token_id(model))
+    one = sample_inputs(input_specs(model), 1, min(64, max_sequence_length(model) or 64),
+                        max_token_id(model))  # fmt: skip
+    if rule["input"] not in one or one[rule["input"]].shape[-1] < 4:
+        return {}
+    length = one[rule["input"]].shape[-1]
     feeds = {}
     for target in (0.5, 0.75):
         cut = min(length - 1, math.ceil(target * rows * length / (rows - 1)))  # >= target
         batch = {name: np.repeat(x, rows, axis=0) for name, x in one.items()}
         for name, x in batch.items():
-            if np.issubdtype(x.dtype, np.integer) and "position" not in name:
-                x[1:, ..., length - cut :] = rule["pad_token_id"] if name == rule["input"] else 0
+            aligned = x.shape[-1] == length and "position" not in name
+            if name == rule["input"]:
+                x[1:, ..., length - cut :] = rule["pad_token_id"]
+            elif aligned and np.issubdtype(x.dtype, np.integer):
+                x[1:, ..., length - cut :] = 0  # segment ids, a mask beside the ids
         feeds[float(np.mean(batch[rule["input"]] == rule["pad_token_id"]))] = batch
     return feeds
 

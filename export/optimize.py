@@ -59,6 +59,8 @@ def count_ops(model: "onnx.ModelProto", qkv: str = "packed") -> dict[str, int]:
     `qkv` branch (`"packed"` or `"unpadded"`) with the graph's own."""
     from keras_attn_export import qkv_switch
 
+    if qkv not in qkv_switch.BRANCHES:
+        raise ValueError(f"`qkv` is 'packed' or 'unpadded'. Received: qkv={qkv!r}")
     nodes = list(model.graph.node)
     if qkv_switch.find(model) is not None:
         nodes += list(qkv_switch.branch(model, qkv).node)

@@ -7,14 +7,16 @@ onnxruntime's packed `Attention` (one `(d, 3d)` matmul over every position of th
 each into the padded layout for `MultiHeadAttention` (onnxruntime's CPU `MultiHeadAttention`
 takes no packed q/k/v). The second computes less where a batch is mostly padding, and pays its
 scatters and the unpacked operator where it is not: on MiniLM-L6 (2-core Xeon) it ran 1.08x the
-packed graph at 80% padding and 0.97x at 20% (`bench/unpad.py`).
+packed graph at 82% padding and 0.86-1.01x at 0-20% (`bench/unpad.py`).
 
 `switch` writes both behind one ONNX `If` on the batch's padding share (the share of the
 padding input's values that are its padding id): above the threshold, the branch with q, k
-and v unpadded; otherwise the packed one. The weights live once, in the outer graph, shared by
-both branches. The threshold is the scalar initializer `THRESHOLD`: `measure` times both
-branches on the exporting CPU at half padding and more (`choose`), and `with_threshold` sets
-it (-1 runs the unpadded branch always, 1 never).
+and v unpadded; otherwise the packed one. The weights live in the outer graph, each content
+once, so the branches share all but the packed q/k/v weight (MiniLM-L6's file grew 0.03%:
+its packed weights are concatenated at load; where a fusion folds them into one constant,
+q, k and v are stored twice). The threshold is the scalar initializer `THRESHOLD`: `measure`
+times both branches on the exporting CPU at half padding and more (`choose`), and
+`with_threshold` sets it (-1 runs the unpadded branch always, 1 never).
 """
 
 import hashlib
@@ -27,10 +29,11 @@ import numpy as np
 if TYPE_CHECKING:
     import onnx
 
-THRESHOLD = "unpadded_qkv_above"  # the initializer holding the padding share
+THRESHOLD = "qkv_switch/threshold"  # the initializer holding the padding share
 SWITCH = "qkv_switch"  # the If node's name
 BRANCHES = {"unpadded": "then_branch", "packed": "else_branch"}  # q/k/v -> the If's attribute
 ALWAYS, NEVER = -1.0, 1.0  # thresholds that force each branch
+PREFIXES = ("packed/", "unpadded/", "qkv_switch/")  # names the switched graph adds
 
 
 def switch(
@@ -38,19 +41,29 @@ def switch(
 ) -> "onnx.ModelProto | None":
     """`packed` and `unpadded` (two fusions of one graph, with the same inputs, outputs and
     padding `rule`) as one graph that runs `unpadded` where more than `threshold` of the
-    padding input is padding; None where they cannot share one (their inputs or outputs
-    differ, or a node holds a subgraph)."""
+    padding input is padding; None where they cannot share one: their inputs, outputs or
+    padding rules differ, a node holds a subgraph, a graph output is an input or a constant,
+    a name is one the switch adds, or the two would not fit in one protobuf (2 GB)."""
     import onnx
+    from keras_attn_export.optimize import padding_rule
     from onnx import TensorProto, helper, numpy_helper
 
+    _check_threshold(threshold)
     graphs = {"packed": packed.graph, "unpadded": unpadded.graph}
     signature = [[(v.name, v.type.SerializeToString()) for v in (*g.input, *g.output)]
                  for g in graphs.values()]  # fmt: skip
-    if signature[0] != signature[1]:
+    if signature[0] != signature[1] or padding_rule(unpadded) != rule:
         return None
-    if any(a.type == onnx.AttributeProto.GRAPH or a.type == onnx.AttributeProto.GRAPHS
-           for g in graphs.values() for node in g.node for a in node.attribute):  # fmt: skip
-        return None
+    for model, graph in zip((packed, unpadded), graphs.values(), strict=True):
+        stored = {t.name for t in graph.initializer} | {t.name for t in graph.sparse_initializer}
+        names = [v.name for v in (*graph.input, *graph.output)]
+        produced = {out for node in graph.node for out in node.output}
+        if (model.functions or graph.sparse_initializer or stored & set(names)
+                or any(v.name not in produced for v in graph.output)
+                or any(name.startswith(PREFIXES) for name in names)
+                or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                       for node in graph.node for a in node.attribute)):  # fmt: skip
+            return None
     source = {v.name: v for v in packed.graph.input}.get(rule["input"])
     if source is None:
         return None
@@ -73,15 +86,29 @@ def switch(
     graph = helper.make_graph(nodes, packed.graph.name, list(packed.graph.input),
                               list(packed.graph.output),
                               [*weights.values(), *constants])  # fmt: skip
-    opsets = {o.domain: o.version for m in (packed, unpadded) for o in m.opset_import}
+    opsets: dict[str, int] = {}
+    for opset in (*packed.opset_import, *unpadded.opset_import):
+        opsets[opset.domain] = max(opsets.get(opset.domain, 0), opset.version)
     model = helper.make_model(
         graph,
         ir_version=max(packed.ir_version, unpadded.ir_version),
         opset_imports=[helper.make_opsetid(domain, v) for domain, v in opsets.items()],
+        producer_name=packed.producer_name,
+        producer_version=packed.producer_version,
     )
     model.metadata_props.extend(packed.metadata_props)
+    if model.ByteSize() >= 2**31:  # a protobuf holds under 2 GB; the graphs are written whole
+        return None
     onnx.checker.check_model(model)
     return model
+
+
+def _check_threshold(threshold: float) -> None:
+    if not -1.0 <= threshold <= 1.0:  # NaN too
+        raise ValueError(
+            "`threshold` is a share of padding, from -1 (always unpadded) to 1 (never). "
+            f"Received: threshold={threshold}"
+        )
 
 
 def _branch(graph: "onnx.GraphProto", kind: str, weights: dict) -> "onnx.GraphProto":
@@ -129,7 +156,12 @@ def find(model: "onnx.ModelProto") -> "onnx.NodeProto | None":
 
 def branch(model: "onnx.ModelProto", kind: str) -> "onnx.GraphProto":
     """The `"packed"` or `"unpadded"` branch of a switched graph (for counting operators)."""
-    (graph,) = [a.g for a in find(model).attribute if a.name == BRANCHES[kind]]  # type: ignore[union-attr]
+    if kind not in BRANCHES:
+        raise ValueError(f"`kind` is 'packed' or 'unpadded'. Received: kind={kind!r}")
+    node = find(model)
+    if node is None:
+        raise ValueError("`model` has no q/k/v switch (`qkv_switch.switch` writes one)")
+    (graph,) = [a.g for a in node.attribute if a.name == BRANCHES[kind]]
     return graph
 
 
@@ -149,6 +181,9 @@ def with_threshold(model: "onnx.ModelProto", share: float) -> "onnx.ModelProto":
     import onnx
     from onnx import numpy_helper
 
+    _check_threshold(share)
+    if threshold(model) is None:
+        raise ValueError("`model` has no q/k/v switch (`qkv_switch.switch` writes one)")
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     for tensor in copy.graph.initializer:
@@ -198,17 +233,20 @@ def measure(
 
 def choose(timings: list[dict], margin: float = 1.02) -> float:
     """The threshold from `timings` (`[{"padding", "packed_ms", "unpadded_ms"}]`, lightest
-    padding first, from half padding up): `NEVER` unless the unpadded branch is `margin`
-    faster at the heaviest share; else the lightest share from which on it is nowhere slower.
+    padding first): of those at half padding or more (0.45, for rounding), `NEVER` unless the
+    unpadded branch is `margin` faster at the heaviest; else the lightest share from which on
+    it is nowhere slower (the unpadded branch runs above it).
 
-    Nothing under half padding is timed. On MiniLM-L6 (2-core Xeon, `bench/unpad.py`) the
-    unpadded branch was 2.7% faster on 8 rows of 64 positions at 25% padding, yet 2-7% slower
-    on length-sorted batches of real text at 2-20%: the gains of small shapes at light
-    padding do not carry to real batches. Above half padding it won on both (1.05-1.11x)."""
-    if timings[-1]["packed_ms"] <= margin * timings[-1]["unpadded_ms"]:
+    Nothing under half padding counts. On MiniLM-L6 (2-core Xeon, `bench/unpad.py`) the
+    unpadded branch was 2.7% faster on 8 rows of 64 positions at 25% padding, yet 2-14%
+    slower on length-sorted and full batches of real text at 0-20%: the gains of small shapes
+    at light padding do not carry to real batches. At 51% it was 1.02x on 8 rows, at 75%
+    1.13x, and 1.08x on arrival-order batches at 82%."""
+    heavy = [t for t in timings if t["padding"] >= 0.45]
+    if not heavy or heavy[-1]["packed_ms"] <= margin * heavy[-1]["unpadded_ms"]:
         return NEVER
-    chosen = timings[-1]["padding"]
-    for timing in reversed(timings[:-1]):
+    chosen = heavy[-1]["padding"]
+    for timing in reversed(heavy[:-1]):
         if timing["packed_ms"] < timing["unpadded_ms"]:
             break
         chosen = timing["padding"]

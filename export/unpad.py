@@ -104,8 +104,32 @@ def padding_rule(mask: "ir.Value") -> tuple[str, int] | None:
     return source.name, pad
 
 
+def _stream_start(query):
+    """The value the first attention's `query` is projected from (back through a bias or
+    scale by constants, then a MatMul by a constant 2-D weight), or `query` itself: with
+    q, k and v as separate MatMuls (`fuse(pack_qkv=False)`) the first block's projections
+    then run on the kept tokens too."""
+    value = query
+    for _ in range(4):
+        node = value.producer() if value is not None else None
+        if node is None or node.domain != "":
+            return query
+        if node.op_type == "MatMul":
+            weight = constant_array(node.inputs[1])
+            return node.inputs[0] if weight is not None and weight.ndim == 2 else query
+        if node.op_type not in ("Add", "Mul") or len(node.inputs) != 2:
+            return query
+        arrays = [constant_array(v) for v in node.inputs]
+        others = [v for v, array in zip(node.inputs, arrays, strict=True) if array is None]
+        if len(others) != 1 or any(a is not None and a.ndim > 1 for a in arrays):
+            return query
+        value = others[0]
+    return query
+
+
 def _mask_of(model):
-    """The one bool `(B, T)` padding mask every attention node reads, and those nodes."""
+    """The one bool `(B, T)` padding mask every attention node reads, those nodes, and the
+    `(B, T, width)` value the packed stream starts from (`_stream_start`)."""
     import onnx_ir as ir
 
     nodes, masks = [], set()
@@ -114,24 +138,25 @@ def _mask_of(model):
         if slot is None or node.domain != "com.microsoft":
             continue
         if len(node.inputs) <= slot or any(v is not None for v in node.inputs[slot + 1 :]):
-            return None, []  # a cache, an attention bias: leave the graph alone
+            return None, [], None  # a cache, an attention bias: leave the graph alone
         index = node.inputs[slot]
         cast = None if index is None else index.producer()
         if cast is None or cast.op_type != "Cast" or cast.inputs[0].dtype != ir.DataType.BOOL:
-            return None, []
+            return None, [], None
         if node.attributes.get_int("unidirectional", 0):
-            return None, []
+            return None, [], None
         masks.add(cast.inputs[0])
         nodes.append(node)
     if len(masks) != 1:
-        return None, []
+        return None, [], None
     (mask,) = masks
-    start = nodes[0].inputs[0]
-    if _rank(mask) != 2 or padding_rule(mask) is None or _rank(start) != 3:
-        return None, []
-    if not same_dims(start.shape[:2], mask.shape):
-        return None, []  # the first attention's query is not one row per masked position
-    return mask, nodes
+    if _rank(mask) != 2 or padding_rule(mask) is None:
+        return None, [], None
+    query = nodes[0].inputs[0]
+    for start in dict.fromkeys((_stream_start(query), query)):
+        if _rank(start) == 3 and same_dims(start.shape[:2], mask.shape):
+            return mask, nodes, start
+    return None, [], None  # the first attention's query is not one row per masked position
 
 
 def _reads_first_position(node):
@@ -242,10 +267,9 @@ def unpad(model: "ir.Model") -> dict | None:
     the graph outputs now zero there), or None when the graph is left as it was."""
     import onnx_ir as ir
 
-    mask, attention = _mask_of(model)
+    mask, attention, start = _mask_of(model)
     if mask is None:
         return None
-    start = attention[0].inputs[0]
     plan = _planned(model.graph, start, attention, mask)
     if plan is None:
         return None

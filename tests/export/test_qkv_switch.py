@@ -41,7 +41,7 @@ def test_the_manifest_records_the_measured_threshold_and_each_branchs_operators(
     assert padding_rule(graph) == manifest["onnx"]["unpadded"]["model.opt.onnx"].model_dump()
 
 
-def test_the_weights_are_stored_once_for_both_branches(fused_encoder):
+def test_the_branches_share_their_weights(fused_encoder):
     _, folder, _ = fused_encoder
     model = onnx.load(folder / "model.onnx")
     packed = fuse(model)
@@ -116,7 +116,7 @@ def test_export_parity_runs_the_unpadded_branch_too(monkeypatch, tmp_path):
     original = qkv_switch.switch
 
     def wrong_unpadded(packed, unpadded, rule, threshold=0.5):
-        for tensor in unpadded.graph.initializer:  # one projection of the unpadded branch
+        for tensor in unpadded.graph.initializer:  # one (16, n) weight of the unpadded branch
             array = onnx.numpy_helper.to_array(tensor)
             if array.ndim == 2 and array.dtype == np.float32 and array.shape[0] == 16:
                 # Scaled: adding a constant would change nothing after a LayerNorm (its
@@ -129,5 +129,85 @@ def test_export_parity_runs_the_unpadded_branch_too(monkeypatch, tmp_path):
     monkeypatch.setattr(qkv_switch, "choose", lambda timings: qkv_switch.NEVER)
     keras.utils.set_random_seed(0)
     encoder = Encoder(50, 16, hidden_dim=16, num_layers=1, num_heads=2, dropout=0.0)
-    with pytest.raises(ParityError, match="onnx_opt"):
+    with pytest.raises(ParityError, match="differs from Keras"):
         export_model(encoder, tmp_path / "enc", formats=["onnx"], optimize=True, verbose=False)
+
+
+def test_the_unpadded_branch_projects_q_k_v_on_the_real_tokens_alone(fused_encoder, tmp_path):
+    import onnxruntime as ort
+
+    _, folder, _ = fused_encoder
+    path = tmp_path / "unpadded.onnx"
+    onnx.save(qkv_switch.with_threshold(onnx.load(folder / "model.opt.onnx"), qkv_switch.ALWAYS),
+              path)  # fmt: skip
+    options = ort.SessionOptions()
+    options.enable_profiling = True
+    options.profile_file_prefix = str(tmp_path / "profile")
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    shapes = _profiled_shapes(session, _feeds(IDS))
+    kept = int(((IDS != 0) | (np.arange(IDS.shape[1]) == 0)).sum())  # 26 of 42 positions
+    matmuls = [s for op in ("MatMul", "FusedMatMul") for s in shapes.get(op, [])]
+    # Per block: q, k, v, the attention output and 2 feed-forward projections, on the kept
+    # tokens alone (onnxruntime may fuse some); none on the padded (B, T) layout.
+    assert sum(s[:2] == [1, kept] for s in matmuls) >= 2 * 6, matmuls
+    assert not [s for s in matmuls if len(s) == 3 and s[:2] == list(IDS.shape)], matmuls
+    assert shapes["MultiHeadAttention"] == [[*IDS.shape, 16]] * 2  # q scattered back for it
+
+
+def test_feeds_timed_at_export_are_half_and_three_quarters_padding():
+    from keras_attn_export.graphs import switch_feeds
+
+    from tests.models.model_cases import build
+
+    model = build("multiple_choice")[0]  # token ids (B, C, T): choices merged into the batch
+    pad = 99_999  # not an id the sampled rows hold: the rule's padding id, whatever it is
+    feeds = switch_feeds(model, {"input": "token_ids", "pad_token_id": pad, "outputs": []})
+    (light, heavy) = sorted(feeds)
+    assert 0.5 <= light < 0.6 and 0.75 <= heavy < 0.85
+    for share, batch in feeds.items():
+        ids = batch["token_ids"]
+        assert ids.ndim == 3 and np.mean(ids == pad) == share
+        assert not (ids[0] == pad).any()  # the first row is whole
+        # Segment ids are cut where the ids are: padding there is segment 0.
+        assert not batch["segment_ids"][ids == pad].any()
+    assert switch_feeds(model, {"input": "no_such_input", "pad_token_id": 0}) == {}
+
+
+def test_graphs_a_switch_cannot_hold_are_left_alone(fused_encoder):
+    from onnx import helper
+
+    _, folder, _ = fused_encoder
+    model = onnx.load(folder / "model.onnx")
+    packed, unpadded = fuse(model), fuse(model, pack_qkv=False)
+    rule = padding_rule(packed)
+    # Another padding rule (e.g. the unpad pass refused one fusion), a name the switch adds.
+    assert qkv_switch.switch(packed, fuse(model, unpad=False, pack_qkv=False), rule) is None
+    for graph in (packed, unpadded):
+        graph.graph.output[0].name = "qkv_switch/sequence_output"
+        graph.graph.node.append(helper.make_node("Identity", ["sequence_output"],
+                                                 ["qkv_switch/sequence_output"]))  # fmt: skip
+    assert qkv_switch.switch(packed, unpadded, rule) is None
+    # A graph output that is a graph input: an If may not return an outer value.
+    packed, unpadded = fuse(model), fuse(model, pack_qkv=False)
+    for graph in (packed, unpadded):
+        graph.graph.output.append(graph.graph.input[0])
+    assert qkv_switch.switch(packed, unpadded, rule) is None
+
+
+def test_wrong_arguments_name_themselves(fused_encoder):
+    from keras_attn_export.optimize import count_ops
+
+    _, folder, _ = fused_encoder
+    switched, plain = onnx.load(folder / "model.opt.onnx"), onnx.load(folder / "model.onnx")
+    with pytest.raises(ValueError, match="threshold=nan"):
+        qkv_switch.with_threshold(switched, float("nan"))
+    with pytest.raises(ValueError, match="threshold=2"):
+        qkv_switch.with_threshold(switched, 2.0)
+    with pytest.raises(ValueError, match="has no q/k/v switch"):
+        qkv_switch.with_threshold(plain, 0.5)
+    with pytest.raises(ValueError, match="has no q/k/v switch"):
+        qkv_switch.branch(plain, "packed")
+    with pytest.raises(ValueError, match="kind='both'"):
+        qkv_switch.branch(switched, "both")
+    with pytest.raises(ValueError, match="qkv='both'"):
+        count_ops(plain, qkv="both")
