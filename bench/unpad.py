@@ -4,15 +4,16 @@
     python bench/unpad.py --requests 128 --passes 1   # quicker
 
 Four graphs from one export of all-MiniLM-L6-v2, all fused (`keras_attn_export.optimize`):
-`padded` (`unpad=False`: every position computed), `unpadded` (per-position work on the kept
-tokens, q/k/v packed in `Attention` and so still computed on every position), `qkv-unpadded`
-(q, k and v projected on the kept tokens too, then `MultiHeadAttention`, since onnxruntime's
-CPU `MultiHeadAttention` refuses packed q/k/v) and `switched`, the exported `model.opt.onnx`:
-the last two behind one `If` on the batch's padding share, at the threshold measured at export
-(`keras_attn_export.qkv_switch`; the two forced branches are the middle columns). Batches:
-serve_traffic's requests in arrival order (32 rows) and length-sorted (4, 16 and 32 rows), and
-full rows. Prints requests/s (medians of the passes) with the CPU flags and writes JSON.
-Outputs at real positions are compared with the padded graph's first.
+`padded` (`unpad=False`: every position computed), `unpadded` (`fuse()` alone: per-position
+work on the kept tokens, q/k/v packed in `Attention` and so still computed on every
+position), `qkv-unpadded` (q, k and v projected on the kept tokens too, then
+`MultiHeadAttention`, since onnxruntime's CPU `MultiHeadAttention` refuses packed q/k/v: the
+exported graph with that branch forced) and `switched`, the exported `model.opt.onnx`: both
+behind one `If` on the batch's padding share, at the threshold measured at export
+(`keras_attn_export.qkv_switch`). Batches: serve_traffic's requests in arrival order (32 rows)
+and length-sorted (4, 16 and 32 rows), and full rows. Prints requests/s (medians of the
+passes) with the CPU flags and writes JSON. Outputs at real positions are compared with the
+padded graph's first.
 """
 
 import argparse
@@ -36,12 +37,13 @@ def graphs(folder: Path) -> dict[str, Path]:
     from keras_attn_export import qkv_switch
     from keras_attn_export.optimize import fuse
 
-    switched = onnx.load(folder / "model.opt.onnx")
+    model = onnx.load(folder / "model.onnx")
     paths = {"padded": folder / "padded.onnx", "unpadded": folder / "packed.onnx",
              "qkv-unpadded": folder / "qkv.onnx",
              "switched": folder / "model.opt.onnx"}  # fmt: skip
-    onnx.save(fuse(onnx.load(folder / "model.onnx"), unpad=False), paths["padded"])
-    onnx.save(qkv_switch.with_threshold(switched, qkv_switch.NEVER), paths["unpadded"])
+    onnx.save(fuse(model, unpad=False), paths["padded"])
+    onnx.save(fuse(model), paths["unpadded"])  # q/k/v packed, no switch
+    switched = onnx.load(paths["switched"])
     onnx.save(qkv_switch.with_threshold(switched, qkv_switch.ALWAYS), paths["qkv-unpadded"])
     return paths
 
