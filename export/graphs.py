@@ -3,7 +3,6 @@
 graphs of a causal LM, and the text graph (tokenizer as onnxruntime-extensions operators)."""
 
 import contextlib
-import math
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,7 +31,6 @@ from keras_attn.models.cached import CachedCausalLM, cached_causal_lm, model_inp
 from keras_attn.tokenizers import BytePairTokenizer, WordPieceTokenizer
 
 if TYPE_CHECKING:
-    import onnx
     import onnxruntime as ort
 
     from keras_attn.preprocessing import SegmentPacker, StartEndPacker
@@ -45,7 +43,7 @@ def write_onnx_files(model: keras.Model, folder: Path, opset: int, optimize: boo
     padding and which input says where it is; `qkv_switch` the files that also project q, k
     and v on real tokens where a batch is mostly padding, with the threshold measured here."""
     import onnx
-    from keras_attn_export.optimize import fuse, padding_rule, runtime_fused_counts
+    from keras_attn_export.optimize import count_ops, fuse, padding_rule, runtime_optimized
 
     write_onnx(model, folder / "model.onnx", opset)
     files, unpadded, switches = ["model.onnx"], {}, {}
@@ -53,14 +51,17 @@ def write_onnx_files(model: keras.Model, folder: Path, opset: int, optimize: boo
         fused = fuse(onnx.load(folder / "model.onnx"))
         if (rule := padding_rule(fused)) is not None:
             unpadded["model.opt.onnx"] = rule
-            fused, record = switch_qkv(model, folder / "model.onnx", fused, rule)
+            fused, record = qkv_switch.switch_qkv(model, folder / "model.onnx", fused, rule)
             if record is not None:
                 switches["model.opt.onnx"] = record
         onnx.save(fused, folder / "model.opt.onnx")
         files.append("model.opt.onnx")
-    fused_ops = {file: runtime_fused_counts(folder / file) for file in files}
-    for file, record in switches.items():  # `fused_ops` counts the packed branch
-        record["unpadded_fused_ops"] = runtime_fused_counts(folder / file, "unpadded")
+    fused_ops = {}
+    for file in files:  # of a switched file, the packed branch; its record, the other
+        optimized = runtime_optimized(folder / file)
+        fused_ops[file] = count_ops(optimized)
+        if file in switches:
+            switches[file]["unpadded_fused_ops"] = count_ops(optimized, "unpadded")
     return {
         "file": files[-1],
         "opset": opset,
@@ -69,58 +70,6 @@ def write_onnx_files(model: keras.Model, folder: Path, opset: int, optimize: boo
         "unpadded": unpadded,
         "qkv_switch": switches,
     }
-
-
-def switch_qkv(
-    model: keras.Model, source: Path, packed: "onnx.ModelProto", rule: dict
-) -> tuple["onnx.ModelProto", dict | None]:
-    """`(graph, record)`: the padding-free `packed` graph with q, k and v also projected on
-    real tokens where a batch is mostly padding (`keras_attn_export.qkv_switch`), at the
-    threshold timed here, and the manifest's record of it; `(packed, None)` where the two
-    fusions cannot share one graph or onnxruntime refuses the switched one."""
-    import onnx
-    from keras_attn_export.optimize import fuse
-    from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
-
-    refused = (ValueError, onnx.checker.ValidationError, ort_errors.Fail,
-               ort_errors.InvalidGraph, ort_errors.InvalidArgument, ort_errors.NotImplemented,
-               ort_errors.RuntimeException)  # fmt: skip
-    try:
-        feeds = switch_feeds(model, rule)
-        if not feeds:
-            return packed, None
-        switched = qkv_switch.switch(packed, fuse(onnx.load(source), pack_qkv=False), rule)
-        if switched is None:
-            return packed, None
-        record = qkv_switch.measure(switched, feeds, run_onnx)
-    except refused:
-        return packed, None  # the packed graph alone, as before the switch
-    return qkv_switch.with_threshold(switched, record["threshold"]), record
-
-
-def switch_feeds(model: keras.Model, rule: dict, rows: int = 8) -> dict[float, dict]:
-    """Inputs of `rows` rows, with every row but the first cut to give about 50 and 75%
-    padding, by padding share: what `qkv_switch.measure` times. Rows are up to 64 positions
-    (the padding input's own length where that is fixed); fewer than 4 give no feeds."""
-    from keras_attn_export.parity import sample_inputs
-
-    one = sample_inputs(input_specs(model), 1, min(64, max_sequence_length(model) or 64),
-                        max_token_id(model))  # fmt: skip
-    if rule["input"] not in one or one[rule["input"]].shape[-1] < 4:
-        return {}
-    length = one[rule["input"]].shape[-1]
-    feeds = {}
-    for target in (0.5, 0.75):
-        cut = min(length - 1, math.ceil(target * rows * length / (rows - 1)))  # >= target
-        batch = {name: np.repeat(x, rows, axis=0) for name, x in one.items()}
-        for name, x in batch.items():
-            aligned = x.shape[-1] == length and "position" not in name
-            if name == rule["input"]:
-                x[1:, ..., length - cut :] = rule["pad_token_id"]
-            elif aligned and np.issubdtype(x.dtype, np.integer):
-                x[1:, ..., length - cut :] = 0  # segment ids, a mask beside the ids
-        feeds[float(np.mean(batch[rule["input"]] == rule["pad_token_id"]))] = batch
-    return feeds
 
 
 def write_int8(

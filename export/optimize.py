@@ -140,10 +140,9 @@ def fuse(model: "onnx.ModelProto", pack_qkv: bool = True, unpad: bool = True) ->
     return fused
 
 
-def runtime_fused_counts(path: Path, qkv: str = "packed") -> dict[str, int]:
-    """Fused operators after onnxruntime's own load-time optimizations of the file at `path`
-    (what a session actually runs), from its offline-optimized copy; of its `qkv` branch
-    where q/k/v are switched by padding (`count_ops`)."""
+def runtime_optimized(path: Path) -> "onnx.ModelProto":
+    """The file at `path` after onnxruntime's own load-time optimizations (what a session
+    actually runs), from its offline-optimized copy."""
     import onnx
     import onnxruntime as ort
 
@@ -152,7 +151,13 @@ def runtime_fused_counts(path: Path, qkv: str = "packed") -> dict[str, int]:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
         options.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
         ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        return count_ops(onnx.load(options.optimized_model_filepath), qkv)
+        return onnx.load(options.optimized_model_filepath)
+
+
+def runtime_fused_counts(path: Path) -> dict[str, int]:
+    """Fused operators onnxruntime runs in the file at `path` (`runtime_optimized`); of the
+    packed branch where q/k/v are switched by padding (`count_ops`)."""
+    return count_ops(runtime_optimized(path))
 
 
 def gelu_fed_matmuls(model: "onnx.ModelProto") -> list[str]:

@@ -20,13 +20,16 @@ times both branches on the exporting CPU at half padding and more (`choose`), an
 """
 
 import hashlib
+import math
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 if TYPE_CHECKING:
+    import keras
     import onnx
 
 THRESHOLD = "qkv_switch/threshold"  # the initializer holding the padding share
@@ -251,3 +254,58 @@ def choose(timings: list[dict], margin: float = 1.02) -> float:
             break
         chosen = timing["padding"]
     return float(chosen)
+
+
+def switch_qkv(
+    model: "keras.Model", source: Path, packed: "onnx.ModelProto", rule: dict
+) -> tuple["onnx.ModelProto", dict | None]:
+    """`(graph, record)`: the padding-free `packed` graph with q, k and v also projected on
+    real tokens where a batch is mostly padding (module docstring), at the
+    threshold timed here, and the manifest's record of it; `(packed, None)` where the two
+    fusions cannot share one graph or onnxruntime refuses the switched one."""
+    import onnx
+    from keras_attn_export.onnx import run_onnx
+    from keras_attn_export.optimize import fuse
+    from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
+
+    refused = (ValueError, onnx.checker.ValidationError, ort_errors.Fail,
+               ort_errors.InvalidGraph, ort_errors.InvalidArgument, ort_errors.NotImplemented,
+               ort_errors.RuntimeException)  # fmt: skip
+    try:
+        feeds = switch_feeds(model, rule)
+        if not feeds:
+            return packed, None
+        switched = switch(packed, fuse(onnx.load(source), pack_qkv=False), rule)
+        if switched is None:
+            return packed, None
+        record = measure(switched, feeds, run_onnx)
+    except refused:
+        return packed, None  # the packed graph alone, as before the switch
+    return with_threshold(switched, record["threshold"]), record
+
+
+def switch_feeds(model: "keras.Model", rule: dict, rows: int = 8) -> dict[float, dict]:
+    """Inputs of `rows` rows, with every row but the first cut to give about 50 and 75%
+    padding, by padding share: what `measure` times. Rows are up to 64 positions
+    (the padding input's own length where that is fixed); fewer than 4 give no feeds."""
+    from keras_attn_export.describe import max_sequence_length, max_token_id
+    from keras_attn_export.parity import sample_inputs
+    from keras_attn_export.saved_model import input_specs
+
+    one = sample_inputs(input_specs(model), 1, min(64, max_sequence_length(model) or 64),
+                        max_token_id(model))  # fmt: skip
+    if rule["input"] not in one or one[rule["input"]].shape[-1] < 4:
+        return {}
+    length = one[rule["input"]].shape[-1]
+    feeds = {}
+    for target in (0.5, 0.75):
+        cut = min(length - 1, math.ceil(target * rows * length / (rows - 1)))  # >= target
+        batch = {name: np.repeat(x, rows, axis=0) for name, x in one.items()}
+        for name, x in batch.items():
+            aligned = x.shape[-1] == length and "position" not in name
+            if name == rule["input"]:
+                x[1:, ..., length - cut :] = rule["pad_token_id"]
+            elif aligned and np.issubdtype(x.dtype, np.integer):
+                x[1:, ..., length - cut :] = 0  # segment ids, a mask beside the ids
+        feeds[float(np.mean(batch[rule["input"]] == rule["pad_token_id"]))] = batch
+    return feeds

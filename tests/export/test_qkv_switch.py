@@ -155,13 +155,12 @@ def test_the_unpadded_branch_projects_q_k_v_on_the_real_tokens_alone(fused_encod
 
 
 def test_feeds_timed_at_export_are_half_and_three_quarters_padding():
-    from keras_attn_export.graphs import switch_feeds
-
     from tests.models.model_cases import build
 
     model = build("multiple_choice")[0]  # token ids (B, C, T): choices merged into the batch
     pad = 99_999  # not an id the sampled rows hold: the rule's padding id, whatever it is
-    feeds = switch_feeds(model, {"input": "token_ids", "pad_token_id": pad, "outputs": []})
+    rule = {"input": "token_ids", "pad_token_id": pad, "outputs": []}
+    feeds = qkv_switch.switch_feeds(model, rule)
     (light, heavy) = sorted(feeds)
     assert 0.5 <= light < 0.6 and 0.75 <= heavy < 0.85
     for share, batch in feeds.items():
@@ -170,7 +169,7 @@ def test_feeds_timed_at_export_are_half_and_three_quarters_padding():
         assert not (ids[0] == pad).any()  # the first row is whole
         # Segment ids are cut where the ids are: padding there is segment 0.
         assert not batch["segment_ids"][ids == pad].any()
-    assert switch_feeds(model, {"input": "no_such_input", "pad_token_id": 0}) == {}
+    assert qkv_switch.switch_feeds(model, {"input": "no_such_input", "pad_token_id": 0}) == {}
 
 
 def test_graphs_a_switch_cannot_hold_are_left_alone(fused_encoder):
