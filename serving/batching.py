@@ -39,12 +39,17 @@ class _Request:
         first = next(iter(feeds.values()))
         self.rows = first.shape[0] if first.ndim else 1
         lengths = {feeds[n].shape[1] for n in sequence_axis_inputs if n in feeds}
-        self.length = lengths.pop() if len(lengths) == 1 else None
+        rows = {a.shape[0] if a.ndim else 1 for a in feeds.values()}
+        self.length = next(iter(lengths)) if len(lengths) == 1 else None
         # Requests merge when names, dtypes and every axis but batch (and sequence) agree.
-        self.key = tuple(
+        self.key: tuple = tuple(
             (name, a.dtype, a.shape[2:] if name in sequence_axis_inputs else a.shape[1:])
             for name, a in sorted(feeds.items())
         )
+        if len(lengths) > 1 or len(rows) > 1:
+            # Inputs that disagree in rows or length run alone: whatever the model makes of
+            # them (an error, most likely) is theirs, never their batch companions'.
+            self.key = (id(self),)
 
 
 class _Batch:

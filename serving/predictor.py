@@ -23,6 +23,7 @@ from keras_attn_serving.predictor_generation import Generates, per_row_index
 from keras_attn_serving.seq2seq import EncoderDecoder
 from keras_attn_serving.shared_steps import SharedSteps
 from keras_attn_serving.tokenizer import load_text_tokenizer
+from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike
@@ -214,12 +215,26 @@ class Predictor(Generates):
         self._check_session()
         if set(feeds) != set(self.inputs):
             raise InputError(f"inputs must be {sorted(self.inputs)}; received {sorted(feeds)}")
-        return {name: self._checked(name, value) for name, value in feeds.items()}
+        checked = {name: self._checked(name, value) for name, value in feeds.items()}
+        rows = {name: a.shape[0] for name, a in checked.items()}
+        if len(set(rows.values())) > 1:  # every input of a Keras model shares the batch axis
+            raise InputError(f"inputs must have as many rows each; received {rows}"[:300])
+        return checked
 
     def run_checked(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The model's outputs for inputs `check` accepted."""
+        """The model's outputs for inputs `check` accepted. Inputs of different sequence
+        lengths are the model's to take or not: where onnxruntime cannot run them together,
+        an `InputError` names the lengths (the export checked equal lengths only)."""
         session = self._check_session()
-        outputs = session.run(self.output_names, arrays)
+        try:
+            outputs = session.run(self.output_names, arrays)
+        except (ort_errors.Fail, ort_errors.InvalidArgument, ort_errors.RuntimeException):
+            lengths = {n: a.shape[1] for n, a in arrays.items()
+                       if a.ndim >= 2 and self.inputs[n]["shape"][1] == "sequence"}  # fmt: skip
+            if len(set(lengths.values())) <= 1:
+                raise
+            raise InputError(f"the model cannot run inputs of sequence lengths {lengths} "
+                             "together; give them one length"[:300]) from None  # fmt: skip
         return dict(zip(self.output_names, outputs, strict=True))
 
     def _checked(self, name, value):

@@ -473,3 +473,40 @@ def test_the_tuner_times_batches_with_the_clock_given():
         timed[name] = seen
     assert timed["wall"] and min(timed["wall"]) >= 0.05
     assert timed["cpu"] and max(timed["cpu"]) < 0.02
+
+
+def test_a_request_whose_inputs_disagree_runs_alone():
+    """Token and segment ids of different lengths (or rows) used to be merged with well-formed
+    requests: the padded concatenation failed, and every request of the batch got its 500."""
+
+    def model(feeds):  # as onnxruntime's Add: the two inputs must have one shape
+        if feeds["token_ids"].shape != feeds["segment_ids"].shape:
+            raise RuntimeError("broadcast failed")
+        return {"sum": feeds["token_ids"] + feeds["segment_ids"]}
+
+    held, gate = threading.Event(), threading.Event()
+
+    def run(feeds):
+        held.set()
+        gate.wait()
+        return model(feeds)
+
+    batcher = Batcher(run, max_batch_size=16, workers=1, sequence_inputs=["token_ids",
+                      "segment_ids"], sequence_outputs=["sum"])  # fmt: skip
+    good = {"token_ids": np.ones((1, 3), "int64"), "segment_ids": np.ones((1, 3), "int64")}
+    futures = [batcher.submit(good)]
+    assert held.wait(10)  # the worker holds the first; the rest queue behind it
+    bad = [
+        {"token_ids": np.ones((1, 5), "int64"), "segment_ids": np.ones((1, 3), "int64")},
+        {"token_ids": np.ones((2, 3), "int64"), "segment_ids": np.ones((1, 3), "int64")},
+    ]
+    for k in range(12):
+        futures.append(batcher.submit(bad[k % 2] if k % 4 == 1 else good))
+    gate.set()
+    for k, future in enumerate(futures):
+        if k >= 1 and (k - 1) % 4 == 1:
+            with pytest.raises(RuntimeError, match="broadcast"):
+                future.result(timeout=10)
+        else:
+            np.testing.assert_array_equal(future.result(timeout=10)["sum"], [[2, 2, 2]])
+    batcher.close()
