@@ -51,8 +51,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("out_dir", help="artifact folder to write (replaced if it exists)")
     parser.add_argument(
         "--formats",
-        default="saved_model,onnx",
-        help="comma-separated: saved_model,onnx; or generation alone (a causal LM's decode graph)",
+        default=None,
+        help="comma-separated: saved_model,onnx; or generation alone (a causal LM's decode "
+        "graph, written from its weights: the default for a Hugging Face causal LM folder, "
+        "whatever its size; saved_model,onnx otherwise)",
     )
     parser.add_argument("--opset", type=int, default=17, help="ONNX opset, 13 to 18")
     parser.add_argument(
@@ -229,10 +231,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         import_modules(args.imports)
         labels = parse_labels(args.labels)
         tokenizer, packer = load_tokenizer(args.tokenizer), None
+        formats = args.formats or "saved_model,onnx"
         if os.path.isdir(args.model):
             if tokenizer is not None:
                 raise ValueError("a Hugging Face folder brings its tokenizer: drop --tokenizer")
             model, tokenizer, packer = load_folder(args.model, args.sequence_length)
+            if args.formats is None and isinstance(model, CausalLM):
+                formats = "generation"  # tf2onnx runs out of memory at these models' sizes
         else:
             model = load_model(args.model)
         manifest = export_model(
@@ -240,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.out_dir,
             tokenizer=tokenizer,
             packer=packer,
-            formats=[f.strip() for f in args.formats.split(",") if f.strip()],
+            formats=[f.strip() for f in formats.split(",") if f.strip()],
             opset=args.opset,
             optimize=args.optimize,
             quantize=args.quantize,

@@ -389,6 +389,18 @@ def test_cli_writes_int8_weights_at_the_given_accuracy_level(tmp_path):
     assert weights["quality"]["top1_agreement"] >= 0.9
 
 
+def test_cli_exports_a_causal_lm_folder_as_its_decode_graph_by_default(tmp_path):
+    """A Hugging Face causal LM folder without `--formats`: the decode graph from its
+    weights, not a SavedModel traced through tf2onnx (out of memory at real sizes)."""
+    causal_lm(GPT2_LIKE).save_pretrained(tmp_path / "folder")
+    out = tmp_path / "out"
+    assert cli_main([str(tmp_path / "folder"), str(out), "--max-length", "24"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["onnx"] is None and manifest["saved_model"] is None
+    assert list(manifest["files"]) == ["decode_gqa.onnx"]
+    assert manifest["decoding"]["gqa"]["max_length"] == 24
+
+
 def test_max_length_sizes_the_cache_and_is_checked(tmp_path):
     """`max_length` below the model's positions: the cache and rotary tables hold that many,
     generation within it equals Keras's, and a prompt past it is refused."""
