@@ -1,8 +1,10 @@
 """Generated ids to text, incrementally: each id is decoded once (with a few ids of context),
 and a character still incomplete (a byte-level token that ends mid UTF-8 sequence decodes to
 U+FFFD) is held back until the ids that complete it arrive, so every character is emitted
-exactly once. Joined, the pieces equal the decoding of the prompt and the new ids, less the
-prompt's own text, without leading spaces."""
+exactly once. Joined, the pieces are what the new ids add to the prompt's text, as
+`transformers`' text-generation pipeline gives it (the decoding of prompt and new ids, less
+the prompt's own decoding): the space before a first word stays, so prompt + text is the
+whole text. A chat reply drops it (`reply=True`)."""
 
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -25,7 +27,6 @@ class Detokenizer:
         self.ids = [int(i) for i in prompt[-CONTEXT:]]
         self.before = decode(self.ids)  # the text of the context, already accounted for
         self.pending = False  # ids pushed whose text is not emitted yet
-        self.begun = False  # leading spaces of the continuation are dropped
 
     def push(self, token: int) -> str:
         self.ids.append(int(token))
@@ -43,9 +44,6 @@ class Detokenizer:
         self.ids = self.ids[-CONTEXT:]
         self.before = self.decode(self.ids)
         self.pending = False
-        if not self.begun:
-            piece = piece.lstrip()
-            self.begun = bool(piece)
         return piece
 
 
@@ -54,61 +52,53 @@ class Deltas:
     ready to send, holding back text that could begin a stop string (each pair then goes one
     token late); `stopped` once the text holds a stop string (it is cut before it); `rest()`
     the last pair when the ids end. The text grows through one `Detokenizer`: each character
-    is sent once, and the deltas join into the final text."""
+    is sent once, and the deltas join into the final text.
 
-    def __init__(self, model: Any, prompt: list[int], stops: list[str]) -> None:
+    Stop strings match the text sent, which leaves special tokens' text out (as vLLM
+    matches them), and a special token whose own text is a stop string (`<|im_end|>`) stops
+    where it comes. With `reply`, the spaces before the first word are dropped, whatever the
+    stop strings."""
+
+    def __init__(self, model: Any, prompt: list[int], stops: list[str], reply: bool = False
+                 ) -> None:  # fmt: skip
         self.stops = stops
+        self.reply = reply
         words, size = model.words, model.words.vocabulary_size
-        # Stop strings match the text with special tokens (`<|im_end|>`); the pairs sent
-        # leave those tokens' text out (`hidden`: spans of `text` that special ids wrote).
+        self.special_text = lambda token: words.decode([token], skip_special=False)
         self.specials: frozenset[int] = (
             getattr(words, "special_ids", frozenset()) if stops else frozenset())  # fmt: skip
-        keep = not self.specials
 
         def decode(ids: Sequence[int]) -> str:  # ids past the tokenizer (a model's padded
             # vocabulary: Qwen2 has 151,936 rows for 151,665 tokens) have no text
-            return words.decode([i for i in ids if 0 <= i < size], skip_special=keep)
+            return words.decode([i for i in ids if 0 <= i < size])
 
         self.words = Detokenizer(decode, prompt)
-        self.hidden: list[tuple[int, int]] = []
         self.hold = max(map(len, stops), default=1) - 1
         self.shown, self.text = 0, ""  # characters of `text` sent so far
         self.held: tuple[int, str] | None = None  # the last pair, not sent yet
         self.stopped = False
 
-    def _visible(self, start: int, end: int) -> str:
-        """`text[start:end]` less the characters special ids wrote."""
-        if not self.hidden:
-            return self.text[start:end]
-        keep = [True] * (end - start)
-        for a, b in self.hidden:
-            for i in range(max(a, start), min(b, end)):
-                keep[i - start] = False
-        return "".join(c for c, k in zip(self.text[start:end], keep, strict=True) if k)
-
     def _add(self, piece: str) -> int | None:
         """Appends `piece`; the index of the first stop string it completes, if any (only the
         tail that `piece` can reach is searched)."""
+        if self.reply and not self.text:
+            piece = piece.lstrip(" ")
         start = max(0, len(self.text) - max(map(len, self.stops), default=0) + 1)
         self.text += piece
         found = (i for i in (self.text.find(stop, start) for stop in self.stops) if i >= 0)
         return min(found, default=None) if piece else None
 
     def push(self, token: int) -> list[tuple[int, str]]:
-        piece = self.words.push(token)
-        if token in self.specials:  # a special token's text is whole, at the piece's end
-            own = self.words.decode([token])
-            if own and piece.endswith(own):
-                end = len(self.text) + len(piece)
-                self.hidden.append((end - len(own), end))
-        cut = self._add(piece)
+        cut = self._add(self.words.push(token))
+        if cut is None and token in self.specials and self.special_text(token) in self.stops:
+            cut = len(self.text)
         ready = [] if self.held is None else [self.held]
         self.held = None
         if cut is not None:
             self.stopped = True
-            return [*ready, (token, self._visible(self.shown, max(cut, self.shown)))]
+            return [*ready, (token, self.text[self.shown : max(cut, self.shown)])]
         safe = max(self.shown, len(self.text) - self.hold)
-        pair = (token, self._visible(self.shown, safe))
+        pair = (token, self.text[self.shown : safe])
         self.shown = safe
         if self.hold or self.words.pending:  # the text still to come rides on the last pair
             self.held = pair
@@ -119,7 +109,7 @@ class Deltas:
     def rest(self) -> list[tuple[int, str]]:
         cut = self._add(self.words.flush())
         end = len(self.text) if cut is None else max(cut, self.shown)
-        tail = self._visible(self.shown, end)
+        tail = self.text[self.shown : end]
         self.shown = end
         if self.held is None:  # nothing was held, so nothing is left: the text is all sent
             return []

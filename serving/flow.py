@@ -39,6 +39,7 @@ class Flow:
         self.ids: list[int] = []  # the ids sent, in order
         self.finish_reason: str | None = None
         self.outcome: dict[str, Any] = {}
+        self.offsets: Any = None  # a completion's text offsets (`openai_scores.Offsets`)
 
     async def pairs(self) -> AsyncGenerator[tuple[int, str], None]:
         """The `(id, delta)` pairs as ids are chosen; `TimeoutError` past the time limit,

@@ -39,6 +39,7 @@ class GenerationRequest:
     stop_strings: list[str]
     sampler: Sampler | None  # None: greedy
     beams: Beams | None = None  # beam search instead of one choice per step
+    reply: bool = False  # a chat reply: the spaces before its first word are dropped
 
 
 def _integer(value: Any) -> bool:
@@ -46,7 +47,8 @@ def _integer(value: Any) -> bool:
 
 
 def _refuse(name: str, rule: str, value: Any) -> ServingError:
-    return ServingError(400, f"`{name}` must be {rule}; received {shown(value)}"[:300])
+    return ServingError(400, f"`{name}` must be {rule}; received {shown(value)}"[:300],
+                        param=name)  # fmt: skip
 
 
 def generation_request(

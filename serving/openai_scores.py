@@ -11,6 +11,7 @@ from keras_attn_serving.choosers import (
     json_grammar,
     model_grammar_tokenizer,
 )
+from keras_attn_serving.detokenizer import Detokenizer
 from keras_attn_serving.flow import Flow
 from keras_attn_serving.protocol import ServingError, shown
 from keras_attn_serving.text import TextModel
@@ -21,9 +22,10 @@ if TYPE_CHECKING:
 
 def _chat_logprobs(payload: dict[str, Any]) -> int | None:
     """How many alternatives chat's `logprobs` / `top_logprobs` ask for; None: no scores."""
-    wanted, top = payload.get("logprobs") or False, payload.get("top_logprobs")
-    if not isinstance(wanted, bool):
-        raise ServingError(400, "`logprobs` must be true or false", param="logprobs")
+    wanted, top = payload.get("logprobs"), payload.get("top_logprobs")
+    if wanted is not None and not isinstance(wanted, bool):
+        raise ServingError(400, f"`logprobs` must be true or false; received "
+                                f"{shown(wanted)}"[:200], param="logprobs")  # fmt: skip
     if top is not None and (isinstance(top, bool) or not isinstance(top, int)
                             or not 0 <= top <= MAX_TOP_LOGPROBS):  # fmt: skip
         raise ServingError(400, f"`top_logprobs` must be an integer in [0, {MAX_TOP_LOGPROBS}]"
@@ -74,15 +76,21 @@ def _grammars(model: TextModel, response_format: dict[str, Any], n: int) -> list
         raise ServingError(400, str(error), param="response_format") from None
 
 
-def _token_text(model: TextModel, token: int) -> str:
+def _token(model: TextModel, token: int) -> tuple[str, bytes]:
+    """`(text, bytes)` of one id: a token that is part of a character is written as OpenAI
+    writes it, `bytes:\\xe6\\x9c`, with its own bytes beside (ids past the tokenizer: none)."""
     if not 0 <= token < model.words.vocabulary_size:
-        return ""
-    return model.words.decode([token], skip_special=False)
+        return "", b""
+    raw = model.words.token_bytes(token)
+    try:
+        return raw.decode("utf-8"), raw
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw), raw
 
 
 def _entry(model: TextModel, token: int, logprob: float) -> dict[str, Any]:
-    text = _token_text(model, token)
-    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+    text, raw = _token(model, token)
+    return {"token": text, "logprob": logprob, "bytes": list(raw)}
 
 
 def _scores(flow: Flow, start: int, end: int) -> list[tuple[int, float, Any]] | None:
@@ -105,18 +113,41 @@ def _chat_scores(model: TextModel, flow: Flow, start: int, end: int) -> dict[str
     ]}  # fmt: skip
 
 
+class Offsets:
+    """Where each id a completion sent starts in its `text` (after an echoed prompt of
+    `start` characters): the characters the ids before it added, as its text was built
+    (`Detokenizer`), kept as ids come, so a stream's chunks cost one id each."""
+
+    def __init__(self, model: TextModel, prompt: list[int], start: int) -> None:
+        size = model.words.vocabulary_size
+        decode = lambda ids: model.words.decode([i for i in ids if 0 <= i < size])  # noqa: E731
+        self.words = Detokenizer(decode, model.context(prompt))
+        self.starts: list[int] = []
+        self.end = start
+
+    def upto(self, ids: list[int], count: int) -> list[int]:
+        while len(self.starts) < min(count, len(ids)):
+            self.starts.append(self.end)
+            self.end += len(self.words.push(ids[len(self.starts) - 1]))
+        return self.starts
+
+
 def _completion_scores(model: TextModel, flow: Flow, start: int, end: int
                        ) -> dict[str, Any] | None:  # fmt: skip
     """Completions' `logprobs` of the ids `start:end`: tokens, their log-probabilities, the
-    alternatives and each token's character offset in the generated text."""
+    alternatives (the likelier kept where two read alike) and each token's character offset
+    in the choice's `text` (`flow.offsets`, set by the route)."""
     scores = _scores(flow, start, end)
     if scores is None:
         return None
-    texts = [_token_text(model, token) for token, _, _ in scores]
-    offsets = [sum(len(_token_text(model, t)) for t in flow.ids[:start])]
-    for text in texts[:-1]:
-        offsets.append(offsets[-1] + len(text))
-    return {"tokens": texts, "token_logprobs": [lp for _, lp, _ in scores],
-            "top_logprobs": [{_token_text(model, i): lp for i, lp in top}
-                             for _, _, top in scores],
-            "text_offset": offsets[: len(texts)]}  # fmt: skip
+    offsets = flow.offsets.upto(flow.ids, start + len(scores)) if flow.offsets else []
+    alternatives = []
+    for _, _, top in scores:
+        one: dict[str, float] = {}
+        for i, lp in top:  # most likely first
+            one.setdefault(_token(model, i)[0], lp)
+        alternatives.append(one)
+    return {"tokens": [_token(model, token)[0] for token, _, _ in scores],
+            "token_logprobs": [lp for _, lp, _ in scores],
+            "top_logprobs": alternatives,
+            "text_offset": offsets[start : start + len(scores)]}  # fmt: skip

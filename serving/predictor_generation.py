@@ -225,6 +225,19 @@ class Generates:
         if batcher is not None:
             batcher.close()
 
+    @property
+    def decode_limit(self) -> int | None:
+        """Positions one generation may fill, prompt and new ids together (an
+        encoder-decoder's: its target): the cache graph's length, or the model's where it
+        decodes over the whole prefix; None where neither is known."""
+        if self.encoder_decoder is not None:
+            return self.encoder_decoder.max_length
+        if self.gqa_session is not None:
+            return self.gqa["max_length"]
+        if self.decode_session is not None and self.decoding is not None:
+            return self.decoding["max_length"]
+        return self.max_sequence_length
+
     def _decoder(self, batch, use_cache):
         """`(step, initial state, max length)` of greedy decoding: a decode graph over a
         key/value cache, or the full model over the whole prefix."""

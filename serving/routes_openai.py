@@ -23,6 +23,7 @@ from keras_attn_serving.flow import Flow
 from keras_attn_serving.generation_request import generation_request
 from keras_attn_serving.handling import json_body, predict, request_timeout
 from keras_attn_serving.openai_scores import (
+    Offsets,
     _chat_logprobs,
     _chat_scores,
     _chosen,
@@ -61,9 +62,9 @@ async def _body(request: Request, fields: set[str]) -> dict[str, Any]:
         raise ServingError(400, f"the body must be a JSON object; received "
                                 f"{type(payload).__name__}")  # fmt: skip
     # Fields clients send as defaults (`"logprobs": false`, `"tools": []`) change nothing.
-    inert: tuple[Any, ...] = (None, False, [], {}, "none")
+    inert: tuple[Any, ...] = (None, False, [], {}, "none")  # `0` is not `false` here
     payload = {k: v for k, v in payload.items()
-               if k in fields or not any(v is x or v == x for x in inert)}  # fmt: skip
+               if k in fields or not any(type(v) is type(x) and v == x for x in inert)}  # fmt: skip
     unknown = sorted(str(k)[:40] for k in set(payload) - fields)
     if unknown:
         message = f"unsupported fields {unknown[:8]} (supported: {', '.join(sorted(fields))})"
@@ -149,17 +150,25 @@ def _run(request: Request, model: TextModel, prompt: list[int],
     return [Flow(model, prompt, one, timeout) for one in checked]
 
 
+def _flag(payload: dict[str, Any], name: str) -> bool:
+    """A true-or-false field; absent or null is false."""
+    value = payload.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise ServingError(400, f"`{name}` must be true or false; received "
+                                f"{shown(value)}"[:200], param=name)  # fmt: skip
+    return bool(value)
+
+
 def _stream_flag(payload: dict[str, Any]) -> tuple[bool, bool]:
-    stream = payload.get("stream") or False
-    if not isinstance(stream, bool):
-        raise ServingError(400, "`stream` must be true or false", param="stream")
-    options = payload.get("stream_options") or {}
+    stream = _flag(payload, "stream")
+    options = payload.get("stream_options")
+    options = {} if options is None else options
     if not isinstance(options, dict) or not set(options) <= {"include_usage"}:
         raise ServingError(400, "`stream_options` takes `include_usage` only",
                            param="stream_options")  # fmt: skip
     if options and not stream:
         raise ServingError(400, "`stream_options` needs `stream: true`", param="stream_options")
-    return stream, bool(options.get("include_usage"))
+    return stream, _flag(options, "include_usage")
 
 
 @router.post("/v1/chat/completions")
@@ -174,10 +183,11 @@ async def chat_completions(request: Request):
     if not isinstance(response_format, dict):
         raise ServingError(400, "`response_format` must be an object with a `type`",
                            param="response_format")  # fmt: skip
-    if "max_tokens" in payload and "max_completion_tokens" in payload:
+    given = [k for k in ("max_completion_tokens", "max_tokens") if payload.get(k) is not None]
+    if len(given) > 1:
         raise ServingError(400, "give `max_completion_tokens` or `max_tokens`, not both",
                            param="max_tokens")  # fmt: skip
-    max_name = "max_completion_tokens" if "max_completion_tokens" in payload else "max_tokens"
+    max_name = given[0] if given else "max_tokens"
     n, (stream, include_usage) = _choices(payload), _stream_flag(payload)
     parameters = _parameters(payload, max_name)
     _checked(model, parameters, n)  # every parameter checked before the work of tokenizing
@@ -192,9 +202,11 @@ async def chat_completions(request: Request):
     if response_format.get("type") != "text":
         grammars = await tokenized(request, _grammars, model, response_format, n)
     prompt = await tokenized(request, model.chat_prompt, chat, messages)
-    # No `max_tokens`: the reply may fill the model's length, as OpenAI's may fill the context.
-    room = (model.predictor.max_sequence_length or len(prompt) + 256) - len(prompt)
+    # No `max_tokens`: the reply may fill the positions left, as OpenAI's may fill the context.
+    room = (model.predictor.decode_limit or len(prompt) + 256) - len(prompt)
     checked = _chosen(model, _checked(model, parameters, n, room), top, grammars)
+    for one in checked:
+        one.reply = True
     flows = _run(request, model, prompt, checked)
     scores = functools.partial(_chat_scores, model)
     header = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
@@ -230,12 +242,21 @@ def _characters(value: Any, depth: int = 0) -> int:
     return 0
 
 
-def _prompts(value: Any, field: str = "prompt") -> list[str | list[int]]:
+def _prompts(value: Any, field: str = "prompt", most: int | None = None
+             ) -> list[str | list[int]]:  # fmt: skip
     """A completions `prompt` (or an embeddings `input`): a string, a list of strings, ids,
-    or a list of id lists."""
+    or a list of id lists. Id lists past `most` ids are refused before their ids are read."""
     ints = lambda v: isinstance(v, list) and v and all(  # noqa: E731
         isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 2**31 for i in v
     )  # fmt: skip
+    if isinstance(value, list) and value and isinstance(value[0], int):
+        rows = [value]
+    else:
+        rows = [v for v in value if isinstance(v, list)] if isinstance(value, list) else []
+    longest = max(map(len, rows), default=0)
+    if most is not None and longest > most:
+        raise ServingError(400, f"`{field}` has {longest} tokens; the model takes at most "
+                                f"{most}", param=field)  # fmt: skip
     if isinstance(value, str):
         return [value]
     if ints(value):
@@ -259,14 +280,12 @@ def _unicode(text: str, field: str) -> None:
 async def completions(request: Request):
     payload = await _body(request, COMPLETION_FIELDS)
     _, model = await _model(request, payload, "generate")
-    prompts = _prompts(payload.get("prompt"))
+    prompts = _prompts(payload.get("prompt"), most=model.prompt_limit)
     n, (stream, include_usage) = _choices(payload), _stream_flag(payload)
     if len(prompts) * n > MAX_CHOICES:
         raise ServingError(400, f"{len(prompts)} prompts x n={n} choices; at most "
                                 f"{MAX_CHOICES} in one request", param="prompt")  # fmt: skip
-    echo = payload.get("echo") or False
-    if not isinstance(echo, bool):
-        raise ServingError(400, "`echo` must be true or false", param="echo")
+    echo = _flag(payload, "echo")
     parameters = _parameters(payload, "max_tokens")
     top = _completion_logprobs(payload)
     _checked(model, parameters, n, COMPLETION_MAX_TOKENS)  # checked before tokenizing
@@ -278,7 +297,7 @@ async def completions(request: Request):
                 raise ServingError(413, f"the prompt has {len(one)} characters; at most {limit} "
                                         "(--max-text-chars)", param="prompt")  # fmt: skip
             _unicode(one, "prompt")
-            ids.append(await tokenized(request, model.prompt, one))
+            ids.append(await tokenized(request, model.prompt, one, "prompt"))
         else:
             ids.append(model.id_prompt(one))
     flows = []
@@ -289,6 +308,9 @@ async def completions(request: Request):
     header = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()),
               "model": payload["model"]}  # fmt: skip
     echoed = [p if isinstance(p, str) else model.words.decode(p) for p in prompts] if echo else []
+    if top is not None:  # each token's place in its choice's text
+        for k, flow in enumerate(flows):
+            flow.offsets = Offsets(model, flow.prompt, len(echoed[k // n]) if echo else 0)
     prompt_tokens = sum(len(p) for p in ids)
     if stream:
         started = await _started(flows)
@@ -321,7 +343,8 @@ async def embeddings(request: Request):
                                 f"{shown(encoding)}"[:200], param="encoding_format")  # fmt: skip
     inputs = payload.get("input")
     settings = request.app.state.settings
-    entries = _prompts(inputs, "input") if inputs != [] else []
+    most = model.predictor.max_sequence_length
+    entries = _prompts(inputs, "input", most) if inputs != [] else []
     if not entries:
         raise ServingError(400, "`input` must be a non-empty string or list", param="input")
     if len(entries) > settings.max_rows_per_request:

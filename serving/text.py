@@ -286,7 +286,16 @@ class TextModel(Generation):
             vectors = vectors / np.linalg.norm(vectors, axis=-1, keepdims=True)
         return vectors.tolist()
 
-    def prompt(self, text: str) -> list[int]:
+    @property
+    def prompt_limit(self) -> int | None:
+        """Most ids a generation prompt may have, the new ids' room aside: an
+        encoder-decoder's source, what the encoder takes; a decoder's, the positions it
+        decodes into (`Predictor.decode_limit`)."""
+        if self.predictor.encoder_decoder is not None:
+            return self.predictor.max_sequence_length
+        return self.predictor.decode_limit
+
+    def prompt(self, text: str, field: str = "text_input") -> list[int]:
         """A generation prompt's ids: packed with the start id but no end id (it continues),
         and never cut: a prompt the model cannot take is a `ServingError` 400, found by
         tokenizing no more of it than the model's length. An encoder-decoder's prompt is its
@@ -296,21 +305,22 @@ class TextModel(Generation):
             (ids,) = self.first_ids([text], None if limit is None else limit + 1)
             if limit is not None and len(ids) > limit:
                 raise ServingError(400, f"the source has more than {limit} tokens, the most "
-                                        "the encoder takes")  # fmt: skip
-            return self.packed_ids(ids, "text_input")
+                                        "the encoder takes", param=field)  # fmt: skip
+            return self.packed_ids(ids, field)
         start = self.packer.get("start_value")
-        limit = self.predictor.max_sequence_length
+        limit = self.prompt_limit
         keep = None if limit is None else limit + 1 - (start is not None)
         (ids,) = self.first_ids([text], keep)
         if keep is not None and len(ids) >= keep:
             raise ServingError(
                 400, f"the prompt has more than {keep - 1} tokens; the model takes at most "
-                     f"{limit} positions, prompt and new tokens together",
+                     f"{limit} positions, prompt and new tokens together", param=field,
             )  # fmt: skip
         ids = ([start] if start is not None else []) + ids
         if not ids:
-            raise ServingError(400, "`text_input` has no tokens: give a non-empty prompt")
-        self.check_ids(ids, "text_input")
+            raise ServingError(400, f"`{field}` has no tokens: give a non-empty prompt",
+                               param=field)  # fmt: skip
+        self.check_ids(ids, field)
         return ids
 
     def chat_prompt(self, chat: Any, messages: Any) -> list[int]:
@@ -324,27 +334,27 @@ class TextModel(Generation):
             text = chat.render(messages, add_generation_prompt=True)
         except ChatTemplateError as error:
             raise ServingError(400, str(error), param="messages") from None
-        limit = self.predictor.max_sequence_length
+        limit = self.prompt_limit
         (ids,) = self.first_ids([text], None if limit is None else limit + 1)
         return self.id_prompt(ids, field="messages")
 
     def id_prompt(self, ids: Any, packed: bool = True, field: str = "prompt") -> list[int]:
         """Token ids given by a client, checked: ids of the model and of its tokenizer, and
         (`packed`: a prompt) shorter than the model's length."""
+        limit = self.prompt_limit if packed else self.predictor.max_sequence_length
+        if not ids:
+            raise ServingError(400, f"`{field}` has no tokens: give a non-empty prompt",
+                               param=field)  # fmt: skip
+        if limit is not None and len(ids) >= limit + (not packed):  # before reading the ids
+            raise ServingError(
+                400, f"`{field}` has {len(ids)} tokens; the model takes at most {limit} "
+                     "positions, prompt and new tokens together", param=field,
+            )  # fmt: skip
         size = self.words.vocabulary_size
         outside = sorted({i for i in ids if not 0 <= i < size})
         if outside:
             raise ServingError(400, f"`{field}` has ids {outside[:3]} outside the tokenizer's "
                                     f"[0, {size})", param=field)  # fmt: skip
-        limit = self.predictor.max_sequence_length
-        if not ids:
-            raise ServingError(400, f"`{field}` has no tokens: give a non-empty prompt",
-                               param=field)  # fmt: skip
-        if limit is not None and len(ids) >= limit + (not packed):
-            raise ServingError(
-                400, f"`{field}` has {len(ids)} tokens; the model takes at most {limit} "
-                     "positions, prompt and new tokens together", param=field,
-            )  # fmt: skip
         self.check_ids(list(ids), field)
         return list(ids)
 

@@ -31,7 +31,7 @@ class Generation:
         `request.stop_strings` (the token that completes it is the last one). With stop
         strings, text that could be the start of one is held back, and each pair is sent one
         token late (the last one carries the rest of the text)."""
-        deltas = Deltas(self, self.context(prompt), request.stop_strings)
+        deltas = Deltas(self, self.context(prompt), request.stop_strings, request.reply)
         if request.beams is not None:  # the best hypothesis is known at the end: sent then
             tokens: Iterable[int] = self.predictor.beam_ids(
                 prompt, request.max_tokens, request.stop_ids, request.beams
@@ -67,7 +67,7 @@ class Generation:
     async def _astream(self, prompt: list[int], request: "GenerationRequest",
                        tokens: AsyncGenerator[int, None], outcome: dict[str, Any] | None,
                        ) -> AsyncGenerator[tuple[int, str], None]:  # fmt: skip
-        deltas = Deltas(self, self.context(prompt), request.stop_strings)
+        deltas = Deltas(self, self.context(prompt), request.stop_strings, request.reply)
         try:
             async for token in tokens:
                 for pair in deltas.push(token):

@@ -90,6 +90,14 @@ class TextTokenizer:
     def _encode_all(self, texts: list[str]) -> list[list[int]]:
         raise NotImplementedError
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The UTF-8 bytes one id adds to a text (OpenAI's logprobs `bytes`), which may be
+        part of a character: here, its text's; byte-level vocabularies know better."""
+        return self.decode([token_id], skip_special=False).encode("utf-8")
+
+    def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
+        raise NotImplementedError
+
     def _checked(self, ids: Iterable[int]) -> list[int]:
         ids = [int(i) for i in ids]
         size = self.vocabulary_size
@@ -234,6 +242,27 @@ class JsonTextTokenizer(TextTokenizer):
         """Ids to text, special tokens dropped (kept with `skip_special=False`)."""
         return native(self._tokenizer.decode, self._checked(ids), skip_special)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """A byte-level token's own bytes (GPT-2's printable stand-ins mapped back); a
+        byte-fallback token `<0xE3>` its byte; any other, its text's."""
+        token = self.token(token_id)
+        kind, table = self._byte_decoding
+        if kind == "byte_level" and token and all(c in table for c in token):
+            return bytes(table[c] for c in token)
+        if kind == "byte_fallback" and (match := _BYTE_TOKEN.fullmatch(token)):
+            return bytes([int(match.group(1), 16)])
+        return super().token_bytes(token_id)
+
+    @functools.cached_property
+    def _byte_decoding(self) -> tuple[str | None, dict[str, int]]:
+        """`("byte_level", stand-in -> byte)`, `("byte_fallback", {})` or `(None, {})`, read
+        off the tokenizer's decoder."""
+        decoder = json.loads(self._tokenizer.to_str()).get("decoder") or {}
+        kinds = [d.get("type") for d in decoder.get("decoders", [decoder]) if isinstance(d, dict)]
+        if "ByteLevel" in kinds:
+            return "byte_level", {c: b for b, c in _byte_stand_ins().items()}
+        return ("byte_fallback" if "ByteFallback" in kinds else None), {}
+
     @functools.cached_property
     def special_ids(self) -> frozenset[int]:
         """The ids of special added tokens (`<|im_end|>`): dropped from answers' text."""
@@ -312,6 +341,20 @@ class MarianTextTokenizer(TextTokenizer):
     @property
     def special_ids(self) -> frozenset[int]:
         return frozenset(self._special)
+
+
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _byte_stand_ins() -> dict[int, str]:
+    """Byte -> the printable character GPT-2's byte-level vocabularies write it as: itself
+    where printable, else the next code point from 256 on."""
+    printable = {*range(33, 127), *range(161, 173), *range(174, 256)}
+    table, extra = {}, 0
+    for byte in range(256):
+        table[byte] = chr(byte) if byte in printable else chr(256 + extra)
+        extra += byte not in printable
+    return table
 
 
 # A tokenizer.json past these is refused before it is parsed or built: the largest real ones

@@ -114,9 +114,22 @@ def _generate_text(model, prompts, max_new_tokens, **kwargs):
     ids = [([start] if start is not None else []) + row
            for row in preprocessor.tokenizer(texts).to_list()]  # fmt: skip
     new = generate(model, ids, max_new_tokens, **kwargs)
-    words = preprocessor.tokenizer.detokenize([row or [0] for row in new])
-    out = [w.decode("utf-8") if row else "" for w, row in zip(words.numpy(), new, strict=True)]
+    out = [continuation(preprocessor.tokenizer, p, row) for p, row in zip(ids, new, strict=True)]
     return out[0] if isinstance(prompts, str) else out
+
+
+def continuation(tokenizer: Any, prompt: list[int], new: list[int]) -> str:
+    """The text `new` ids add to `prompt`'s, as `transformers`' text-generation pipeline
+    gives it: the decoding of both, less the prompt's own decoding. The space before a first
+    word stays, so prompt + continuation is the whole text (the server's `/generate` and
+    `/v1/completions` answer the same)."""
+    if not new:
+        return ""
+    head, whole, alone = (
+        w.decode("utf-8", errors="replace")
+        for w in tokenizer.detokenize([prompt or [0], prompt + new, new]).numpy()
+    )  # fmt: skip
+    return whole[len(head) :] if prompt and whole.startswith(head) else alone
 
 
 def _conversations(prompts: Any) -> list[Any] | None:

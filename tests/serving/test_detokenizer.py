@@ -33,14 +33,15 @@ def words():
 
 
 def _expected(words, prompt, new):
-    """The continuation as a whole decoding gives it (what the stream must add up to)."""
+    """The continuation as a whole decoding gives it (what the stream must add up to), the
+    space before its first word kept: prompt + continuation is the whole text."""
     shown, full = words.decode(prompt), words.decode(prompt + new)
     assert full.startswith(shown)
-    return full[len(shown) :].lstrip()
+    return full[len(shown) :]
 
 
-def _streamed(words, prompt, new, stops=()):
-    deltas = Deltas(types.SimpleNamespace(words=words), prompt, list(stops))
+def _streamed(words, prompt, new, stops=(), reply=False):
+    deltas = Deltas(types.SimpleNamespace(words=words), prompt, list(stops), reply)
     pairs = []
     for token in new:
         pairs += deltas.push(token)
@@ -55,8 +56,13 @@ def test_a_character_split_across_tokens_comes_back_once(words):
     prompt = words.encode(PROMPT)
     new = [b for ch in " café 日本 🎉" for b in _byte_ids(words, ch)]
     pairs = _streamed(words, prompt, new)
-    assert "".join(delta for _, delta in pairs) == "café 日本 🎉"
+    assert "".join(delta for _, delta in pairs) == " café 日本 🎉"
     assert [token for token, _ in pairs] == new
+    assert PROMPT + " café 日本 🎉" == words.decode(prompt + new)
+    # A chat reply drops the space before its first word, with stop strings or without.
+    for stops in ((), ["zzzz"], ["\x1e"]):
+        joined = "".join(d for _, d in _streamed(words, prompt, new, stops, reply=True))
+        assert joined == "café 日本 🎉", stops
 
 
 def _byte_ids(words, text):
@@ -110,3 +116,29 @@ def test_stop_strings_cut_the_joined_text_once(words, data):
         assert joined == full
     else:
         assert joined == full[:cut] and len(pairs) <= len(new)
+
+
+@settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+def test_a_stop_string_that_never_matches_changes_nothing(words, data):
+    """Stop strings once switched decoding to keep special tokens' text, which changed where
+    a reply's leading spaces were dropped (round four of hostile probes)."""
+    new = data.draw(st.lists(st.integers(0, words.vocabulary_size - 1), max_size=20))
+    prompt = words.encode(PROMPT)
+    for reply in (False, True):
+        plain = "".join(d for _, d in _streamed(words, prompt, new, reply=reply))
+        stopped = "".join(d for _, d in _streamed(words, prompt, new, ["\x00zz"], reply=reply))
+        assert plain == stopped
+
+
+def test_a_byte_level_token_has_its_own_bytes(words):
+    """OpenAI's logprobs `bytes`: a token that is part of a character is its bytes, not the
+    replacement character's (239, 191, 189) that decoding it alone gives."""
+    text = " café 日本 🎉"
+    ids = [b for ch in text for b in _byte_ids(words, ch)]
+    assert b"".join(words.token_bytes(i) for i in ids) == text.encode("utf-8")
+    assert words.token_bytes(_byte_ids(words, "日")[0]) == "日".encode()[:1]
+    whole = words.encode(PROMPT)
+    assert b"".join(words.token_bytes(i) for i in whole) == PROMPT.encode()

@@ -233,7 +233,7 @@ def test_embeddings_equal_keras_in_floats_and_base64(served, toy_tokenizer):
     "call, status, match, param",
     [
         ({"model": "nope", "messages": CHAT}, 404, r"not served; served models: \['chat'", "model"),
-        ({"model": "chat", "messages": CHAT, "temperature": -1}, 400, "temperature", None),
+        ({"model": "chat", "messages": CHAT, "temperature": -1}, 400, "temperature", "temperature"),
         ({"model": "chat", "messages": CHAT, "n": 9}, 400, "`n` must be", "n"),
         ({"model": "chat", "messages": [{"content": "x"}]}, 400, "role", "messages"),
         (
@@ -307,6 +307,7 @@ def test_stop_strings_match_special_tokens_and_answers_leave_them_out(served):
     assert text(["<|im_end|>"]) == "to be"
     assert text([" or"]) == "to be"  # the special token's text left out
     assert text(["zzz"]) == "to be or not"
+    assert text(["im_", "|>"]) == "to be or not"  # never inside a special token's text
 
 
 def test_content_parts_inert_defaults_and_bad_ids(served):
