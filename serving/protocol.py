@@ -205,12 +205,7 @@ def decode_request(
             else:
                 array = np.frombuffer(raw, dtype=np.dtype(dtype).newbyteorder("<"))
         elif "data" in tensor:
-            try:
-                array = np.asarray(tensor["data"], dtype=dtype)
-            except (ValueError, TypeError, OverflowError, RecursionError) as error:
-                raise _bad(f"input {shown(name)}: data is not {datatype}: {error}"[:300]) from None
-            if dtype == "object":
-                array = np.array([str(x).encode() for x in array.ravel()], dtype=object)
+            array = _json_data(tensor["data"], dtype, datatype, name)
         else:
             raise _bad(f"input {shown(name)} has neither `data` nor `binary_data_size`")
         if array.size != count:
@@ -225,6 +220,36 @@ def decode_request(
     # The request without its inputs: the data travels once, as arrays (from a worker
     # process, unpickling a million-number list would hold the event loop).
     return {k: v for k, v in request.items() if k != "inputs"}, feeds
+
+
+# JSON values each datatype takes, by numpy kind: no strings, fractions or booleans read
+# as numbers, and no strings or numbers read as booleans ("false" would be True).
+_JSON_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
+
+
+def _json_data(data, dtype, datatype, name):
+    """A tensor's JSON `data` as an array of `dtype`, refused where a value is not one of
+    `datatype`'s (numpy would cast `"5"` and `1.7` to the integer 5 and 1)."""
+    try:
+        array = np.asarray(data, dtype=object if dtype == "object" else None)
+    except (ValueError, TypeError, OverflowError, RecursionError) as error:
+        raise _bad(f"input {shown(name)}: data is not {datatype}: {error}"[:300]) from None
+    if dtype == "object":
+        return np.array([str(x).encode() for x in array.ravel()], dtype=object)
+    want = np.dtype(dtype)
+    if array.size and array.dtype.kind not in _JSON_KINDS.get(want.kind, want.kind):
+        raise _bad(f"input {shown(name)}: data is not {datatype}: received "
+                   f"{_JSON_NAMES.get(array.dtype.kind, 'other')} values")  # fmt: skip
+    if array.size and want.kind in "iu":
+        low, high = np.iinfo(want).min, np.iinfo(want).max
+        if array.min() < low or array.max() > high:
+            raise _bad(f"input {shown(name)}: data is not {datatype}: values outside "
+                       f"[{low}, {high}]")  # fmt: skip
+    return array.astype(want)
+
+
+_JSON_NAMES = {"b": "boolean", "i": "integer", "u": "integer", "f": "fractional",
+               "U": "string", "O": "mixed or out-of-range"}  # fmt: skip
 
 
 def _tensor_header(tensor, inputs, max_rows):

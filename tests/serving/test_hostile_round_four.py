@@ -158,3 +158,28 @@ def test_an_empty_completions_prompt_is_named_as_sent(served):  # noqa: F811
         assert "`prompt` has no tokens" in error["message"]
     echo = post(served, "/v1/completions", {"model": "chat", "prompt": "x", "echo": ""})
     assert echo.status_code == 400 and echo.json()["error"]["param"] == "echo"
+
+
+def test_v2_json_data_must_be_of_its_datatype(served):  # noqa: F811
+    """numpy read `"5"` and `5.7` as the INT32 5, and `"false"` as the BOOL True."""
+    from keras_attn_serving.protocol import ServingError, decode_request
+
+    def infer(data, datatype="INT32"):
+        tensors = [{"name": "token_ids", "shape": [1, 3], "datatype": datatype, "data": data},
+                   {"name": "segment_ids", "shape": [1, 3], "datatype": "INT32",
+                    "data": [0, 0, 0]}]  # fmt: skip
+        return post(served, "/v2/models/encoder/infer", {"inputs": tensors})
+
+    assert infer([5, 6, 7]).status_code == 200
+    assert infer([5, 6, 7], "INT64").status_code == 200  # cast: no value changes
+    for data, words in [(["5", "6", "7"], "string"), ([5.7, 6, 7], "fractional"),
+                        ([5, 6, 2**33], "outside"), ([True, False, True], "boolean")]:  # fmt: skip
+        answer = infer(data)
+        assert answer.status_code == 400 and words in answer.json()["error"], answer.text
+    for data, words in [(["false"], "string"), ([0], "integer")]:
+        body = {"inputs": [{"name": "x", "shape": [1], "datatype": "BOOL", "data": data}]}
+        with pytest.raises(ServingError, match=words):
+            decode_request(__import__("json").dumps(body).encode())
+    _, feeds = decode_request(b'{"inputs": [{"name": "x", "shape": [2], "datatype": "BOOL", '
+                              b'"data": [false, true]}]}')  # fmt: skip
+    assert feeds["x"].tolist() == [False, True]
