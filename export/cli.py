@@ -236,7 +236,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if tokenizer is not None:
                 raise ValueError("a Hugging Face folder brings its tokenizer: drop --tokenizer")
             model, tokenizer, packer = load_folder(args.model, args.sequence_length)
-            if args.formats is None and isinstance(model, CausalLM):
+            fused = args.optimize or args.quantize  # options of the ONNX file alone
+            if args.formats is None and isinstance(model, CausalLM) and not fused:
                 formats = "generation"  # tf2onnx runs out of memory at these models' sizes
         else:
             model = load_model(args.model)

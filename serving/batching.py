@@ -31,7 +31,7 @@ log = logging.getLogger("keras_attn.serve")
 
 
 class _Request:
-    __slots__ = ("feeds", "future", "key", "length", "rows")
+    __slots__ = ("alone", "feeds", "future", "key", "length", "rows")
 
     def __init__(self, feeds: dict[str, np.ndarray], sequence_axis_inputs: frozenset[str]) -> None:
         self.feeds = feeds
@@ -46,9 +46,10 @@ class _Request:
             (name, a.dtype, a.shape[2:] if name in sequence_axis_inputs else a.shape[1:])
             for name, a in sorted(feeds.items())
         )
-        if len(lengths) > 1 or len(rows) > 1:
-            # Inputs that disagree in rows or length run alone: whatever the model makes of
-            # them (an error, most likely) is theirs, never their batch companions'.
+        # Inputs that disagree in rows or length run alone, at once: whatever the model makes
+        # of them (an error, most likely) is theirs, never their batch companions'.
+        self.alone = len(lengths) > 1 or len(rows) > 1
+        if self.alone:
             self.key = (id(self),)
 
 
@@ -198,9 +199,9 @@ class Batcher:
             cap = self.tuner.cap
             deadline = time.monotonic() + self.max_delay if self._queue else None
             join = self._join_nearest if self.schedule == "length" else self._join_next
-            while batch.rows < cap:
-                if join(batch, cap):
-                    continue
+            while batch.rows < cap and not first.alone:  # none can join a lone one: no wait
+                if join(batch, cap) or batch.rows >= cap:
+                    continue  # a full batch runs now, not at the deadline
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is None or remaining <= 0 or self._closed:
                     break

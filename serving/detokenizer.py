@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 REPLACEMENT = "\ufffd"
+REPLY_SPACE = " \t\n\r"  # what a chat reply drops before its first word (Keras's too)
 CONTEXT = 4  # ids decoded before each new one: word joins and spacing depend on them
 
 
@@ -82,7 +83,7 @@ class Deltas:
         """Appends `piece`; the index of the first stop string it completes, if any (only the
         tail that `piece` can reach is searched)."""
         if self.reply and not self.text:
-            piece = piece.lstrip(" ")
+            piece = piece.lstrip(REPLY_SPACE)
         start = max(0, len(self.text) - max(map(len, self.stops), default=0) + 1)
         self.text += piece
         found = (i for i in (self.text.find(stop, start) for stop in self.stops) if i >= 0)
@@ -91,7 +92,8 @@ class Deltas:
     def push(self, token: int) -> list[tuple[int, str]]:
         cut = self._add(self.words.push(token))
         if cut is None and token in self.specials and self.special_text(token) in self.stops:
-            cut = len(self.text)
+            cut = self._add(self.words.flush())  # the text held for the ids before it
+            cut = len(self.text) if cut is None else cut
         ready = [] if self.held is None else [self.held]
         self.held = None
         if cut is not None:

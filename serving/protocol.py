@@ -237,9 +237,17 @@ def _json_data(data, dtype, datatype, name):
     if dtype == "object":
         return np.array([str(x).encode() for x in array.ravel()], dtype=object)
     want = np.dtype(dtype)
-    if array.size and array.dtype.kind not in _JSON_KINDS.get(want.kind, want.kind):
+    kind = array.dtype.kind
+    if (
+        want.kind != "b"
+        and kind in "iuf"
+        and array.size
+        and any(type(x) is bool for x in np.asarray(data, dtype=object).ravel())
+    ):  # numpy reads `[1, true]` as integers
+        kind = "b"
+    if array.size and kind not in _JSON_KINDS.get(want.kind, want.kind):
         raise _bad(f"input {shown(name)}: data is not {datatype}: received "
-                   f"{_JSON_NAMES.get(array.dtype.kind, 'other')} values")  # fmt: skip
+                   f"{_JSON_NAMES.get(kind, 'other')} values")  # fmt: skip
     if array.size and want.kind in "iu":
         low, high = np.iinfo(want).min, np.iinfo(want).max
         if array.min() < low or array.max() > high:

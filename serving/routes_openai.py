@@ -190,7 +190,13 @@ async def chat_completions(request: Request):
     max_name = given[0] if given else "max_tokens"
     n, (stream, include_usage) = _choices(payload), _stream_flag(payload)
     parameters = _parameters(payload, max_name)
-    _checked(model, parameters, n)  # every parameter checked before the work of tokenizing
+    try:  # every parameter checked before the work of tokenizing
+        _checked(model, parameters, n)
+    except ServingError as error:  # named as the client named it
+        if error.param != "max_tokens" or max_name == "max_tokens":
+            raise
+        message = error.message.replace("`max_tokens`", f"`{max_name}`")
+        raise ServingError(error.status, message, param=max_name) from None
     messages = payload.get("messages")
     limit = request.app.state.settings.max_text_chars
     chars = _characters(messages)
@@ -202,8 +208,10 @@ async def chat_completions(request: Request):
     if response_format.get("type") != "text":
         grammars = await tokenized(request, _grammars, model, response_format, n)
     prompt = await tokenized(request, model.chat_prompt, chat, messages)
-    # No `max_tokens`: the reply may fill the positions left, as OpenAI's may fill the context.
-    room = (model.predictor.decode_limit or len(prompt) + 256) - len(prompt)
+    # No `max_tokens`: the reply may fill the positions left, as OpenAI's may fill the context
+    # (an encoder-decoder's target, after its start id).
+    used = 1 if model.predictor.encoder_decoder is not None else len(prompt)
+    room = (model.predictor.decode_limit or used + 256) - used
     checked = _chosen(model, _checked(model, parameters, n, room), top, grammars)
     for one in checked:
         one.reply = True

@@ -244,24 +244,34 @@ class JsonTextTokenizer(TextTokenizer):
 
     def token_bytes(self, token_id: int) -> bytes:
         """A byte-level token's own bytes (GPT-2's printable stand-ins mapped back); a
-        byte-fallback token `<0xE3>` its byte; any other, its text's."""
+        SentencePiece piece's, `▁` a space (a byte-fallback piece `<0xE3>`, its byte); an
+        added token's or any other, its text's."""
         token = self.token(token_id)
         kind, table = self._byte_decoding
-        if kind == "byte_level" and token and all(c in table for c in token):
+        if token_id in self._added_ids or not token:
+            return super().token_bytes(token_id)
+        if kind == "byte_level" and all(c in table for c in token):
             return bytes(table[c] for c in token)
-        if kind == "byte_fallback" and (match := _BYTE_TOKEN.fullmatch(token)):
-            return bytes([int(match.group(1), 16)])
+        if kind == "pieces":
+            match = _BYTE_TOKEN.fullmatch(token)
+            return bytes([int(match.group(1), 16)]) if match else token.replace("▁", " ").encode()
         return super().token_bytes(token_id)
 
     @functools.cached_property
     def _byte_decoding(self) -> tuple[str | None, dict[str, int]]:
-        """`("byte_level", stand-in -> byte)`, `("byte_fallback", {})` or `(None, {})`, read
-        off the tokenizer's decoder."""
-        decoder = json.loads(self._tokenizer.to_str()).get("decoder") or {}
-        kinds = [d.get("type") for d in decoder.get("decoders", [decoder]) if isinstance(d, dict)]
+        """`("byte_level", stand-in -> byte)`, `("pieces", {})` for SentencePiece's `▁` pieces
+        (with or without byte fallback) or `(None, {})`, read off the tokenizer's decoder."""
+        decoder = self._tokenizer.decoder
+        state = json.loads(decoder.__getstate__()) if decoder is not None else {}
+        kinds = [d.get("type") for d in state.get("decoders", [state]) if isinstance(d, dict)]
         if "ByteLevel" in kinds:
             return "byte_level", {c: b for b, c in _byte_stand_ins().items()}
-        return ("byte_fallback" if "ByteFallback" in kinds else None), {}
+        pieces = {"ByteFallback", "Metaspace"} & set(kinds)
+        return ("pieces" if pieces else None), {}
+
+    @functools.cached_property
+    def _added_ids(self) -> frozenset[int]:
+        return frozenset(self._tokenizer.get_added_tokens_decoder())
 
     @functools.cached_property
     def special_ids(self) -> frozenset[int]:

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import keras
+from keras_attn_serving.detokenizer import REPLY_SPACE
 
 from keras_attn.checks import check_known, check_renamed
 from keras_attn.decoding import Runner, decode
@@ -162,7 +163,7 @@ def _generate_chat(model, prompts, chats, max_new_tokens, stop_strings, **kwargs
     words = preprocessor.tokenizer.detokenize([row or [0] for row in new])
     # The reply as the server sends it: without the leading spaces a byte-level tokenizer
     # puts before its first word.
-    out = [_cut(w.decode("utf-8").lstrip(), stop_strings) if row else ""
+    out = [_cut(w.decode("utf-8").lstrip(REPLY_SPACE), stop_strings) if row else ""
            for w, row in zip(words.numpy(), new, strict=True)]  # fmt: skip
     single = all(isinstance(m, dict) for m in prompts)
     return out[0] if single else out

@@ -399,6 +399,9 @@ def test_cli_exports_a_causal_lm_folder_as_its_decode_graph_by_default(tmp_path)
     assert manifest["onnx"] is None and manifest["saved_model"] is None
     assert list(manifest["files"]) == ["decode_gqa.onnx"]
     assert manifest["decoding"]["gqa"]["max_length"] == 24
+    # Options of the ONNX file keep the formats they have always had.
+    assert cli_main([str(tmp_path / "folder"), str(out), "--optimize"]) == 0
+    assert json.loads((out / "manifest.json").read_text())["onnx"]["file"] == "model.opt.onnx"
 
 
 def test_max_length_sizes_the_cache_and_is_checked(tmp_path):

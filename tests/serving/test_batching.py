@@ -510,3 +510,31 @@ def test_a_request_whose_inputs_disagree_runs_alone():
         else:
             np.testing.assert_array_equal(future.result(timeout=10)["sum"], [[2, 2, 2]])
     batcher.close()
+
+
+def test_a_lone_request_never_waits_for_company_it_cannot_have():
+    """A request that runs alone skips `max_delay_ms` with others queued behind it, and a
+    batch that is full runs at once (it used to wait out the delay)."""
+    held, gate = threading.Event(), threading.Event()
+
+    def run(feeds):
+        held.set()
+        gate.wait()
+        if feeds["token_ids"].shape != feeds["segment_ids"].shape:
+            raise RuntimeError("broadcast failed")
+        return {"sum": feeds["token_ids"] + feeds["segment_ids"]}
+
+    batcher = Batcher(run, max_batch_size=2, max_delay_ms=60_000, workers=1,
+                      sequence_inputs=["token_ids", "segment_ids"])  # fmt: skip
+    good = {"token_ids": np.ones((1, 3), "int64"), "segment_ids": np.ones((1, 3), "int64")}
+    first = batcher.submit(good)
+    assert held.wait(10)
+    alone = batcher.submit({"token_ids": np.ones((1, 5), "int64"),
+                            "segment_ids": np.ones((1, 3), "int64")})  # fmt: skip
+    rest = [batcher.submit(good), batcher.submit(good)]  # these two fill a batch of 2
+    gate.set()
+    with pytest.raises(RuntimeError, match="broadcast"):
+        alone.result(timeout=10)
+    for future in (first, *rest):
+        assert future.result(timeout=10)["sum"].tolist() == [[2, 2, 2]]
+    batcher.close()

@@ -142,3 +142,21 @@ def test_a_byte_level_token_has_its_own_bytes(words):
     assert words.token_bytes(_byte_ids(words, "日")[0]) == "日".encode()[:1]
     whole = words.encode(PROMPT)
     assert b"".join(words.token_bytes(i) for i in whole) == PROMPT.encode()
+
+
+def test_a_sentencepiece_piece_has_its_own_bytes():
+    """Llama's decoder strips the space a lone `▁world` decodes to: its bytes are the
+    piece's, ` world`, and a byte-fallback piece is its byte."""
+    vocabulary = {"<unk>": 0, "▁world": 1, "world": 2, "<0xE3>": 3, "▁": 4}
+    tokenizer = Tokenizer(models.WordLevel(vocabulary, unk_token="<unk>"))
+    tokenizer.decoder = decoders.Sequence(
+        [
+            decoders.Replace("▁", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
+    words = JsonTextTokenizer(tokenizer)
+    assert [words.token_bytes(i) for i in range(1, 5)] == [b" world", b"world", b"\xe3", b" "]
+    assert words.decode([1]) == "world"  # what the server used to report

@@ -131,6 +131,7 @@ def test_long_id_prompts_are_refused_by_length_before_their_ids_are_read(served)
         ({"max_tokens": None, "max_completion_tokens": 3}, 200, None),
         ({"max_completion_tokens": None, "max_tokens": 3}, 200, None),
         ({"max_completion_tokens": 2, "max_tokens": 3}, 400, "max_tokens"),
+        ({"max_tokens": None, "max_completion_tokens": 0}, 400, "max_completion_tokens"),
         ({"stream": True, "stream_options": {"include_usage": "false"}}, 400, "include_usage"),
         ({"stream": 0}, 400, "stream"),
         ({"logprobs": {}}, 400, "logprobs"),
@@ -173,7 +174,8 @@ def test_v2_json_data_must_be_of_its_datatype(served):  # noqa: F811
     assert infer([5, 6, 7]).status_code == 200
     assert infer([5, 6, 7], "INT64").status_code == 200  # cast: no value changes
     for data, words in [(["5", "6", "7"], "string"), ([5.7, 6, 7], "fractional"),
-                        ([5, 6, 2**33], "outside"), ([True, False, True], "boolean")]:  # fmt: skip
+                        ([5, 6, 2**33], "outside"), ([True, False, True], "boolean"),
+                        ([5, True, 7], "boolean")]:  # fmt: skip
         answer = infer(data)
         assert answer.status_code == 400 and words in answer.json()["error"], answer.text
     for data, words in [(["false"], "string"), ([0], "integer")]:

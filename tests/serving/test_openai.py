@@ -308,6 +308,9 @@ def test_stop_strings_match_special_tokens_and_answers_leave_them_out(served):
     assert text([" or"]) == "to be"  # the special token's text left out
     assert text(["zzz"]) == "to be or not"
     assert text(["im_", "|>"]) == "to be or not"  # never inside a special token's text
+    # Text held for an incomplete character before the stopping token is still sent.
+    ids = [*words.encode("to be"), words.encode("日")[0], *words.encode("<|im_end|>")]
+    assert text(["<|im_end|>"]) == "to be\ufffd"
 
 
 def test_content_parts_inert_defaults_and_bad_ids(served):
