@@ -6,7 +6,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import keras
-from keras_attn_serving.detokenizer import REPLY_SPACE
 
 from keras_attn.checks import check_known, check_renamed
 from keras_attn.decoding import Runner, decode
@@ -119,6 +118,11 @@ def _generate_text(model, prompts, max_new_tokens, **kwargs):
     return out[0] if isinstance(prompts, str) else out
 
 
+# What a chat reply drops before its first word; the server drops the same
+# (`keras_attn_serving.detokenizer.REPLY_SPACE`, held equal by a test).
+REPLY_SPACE = " \t\n\r"
+
+
 def continuation(tokenizer: Any, prompt: list[int], new: list[int]) -> str:
     """The text `new` ids add to `prompt`'s, as `transformers`' text-generation pipeline
     gives it: the decoding of both, less the prompt's own decoding. The space before a first
@@ -126,9 +130,10 @@ def continuation(tokenizer: Any, prompt: list[int], new: list[int]) -> str:
     `/v1/completions` answer the same)."""
     if not new:
         return ""
+    prompt, new = [int(t) for t in prompt], [int(t) for t in new]
     head, whole, alone = (
-        w.decode("utf-8", errors="replace")
-        for w in tokenizer.detokenize([prompt or [0], prompt + new, new]).numpy()
+        tokenizer.detokenize([ids]).numpy()[0].decode("utf-8", errors="replace")
+        for ids in (prompt or [0], prompt + new, new)
     )  # fmt: skip
     return whole[len(head) :] if prompt and whole.startswith(head) else alone
 

@@ -160,3 +160,11 @@ def test_a_sentencepiece_piece_has_its_own_bytes():
     words = JsonTextTokenizer(tokenizer)
     assert [words.token_bytes(i) for i in range(1, 5)] == [b" world", b"world", b"\xe3", b" "]
     assert words.decode([1]) == "world"  # what the server used to report
+
+
+def test_keras_and_the_server_drop_the_same_space_before_a_reply():
+    from keras_attn_serving.detokenizer import REPLY_SPACE
+
+    from keras_attn.models.generation import REPLY_SPACE as KERAS_REPLY_SPACE
+
+    assert REPLY_SPACE == KERAS_REPLY_SPACE == " \t\n\r"
