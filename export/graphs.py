@@ -51,7 +51,8 @@ def write_onnx_files(model: keras.Model, folder: Path, opset: int, optimize: boo
         fused = fuse(onnx.load(folder / "model.onnx"))
         if (rule := padding_rule(fused)) is not None:
             unpadded["model.opt.onnx"] = rule
-            fused, record = qkv_switch.switch_qkv(model, folder / "model.onnx", fused, rule)
+            unpacked = lambda: fuse(onnx.load(folder / "model.onnx"), pack_qkv=False)  # noqa: E731
+            fused, record = qkv_switch.switch_qkv(model, unpacked, fused, rule)
             if record is not None:
                 switches["model.opt.onnx"] = record
         onnx.save(fused, folder / "model.opt.onnx")

@@ -17,6 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from keras_attn_export.graph_meta import PADDING_KEY, padding_rule  # noqa: F401  (its home)
+
 if TYPE_CHECKING:
     import onnx
 
@@ -34,23 +36,6 @@ FUSED_OPS = (
     "MatMulIntegerToFloat",
     "DynamicQuantizeMatMul",
 )
-
-
-# Metadata of a graph whose per-position work skips padding (`keras_attn_export.unpad`).
-PADDING_KEY = "keras_attn.unpadded"
-
-
-def padding_rule(model: "onnx.ModelProto") -> dict | None:
-    """`{"input", "pad_token_id", "outputs"}` of a graph `fuse` unpadded, else None:
-    positions where that input is the padding id, but for each row's first, are padding, and
-    the `outputs` are zero there (graphs written before manifest format 5 say `pad_value`)."""
-    for prop in model.metadata_props:
-        if prop.key == PADDING_KEY:
-            rule = dict(json.loads(prop.value))
-            if "pad_value" in rule:
-                rule["pad_token_id"] = rule.pop("pad_value")
-            return rule
-    return None
 
 
 def count_ops(model: "onnx.ModelProto", qkv: str = "packed") -> dict[str, int]:

@@ -23,7 +23,6 @@ import hashlib
 import math
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -48,7 +47,7 @@ def switch(
     padding rules differ, a node holds a subgraph, a graph output is an input or a constant,
     a name is one the switch adds, or the two would not fit in one protobuf (2 GB)."""
     import onnx
-    from keras_attn_export.optimize import padding_rule
+    from keras_attn_export.graph_meta import padding_rule
     from onnx import TensorProto, helper, numpy_helper
 
     _check_threshold(threshold)
@@ -257,15 +256,18 @@ def choose(timings: list[dict], margin: float = 1.02) -> float:
 
 
 def switch_qkv(
-    model: "keras.Model", source: Path, packed: "onnx.ModelProto", rule: dict
+    model: "keras.Model",
+    unpacked: "Callable[[], onnx.ModelProto]",
+    packed: "onnx.ModelProto",
+    rule: dict,
 ) -> tuple["onnx.ModelProto", dict | None]:
     """`(graph, record)`: the padding-free `packed` graph with q, k and v also projected on
     real tokens where a batch is mostly padding (module docstring), at the
     threshold timed here, and the manifest's record of it; `(packed, None)` where the two
-    fusions cannot share one graph or onnxruntime refuses the switched one."""
+    fusions cannot share one graph or onnxruntime refuses the switched one. `unpacked` makes
+    the other fusion (`fuse(..., pack_qkv=False)` of the same graph)."""
     import onnx
     from keras_attn_export.onnx import run_onnx
-    from keras_attn_export.optimize import fuse
     from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 
     refused = (ValueError, onnx.checker.ValidationError, ort_errors.Fail,
@@ -275,7 +277,7 @@ def switch_qkv(
         feeds = switch_feeds(model, rule)
         if not feeds:
             return packed, None
-        switched = switch(packed, fuse(onnx.load(source), pack_qkv=False), rule)
+        switched = switch(packed, unpacked(), rule)
         if switched is None:
             return packed, None
         record = measure(switched, feeds, run_onnx)
