@@ -14,6 +14,13 @@ REPLY_SPACE = " \t\n\r"  # what a chat reply drops before its first word (Keras'
 CONTEXT = 4  # ids decoded before each new one: word joins and spacing depend on them
 
 
+def text_of(words: Any) -> Callable[[Sequence[int]], str]:
+    """`words.decode` (special tokens dropped) that gives ids past the tokenizer no text: a
+    model's padded vocabulary (Qwen2 has 151,936 rows for 151,665 tokens)."""
+    size = words.vocabulary_size
+    return lambda ids: words.decode([i for i in ids if 0 <= i < size])
+
+
 class Detokenizer:
     """`push(id)` returns the text that id completes (`""` while a character is incomplete);
     `flush()` the text held when the ids end.
@@ -64,16 +71,11 @@ class Deltas:
                  ) -> None:  # fmt: skip
         self.stops = stops
         self.reply = reply
-        words, size = model.words, model.words.vocabulary_size
+        words = model.words
         self.special_text = lambda token: words.decode([token], skip_special=False)
         self.specials: frozenset[int] = (
             getattr(words, "special_ids", frozenset()) if stops else frozenset())  # fmt: skip
-
-        def decode(ids: Sequence[int]) -> str:  # ids past the tokenizer (a model's padded
-            # vocabulary: Qwen2 has 151,936 rows for 151,665 tokens) have no text
-            return words.decode([i for i in ids if 0 <= i < size])
-
-        self.words = Detokenizer(decode, prompt)
+        self.words = Detokenizer(text_of(words), prompt)
         self.hold = max(map(len, stops), default=1) - 1
         self.shown, self.text = 0, ""  # characters of `text` sent so far
         self.held: tuple[int, str] | None = None  # the last pair, not sent yet

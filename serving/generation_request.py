@@ -18,6 +18,8 @@ from keras_attn_serving.sampling import Sampler
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 200
 DEFAULT_MAX_TOKENS = 20
+# One limit, three names: the native routes', and OpenAI's two (chat's newer one).
+MAX_NAMES = ("max_new_tokens", "max_tokens", "max_completion_tokens")
 SAMPLING = ("temperature", "top_k", "top_p", "seed")
 BEAMS = ("num_beams", "length_penalty", "early_stopping", "no_repeat_ngram_size")
 MAX_BEAMS = 8  # each beam is a decoding row: the cost of a request grows with them
@@ -57,9 +59,11 @@ def generation_request(
     """`parameters` (already limited to the known names) as a `GenerationRequest`. Without
     `stop_token_ids` a generation ends at the model's `end_token_ids` (the checkpoint's end
     of turn); `temperature: 0` means greedy, as OpenAI-style clients send it."""
-    if "max_tokens" in parameters and "max_new_tokens" in parameters:
-        raise ServingError(400, "give `max_new_tokens` or `max_tokens` (the same), not both")
-    name = "max_new_tokens" if "max_new_tokens" in parameters else "max_tokens"
+    given = [name for name in MAX_NAMES if name in parameters]
+    if len(given) > 1:
+        raise ServingError(400, f"give `{given[0]}` or `{given[1]}` (the same), not both",
+                           param=given[0])  # fmt: skip
+    name = given[0] if given else "max_tokens"
     max_tokens = parameters.get(name, DEFAULT_MAX_TOKENS)
     if not _integer(max_tokens) or max_tokens < 1:
         raise _refuse(name, "an integer >= 1", max_tokens)

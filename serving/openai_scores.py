@@ -11,7 +11,7 @@ from keras_attn_serving.choosers import (
     json_grammar,
     model_grammar_tokenizer,
 )
-from keras_attn_serving.detokenizer import Detokenizer
+from keras_attn_serving.detokenizer import Detokenizer, text_of
 from keras_attn_serving.flow import Flow
 from keras_attn_serving.protocol import ServingError, shown
 from keras_attn_serving.text import TextModel
@@ -119,9 +119,7 @@ class Offsets:
     (`Detokenizer`), kept as ids come, so a stream's chunks cost one id each."""
 
     def __init__(self, model: TextModel, prompt: list[int], start: int) -> None:
-        size = model.words.vocabulary_size
-        decode = lambda ids: model.words.decode([i for i in ids if 0 <= i < size])  # noqa: E731
-        self.words = Detokenizer(decode, model.context(prompt))
+        self.words = Detokenizer(text_of(model.words), model.context(prompt))
         self.starts: list[int] = []
         self.end = start
 

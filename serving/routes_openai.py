@@ -20,7 +20,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from keras_attn_serving.flow import Flow
-from keras_attn_serving.generation_request import generation_request
+from keras_attn_serving.generation_request import MAX_NAMES, generation_request
 from keras_attn_serving.handling import json_body, predict, request_timeout
 from keras_attn_serving.openai_scores import (
     Offsets,
@@ -107,7 +107,7 @@ def _parameters(payload: dict[str, Any], max_name: str) -> dict[str, Any]:
     parameters = {k: payload[k] for k in SAMPLING if payload.get(k) is not None}
     parameters.setdefault("temperature", 1.0)
     if payload.get(max_name) is not None:
-        parameters["max_tokens"] = payload[max_name]
+        parameters[max_name] = payload[max_name]
     if payload.get("stop") is not None:
         parameters["stop"] = payload["stop"]
     return parameters
@@ -132,7 +132,7 @@ def _checked(model: TextModel, parameters: dict[str, Any], n: int,
                              or not 0 <= seed < 2**63):  # fmt: skip
         raise ServingError(400, f"`seed` must be an integer in [0, 2**63); received "
                                 f"{shown(seed)}"[:200], param="seed")  # fmt: skip
-    if "max_tokens" not in parameters and default_max is not None:
+    if not set(MAX_NAMES) & set(parameters) and default_max is not None:
         parameters = {**parameters, "max_tokens": max(1, default_max)}
     checked = []
     for i in range(n):
@@ -184,19 +184,10 @@ async def chat_completions(request: Request):
         raise ServingError(400, "`response_format` must be an object with a `type`",
                            param="response_format")  # fmt: skip
     given = [k for k in ("max_completion_tokens", "max_tokens") if payload.get(k) is not None]
-    if len(given) > 1:
-        raise ServingError(400, "give `max_completion_tokens` or `max_tokens`, not both",
-                           param="max_tokens")  # fmt: skip
-    max_name = given[0] if given else "max_tokens"
+    max_name = given[0] if len(given) == 1 else "max_tokens"
     n, (stream, include_usage) = _choices(payload), _stream_flag(payload)
-    parameters = _parameters(payload, max_name)
-    try:  # every parameter checked before the work of tokenizing
-        _checked(model, parameters, n)
-    except ServingError as error:  # named as the client named it
-        if error.param != "max_tokens" or max_name == "max_tokens":
-            raise
-        message = error.message.replace("`max_tokens`", f"`{max_name}`")
-        raise ServingError(error.status, message, param=max_name) from None
+    parameters = {**_parameters(payload, max_name), **{k: payload[k] for k in given}}
+    _checked(model, parameters, n)  # every parameter checked before the work of tokenizing
     messages = payload.get("messages")
     limit = request.app.state.settings.max_text_chars
     chars = _characters(messages)

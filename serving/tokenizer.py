@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Self, TypeVar, overload
 
+from keras_attn_serving.token_bytes import TokenBytes
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 # Code points the two runtimes' Unicode tables treat differently, and what the in-graph
@@ -243,35 +244,13 @@ class JsonTextTokenizer(TextTokenizer):
         return native(self._tokenizer.decode, self._checked(ids), skip_special)
 
     def token_bytes(self, token_id: int) -> bytes:
-        """A byte-level token's own bytes (GPT-2's printable stand-ins mapped back); a
-        SentencePiece piece's, `▁` a space (a byte-fallback piece `<0xE3>`, its byte); an
-        added token's or any other, its text's."""
-        token = self.token(token_id)
-        kind, table = self._byte_decoding
-        if token_id in self._added_ids or not token:
-            return super().token_bytes(token_id)
-        if kind == "byte_level" and all(c in table for c in token):
-            return bytes(table[c] for c in token)
-        if kind == "pieces":
-            match = _BYTE_TOKEN.fullmatch(token)
-            return bytes([int(match.group(1), 16)]) if match else token.replace("▁", " ").encode()
-        return super().token_bytes(token_id)
+        """`TokenBytes`: what the vocabulary says, where its decoder would lose bytes."""
+        own = self._token_bytes(token_id)
+        return super().token_bytes(token_id) if own is None else own
 
     @functools.cached_property
-    def _byte_decoding(self) -> tuple[str | None, dict[str, int]]:
-        """`("byte_level", stand-in -> byte)`, `("pieces", {})` for SentencePiece's `▁` pieces
-        (with or without byte fallback) or `(None, {})`, read off the tokenizer's decoder."""
-        decoder = self._tokenizer.decoder
-        state = json.loads(decoder.__getstate__()) if decoder is not None else {}
-        kinds = [d.get("type") for d in state.get("decoders", [state]) if isinstance(d, dict)]
-        if "ByteLevel" in kinds:
-            return "byte_level", {c: b for b, c in _byte_stand_ins().items()}
-        pieces = {"ByteFallback", "Metaspace"} & set(kinds)
-        return ("pieces" if pieces else None), {}
-
-    @functools.cached_property
-    def _added_ids(self) -> frozenset[int]:
-        return frozenset(self._tokenizer.get_added_tokens_decoder())
+    def _token_bytes(self) -> TokenBytes:
+        return TokenBytes(self._tokenizer)
 
     @functools.cached_property
     def special_ids(self) -> frozenset[int]:
@@ -351,20 +330,6 @@ class MarianTextTokenizer(TextTokenizer):
     @property
     def special_ids(self) -> frozenset[int]:
         return frozenset(self._special)
-
-
-_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
-
-
-def _byte_stand_ins() -> dict[int, str]:
-    """Byte -> the printable character GPT-2's byte-level vocabularies write it as: itself
-    where printable, else the next code point from 256 on."""
-    printable = {*range(33, 127), *range(161, 173), *range(174, 256)}
-    table, extra = {}, 0
-    for byte in range(256):
-        table[byte] = chr(byte) if byte in printable else chr(256 + extra)
-        extra += byte not in printable
-    return table
 
 
 # A tokenizer.json past these is refused before it is parsed or built: the largest real ones
